@@ -1,0 +1,180 @@
+"""VirtualCluster: N ranks as Python threads with a baton, so ranks never fight for the CPU.
+
+Each rank's code is ordinary blocking code that calls collectives the way torch.distributed code
+does. Scheduling is deliberate: exactly one rank runs at a time. A rank holds the *baton* until it
+enters a collective, then hands it to the next rank that has not yet arrived there; the last rank to
+arrive completes the collective and carries on. Measured on 2 cores, 32 free-running threads doing
+forward+backward took 2.4–4× the time of the same work in a loop (GIL hand-offs and competing
+OpenMP teams); with the baton the cost of a step is the work plus one hand-off per rank per
+collective. It also makes every run deterministic, whatever the OS does with the threads.
+
+Failure handling (design property 6): the first exception on any rank aborts the cluster, wakes
+every waiting rank (each raises :class:`ClusterAborted`), and :meth:`VirtualCluster.run` re-raises
+it as :class:`RankError` naming the rank, the phase and the last collective, chained to the
+original. A rank that does not reach a collective within ``timeout`` seconds of its peers makes
+them raise :class:`CollectiveTimeout` naming the ranks that never arrived. No path hangs.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable
+
+import torch
+
+from .errors import ClusterAborted, ClusterError, CollectiveTimeout, RankError
+from .comm.interconnect import Interconnect
+from .comm.ledger import CommLedger
+from .comm.sim import SimBackend
+from .memory import MemoryLedger
+
+
+class Baton:
+    """Exactly one rank runs at a time; ``pass_to`` hands the CPU to another rank."""
+
+    def __init__(self, n: int, timeout: float):
+        self.n = n
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self._go = [threading.Event() for _ in range(n)]
+        self.error: BaseException | None = None   # set once, by the first failure
+        self.failed_rank: int | None = None
+        self.finished = [False] * n
+        self._go[0].set()
+
+    def wait_turn(self, rank: int, waiting_for: Callable[[], str]) -> None:
+        """Block until ``rank`` holds the baton; raise if the cluster aborted or time ran out."""
+        if not self._go[rank].wait(self.timeout):
+            err = CollectiveTimeout(f"rank {rank} waited more than {self.timeout:g} s: {waiting_for()}")
+            self.abort(rank, err)
+            raise err
+        self._go[rank].clear()
+        if self.error is not None:
+            raise ClusterAborted(f"rank {rank} aborted: rank {self.failed_rank} failed") from self.error
+
+    def pass_to(self, rank: int) -> None:
+        self._go[rank].set()
+
+    def next_rank(self, after: int, skip: Callable[[int], bool]) -> int | None:
+        for k in range(1, self.n + 1):
+            r = (after + k) % self.n
+            if not self.finished[r] and not skip(r):
+                return r
+        return None
+
+    def abort(self, rank: int, error: BaseException) -> None:
+        """Record the first failure and wake every rank so none waits forever."""
+        with self.lock:
+            if self.error is None:
+                self.error, self.failed_rank = error, rank
+        for ev in self._go:
+            ev.set()
+
+
+class RankContext:
+    """What a rank's code sees: its rank, the world size, its device ledger and interconnect."""
+
+    def __init__(self, rank: int, n_ranks: int, memory: MemoryLedger, comm: Interconnect):
+        self.rank = rank
+        self.n_ranks = n_ranks
+        self.memory = memory
+        self.comm = comm
+        self.phase_name = "setup"
+        self.step = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.memory.device
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Mark a phase: collectives inside are booked under it; memory is snapshotted at its end."""
+        outer = self.phase_name
+        self.phase_name = name
+        try:
+            yield
+        finally:
+            self.memory.snapshot(f"{name}@{self.step}")
+            self.phase_name = outer
+
+
+class VirtualCluster:
+    """N virtual GPUs in one process. ``run(fn, *args)`` → per-rank results in rank order."""
+
+    def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
+                 torch_threads: int | None = None):
+        if not isinstance(n_ranks, int) or n_ranks < 1:
+            raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.n_ranks = n_ranks
+        self.device = torch.device(device)
+        self.timeout = timeout
+        self.torch_threads = torch_threads
+        self.comm_ledger = CommLedger(n_ranks)
+        self.memory = [MemoryLedger(self.device) for _ in range(n_ranks)]
+        self.contexts: list[RankContext] = []
+
+    def run(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
+        baton = Baton(self.n_ranks, self.timeout)
+        backend = SimBackend(baton)
+        self.contexts = [
+            RankContext(r, self.n_ranks, self.memory[r], None) for r in range(self.n_ranks)]
+        for ctx in self.contexts:
+            ctx.comm = Interconnect(ctx, backend, self.comm_ledger)
+        results: list[Any] = [None] * self.n_ranks
+        all_done = threading.Event()
+        remaining = [self.n_ranks]
+
+        def body(ctx: RankContext) -> None:
+            r = ctx.rank
+            try:
+                baton.wait_turn(r, lambda: f"rank {r} never got its first turn")
+                results[r] = fn(ctx, *args, **kwargs)
+                backend.rank_finished(r)
+            except ClusterAborted:
+                pass
+            except ClusterError as exc:
+                baton.abort(r, exc)
+            except BaseException as exc:  # noqa: BLE001 - any failure must reach the caller
+                last = ctx.comm.last_op or "no collective yet"
+                err = RankError(f"rank {r} failed in phase {ctx.phase_name!r} (step {ctx.step}, "
+                                f"last collective: {last}): {type(exc).__name__}: {exc}", r)
+                err.__cause__ = exc
+                baton.abort(r, err)
+            finally:
+                with baton.lock:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        all_done.set()
+                if baton.error is not None:
+                    all_done.set()
+
+        threads = [threading.Thread(target=body, args=(ctx,), name=f"zerospec-rank{ctx.rank}",
+                                    daemon=True) for ctx in self.contexts]
+        with _torch_threads(self.torch_threads):
+            for t in threads:
+                t.start()
+            all_done.wait()
+            if baton.error is not None:
+                # Give the woken ranks a moment to unwind; a rank stuck outside a collective is a
+                # daemon thread and cannot block the caller.
+                for t in threads:
+                    t.join(timeout=1.0)
+                raise baton.error
+            for t in threads:
+                t.join()
+        return results
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None):
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

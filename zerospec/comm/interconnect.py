@@ -1,0 +1,99 @@
+"""The Interconnect protocol: what stage code calls. torch.distributed semantics, backend-agnostic.
+
+Stage code talks only to :class:`Interconnect` (design property 4); the interconnect books every
+collective in the :class:`~zerospec.comm.ledger.CommLedger` after the backend has moved the data, so
+bytes are counted in exactly one place whatever the backend (threads, torch.distributed, meta).
+
+Reductions: ``"sum"``, ``"mean"`` (sum, then divide by N — never a backend's AVG, which gloo before
+torch 2.9 silently ignored) and ``"max"``. Every backend must reduce deterministically: the simulated
+one sums in rank order, so all_reduce equals reduce_scatter followed by all_gather bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import torch
+
+from .ledger import CommLedger
+
+REDUCE_OPS = ("sum", "mean", "max")
+
+
+@dataclasses.dataclass
+class Call:
+    """One rank's side of a collective."""
+
+    op: str
+    inp: torch.Tensor | None
+    out: torch.Tensor | None
+    reduce_op: str | None = None
+    src: int = 0
+
+    def describe(self) -> str:
+        shape = tuple(self.inp.shape) if self.inp is not None else ()
+        dtype = str(self.inp.dtype).replace("torch.", "") if self.inp is not None else "-"
+        extra = f", op={self.reduce_op}" if self.reduce_op else ""
+        return f"{self.op}({shape}, {dtype}{extra})"
+
+
+class Backend(Protocol):
+    """Moves data for one rank's side of a collective; raises CollectiveError on bad input."""
+
+    def collective(self, rank: int, call: Call) -> None: ...
+
+    def wire_factor(self, op: str) -> int:
+        """Wire elements per logical ring-model element (gloo sends an all-reduce for an RS)."""
+        ...
+
+
+class Interconnect:
+    """Per-rank handle on the collectives; books each completed collective in the ledger."""
+
+    def __init__(self, ctx, backend: Backend, ledger: CommLedger):
+        self.ctx = ctx
+        self.backend = backend
+        self.ledger = ledger
+        self.last_op: str | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def n_ranks(self) -> int:
+        return self.ctx.n_ranks
+
+    def _run(self, call: Call, numel: int) -> None:
+        if call.reduce_op is not None and call.reduce_op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {call.reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
+        seq = len(self.ledger.records(self.rank))
+        self.last_op = f"#{seq} {call.describe()}"
+        self.backend.collective(self.rank, call)
+        dtype = call.inp.dtype if call.inp is not None else None
+        self.ledger.book(self.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
+                         src=call.src, wire_factor=self.backend.wire_factor(call.op))
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place: every rank ends with the reduction of all ranks' ``tensor``."""
+        self._run(Call("all_reduce", tensor, tensor, op), tensor.numel())
+        return tensor
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Rank r's ``output`` gets chunk r of the reduction of all ranks' ``input`` (N equal chunks)."""
+        self._run(Call("reduce_scatter", input, output, op), input.numel())
+        return output
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        """``output`` is the concatenation of every rank's ``input`` in rank order."""
+        self._run(Call("all_gather", input, output), output.numel())
+        return output
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        if not 0 <= src < self.n_ranks:
+            raise ValueError(f"broadcast src must be in 0..{self.n_ranks - 1}, got {src}")
+        self._run(Call("broadcast", tensor, tensor, src=src), tensor.numel())
+        return tensor
+
+    def barrier(self) -> None:
+        self._run(Call("barrier", None, None), 0)

@@ -1,0 +1,123 @@
+"""The ONE place where communication is counted (design property 1).
+
+Every collective issued through :class:`~zerospec.comm.interconnect.Interconnect` is booked here,
+per rank, with the op, dtype, logical size, the elements and bytes that rank sends and receives
+under a named algorithm model, and the phase and step it happened in. Backends only move data.
+
+The paper counts volume in *elements* (C20); with fp16 tensors bytes = 2 × elements.
+
+Ring model (C21, SC'20 form): a reduce-scatter or all-gather over S elements moves (N−1)/N·S per
+rank; an all-reduce is a reduce-scatter followed by an all-gather, 2(N−1)/N·S. For an all-reduce
+of a size S that does not divide by N, the ring splits S into N near-equal chunks (the first S mod N
+one element larger) and rank r sends every chunk but its own twice: 2·(S − |c_r|). Summed over the
+ranks this is exactly 2(N−1)·S, so the per-rank mean is exactly 2(N−1)/N·S.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+from fractions import Fraction
+
+import torch
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommRecord:
+    """One collective as one rank saw it."""
+
+    rank: int
+    seq: int                # position in this rank's collective sequence
+    op: str
+    dtype: torch.dtype | None
+    numel: int              # logical size S of the collective (the full, unsharded tensor)
+    elements_sent: int
+    elements_recv: int
+    bytes_sent: int
+    bytes_recv: int
+    phase: str
+    step: int
+    wire_elements_sent: int  # what the backend really sends; differs from the model for gloo RS
+
+
+def chunk_sizes(numel: int, n: int) -> list[int]:
+    """Near-equal split of ``numel`` into ``n`` chunks, the first ``numel % n`` one larger."""
+    base, extra = divmod(numel, n)
+    return [base + (1 if r < extra else 0) for r in range(n)]
+
+
+def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple[int, int]:
+    """(sent, received) elements for ``rank`` under the ring model; ``numel`` is the full size S."""
+    if n == 1 or op == "barrier":
+        return 0, 0
+    if op == "all_reduce":
+        moved = 2 * (numel - chunk_sizes(numel, n)[rank])
+        return moved, moved
+    if op in ("reduce_scatter", "all_gather"):
+        if numel % n:
+            raise ValueError(f"{op} of {numel} elements does not split over {n} ranks")
+        moved = (n - 1) * (numel // n)
+        return moved, moved
+    if op == "broadcast":
+        # pipelined chain src -> src+1 -> ... : every rank but the last forwards S, all but src receive S
+        last = (src - 1) % n
+        return (0 if rank == last else numel), (0 if rank == src else numel)
+    raise ValueError(f"unknown collective {op!r}; accepted: {', '.join(OPS)}")
+
+
+class CommLedger:
+    """Per-rank lists of :class:`CommRecord`; each rank appends only to its own list (thread-safe)."""
+
+    def __init__(self, n_ranks: int):
+        self.n_ranks = n_ranks
+        self._records: list[list[CommRecord]] = [[] for _ in range(n_ranks)]
+
+    def book(self, rank: int, op: str, dtype, numel: int, phase: str, step: int,
+             *, src: int = 0, wire_factor: int = 1) -> CommRecord:
+        sent, recv = ring_elements(op, numel, self.n_ranks, rank, src)
+        size = torch.empty((), dtype=dtype).element_size() if dtype is not None else 0
+        rec = CommRecord(rank=rank, seq=len(self._records[rank]), op=op, dtype=dtype, numel=numel,
+                         elements_sent=sent, elements_recv=recv, bytes_sent=sent * size,
+                         bytes_recv=recv * size, phase=phase, step=step,
+                         wire_elements_sent=sent * wire_factor)
+        self._records[rank].append(rec)
+        return rec
+
+    def records(self, rank: int | None = None, *, phase: str | None = None,
+                step: int | None = None, op: str | None = None) -> list[CommRecord]:
+        ranks = range(self.n_ranks) if rank is None else [rank]
+        return [r for k in ranks for r in self._records[k]
+                if (phase is None or r.phase == phase) and (step is None or r.step == step)
+                and (op is None or r.op == op)]
+
+    def elements(self, rank: int, **where) -> int:
+        """Elements ``rank`` sent (= received under the ring model), filtered like :meth:`records`."""
+        return sum(r.elements_sent for r in self.records(rank, **where))
+
+    def bytes(self, rank: int, **where) -> int:
+        return sum(r.bytes_sent for r in self.records(rank, **where))
+
+    def count(self, rank: int, **where) -> int:
+        """Number of collectives (barriers included) issued by ``rank``."""
+        return len(self.records(rank, **where))
+
+    def by_op(self, rank: int, **where) -> dict[str, int]:
+        out: Counter = Counter()
+        for r in self.records(rank, **where):
+            out[r.op] += r.elements_sent
+        return dict(out)
+
+    def by_phase(self, rank: int, **where) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for r in self.records(rank, **where):
+            out[r.phase] += r.elements_sent
+        return dict(out)
+
+    def in_psi(self, rank: int, psi: int, **where) -> Fraction:
+        """Elements sent by ``rank`` in units of Ψ, exact (C20 counts volume in elements)."""
+        return Fraction(self.elements(rank, **where), psi)
+
+    def mean_elements(self, **where) -> Fraction:
+        """Per-rank mean, exact: ranks differ only through uneven all-reduce chunks."""
+        return Fraction(sum(self.elements(r, **where) for r in range(self.n_ranks)), self.n_ranks)

@@ -1,0 +1,160 @@
+"""Simulated backend: ranks meet at a rendezvous, the last to arrive moves the data for everyone.
+
+Reductions are deterministic: each element is accumulated in rank order 0, 1, …, N−1 in an fp32
+accumulator (fp64 for fp64), divided by N for ``mean``, and rounded once to the tensor's dtype.
+Every step is a correctly rounded elementwise operation, so a slice of an all_reduce is bit-identical
+to the matching reduce_scatter chunk — the property that keeps ZeRO stages bit-identical.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ..errors import ClusterAborted, CollectiveError
+from .interconnect import Call
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32 if dtype.is_floating_point else dtype
+
+
+def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+    """Elementwise reduction of ``tensors`` in list order, in the accumulator dtype."""
+    acc = tensors[0].to(_acc_dtype(tensors[0].dtype), copy=True)
+    for t in tensors[1:]:
+        if op == "max":
+            torch.maximum(acc, t, out=acc)
+        else:
+            acc.add_(t)
+    if op == "mean":
+        acc.div_(len(tensors))
+    return acc
+
+
+class SimBackend:
+    """Thread rendezvous on a :class:`~zerospec.cluster.Baton`; one collective in flight at a time."""
+
+    def __init__(self, baton):
+        self.baton = baton
+        self.n = baton.n
+        self._pending: dict[int, Call] = {}
+        self._seq = 0
+        self._error: CollectiveError | None = None
+        self._lock = threading.Lock()
+
+    def wire_factor(self, op: str) -> int:
+        return 1
+
+    def collective(self, rank: int, call: Call) -> None:
+        with self._lock:
+            finished = [r for r in range(self.n) if self.baton.finished[r]]
+            if finished:
+                err = CollectiveError(f"rank {rank} called {call.describe()} (collective #{self._seq}) "
+                                      f"but rank(s) {finished} already returned")
+                self._fail(rank, err)
+            self._pending[rank] = call
+            complete = len(self._pending) == self.n
+            if complete:
+                calls = [self._pending[r] for r in range(self.n)]
+                self._pending.clear()
+                self._seq += 1
+            else:
+                nxt = self.baton.next_rank(rank, skip=lambda r: r in self._pending)
+        if complete:
+            self._finalize(rank, calls)  # the last to arrive keeps the baton and carries on
+            return
+        seq = self._seq
+        self.baton.pass_to(nxt)
+        try:
+            self.baton.wait_turn(rank, lambda: self._missing(call, seq))
+        except ClusterAborted:
+            if self._error is not None:
+                raise CollectiveError(str(self._error)) from None
+            raise
+
+    def rank_finished(self, rank: int) -> None:
+        """``rank``'s function returned: hand the baton on, or fail if peers wait in a collective."""
+        with self._lock:
+            self.baton.finished[rank] = True
+            if self._pending:
+                waiting = sorted(self._pending)
+                err = CollectiveError(f"rank {rank} returned while rank(s) {waiting} wait in collective "
+                                      f"#{self._seq} {self._pending[waiting[0]].describe()}")
+                self._fail(rank, err)
+            nxt = self.baton.next_rank(rank, skip=lambda r: False)
+        if nxt is not None:
+            self.baton.pass_to(nxt)
+
+    def _missing(self, call: Call, seq: int) -> str:
+        missing = [r for r in range(self.n) if r not in self._pending]
+        return f"collective #{seq} {call.describe()}: rank(s) {missing} never arrived"
+
+    def _fail(self, rank: int, err: CollectiveError):
+        self._error = err
+        self.baton.abort(rank, err)
+        raise err
+
+    # -- data movement ----------------------------------------------------------------------------
+    def _finalize(self, rank: int, calls: list[Call]) -> None:
+        problem = _validate(calls, self.n)
+        if problem:
+            self._fail(rank, CollectiveError(f"collective #{self._seq - 1}: {problem}"))
+        op = calls[0].op
+        n = self.n
+        if op == "all_reduce":
+            acc = reduce_in_rank_order([c.inp for c in calls], calls[0].reduce_op)
+            for c in calls:
+                c.out.copy_(acc)
+        elif op == "reduce_scatter":
+            flat = [c.inp.reshape(-1) for c in calls]
+            size = flat[0].numel() // n
+            for r, c in enumerate(calls):
+                chunk = reduce_in_rank_order([f[r * size:(r + 1) * size] for f in flat], c.reduce_op)
+                c.out.view(-1).copy_(chunk)
+        elif op == "all_gather":
+            size = calls[0].inp.numel()
+            for c in calls:
+                out = c.out.view(-1)
+                for k, src in enumerate(calls):
+                    out[k * size:(k + 1) * size].copy_(src.inp.reshape(-1))
+        elif op == "broadcast":
+            src = calls[calls[0].src].inp
+            for r, c in enumerate(calls):
+                if r != calls[0].src:
+                    c.out.copy_(src)
+
+
+def _shapes(calls: list[Call], attr: str) -> str:
+    return ", ".join(f"rank {r} {tuple(getattr(c, attr).shape)}" for r, c in enumerate(calls))
+
+
+def _validate(calls: list[Call], n: int) -> str | None:
+    """A description of what is wrong with this collective across ranks, or None."""
+    ops = {c.op for c in calls}
+    if len(ops) > 1:
+        return "ranks called different collectives: " + ", ".join(
+            f"rank {r} {c.describe()}" for r, c in enumerate(calls))
+    op = calls[0].op
+    if op == "barrier":
+        return None
+    if len({c.reduce_op for c in calls}) > 1:
+        return "reduce ops differ: " + ", ".join(f"rank {r} {c.reduce_op}" for r, c in enumerate(calls))
+    if len({c.inp.dtype for c in calls} | {c.out.dtype for c in calls}) > 1:
+        return f"{op}: dtypes differ: " + ", ".join(
+            f"rank {r} {c.inp.dtype}->{c.out.dtype}" for r, c in enumerate(calls))
+    if len({tuple(c.inp.shape) for c in calls}) > 1:
+        return f"{op}: input shapes differ across ranks: {_shapes(calls, 'inp')}"
+    if op == "broadcast" and len({c.src for c in calls}) > 1:
+        return "broadcast: ranks name different src: " + ", ".join(
+            f"rank {r} src={c.src}" for r, c in enumerate(calls))
+    for r, c in enumerate(calls):
+        if op == "reduce_scatter" and c.inp.numel() != n * c.out.numel():
+            return (f"reduce_scatter: rank {r} input of {c.inp.numel()} elements {tuple(c.inp.shape)} "
+                    f"must be {n} × its output of {c.out.numel()} elements {tuple(c.out.shape)}")
+        if op == "all_gather" and c.out.numel() != n * c.inp.numel():
+            return (f"all_gather: rank {r} output of {c.out.numel()} elements {tuple(c.out.shape)} "
+                    f"must be {n} × its input of {c.inp.numel()} elements {tuple(c.inp.shape)}")
+        if op in ("reduce_scatter", "all_gather") and not c.out.is_contiguous():
+            return f"{op}: rank {r} output must be contiguous"
+    return None

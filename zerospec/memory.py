@@ -1,0 +1,103 @@
+"""Per-device byte ledger (design property 2): memory is counted where tensors are made.
+
+Every persistent or transient buffer the stage code holds is allocated through :meth:`MemoryLedger.alloc`
+(or registered with :meth:`MemoryLedger.track`) under a category, and released with
+:meth:`MemoryLedger.free`. Bytes are the real ``nbytes`` of what is held (numel × element size), so
+tests compare with ``==``. Activations come in through ``saved_tensors_hooks`` (see
+:mod:`zerospec.activations`), deduplicated by storage.
+
+Temporary casts made only because CPU kernels compute in fp32 (fp16 storage cast up for one op) are
+*not* counted: a GPU would not make them. That is the one deliberate omission.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import torch
+
+CATEGORIES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq", "gathered",
+              "activations", "buffer")
+MODEL_STATES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq")
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of the storage behind ``t`` (views share it; works for meta tensors too)."""
+    return t.untyped_storage()._cdata
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    label: str
+    current: dict[str, int]
+    total: int
+    peak_total: int
+
+
+class MemoryLedger:
+    """Current and peak bytes per category for one device."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.current: dict[str, int] = {c: 0 for c in CATEGORIES}
+        self.peak: dict[str, int] = {c: 0 for c in CATEGORIES}
+        self.peak_total = 0
+        self.snapshots: list[Snapshot] = []
+        self._live: dict[int, tuple[str, int]] = {}
+
+    # -- allocation -------------------------------------------------------------------------------
+    def alloc(self, category: str, shape, dtype: torch.dtype, *, zero: bool = True) -> torch.Tensor:
+        """A new tensor on this device, counted under ``category`` until :meth:`free`."""
+        make = torch.zeros if zero else torch.empty
+        return self.track(category, make(shape, dtype=dtype, device=self.device))
+
+    def track(self, category: str, t: torch.Tensor) -> torch.Tensor:
+        """Count an existing tensor's whole storage under ``category``."""
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown memory category {category!r}; accepted: {', '.join(CATEGORIES)}")
+        key = storage_key(t)
+        if key in self._live:
+            raise ValueError(f"storage already counted under {self._live[key][0]!r}")
+        nbytes = t.untyped_storage().nbytes()
+        self._live[key] = (category, nbytes)
+        self._add(category, nbytes)
+        return t
+
+    def free(self, t: torch.Tensor) -> None:
+        """Release a counted tensor; freeing what was never allocated is an error."""
+        key = storage_key(t)
+        if key not in self._live:
+            raise ValueError(f"free of a tensor this ledger never allocated (shape {tuple(t.shape)}, "
+                             f"{t.dtype}) on {self.device}")
+        category, nbytes = self._live.pop(key)
+        self._add(category, -nbytes)
+
+    def _add(self, category: str, nbytes: int) -> None:
+        self.current[category] += nbytes
+        self.peak[category] = max(self.peak[category], self.current[category])
+        self.peak_total = max(self.peak_total, self.total)
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def total(self) -> int:
+        return sum(self.current.values())
+
+    def model_states(self) -> int:
+        """Bytes of parameters, gradients and optimizer states held now (C1's model states)."""
+        return sum(self.current[c] for c in MODEL_STATES)
+
+    def snapshot(self, label: str) -> Snapshot:
+        snap = Snapshot(label, dict(self.current), self.total, self.peak_total)
+        self.snapshots.append(snap)
+        return snap
+
+    def snapshots_by_label(self) -> dict[str, list[Snapshot]]:
+        out: dict[str, list[Snapshot]] = defaultdict(list)
+        for s in self.snapshots:
+            out[s.label].append(s)
+        return dict(out)
+
+    def reset_peaks(self) -> None:
+        """Start a new peak window from what is held now (e.g. at the start of a step)."""
+        self.peak = dict(self.current)
+        self.peak_total = self.total

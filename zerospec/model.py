@@ -1,0 +1,119 @@
+"""A tiny GPT, nanoGPT-shaped, written as a function of its parameters.
+
+The model never owns parameters: each layer asks ``fetch(unit_index)`` for its unit's parameters
+(a context manager yielding name → tensor views). Where those come from — a resident replica, or an
+all-gather just in time — is the ZeRO stage's business; the math here is the same in every stage,
+which is what makes the stages bit-identical (design property 3).
+
+Attention is written out (no SDPA), so FlopCounterMode counts it: on CPU, SDPA's default kernel has
+no FLOP formula and would count attention as 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .partition import Unit, make_units
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 1024
+    block_size: int = 64      # sequence length T
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+
+    def __post_init__(self):
+        for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"GPTConfig.{f} must be an integer >= 1, got {v!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+
+    def unit_spec(self) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+        """Sharding units in forward order: embeddings, one per block, final LayerNorm."""
+        d, blocks = self.n_embd, []
+        for i in range(self.n_layer):
+            blocks.append((f"h.{i}", [
+                ("ln_1.weight", (d,)), ("ln_1.bias", (d,)),
+                ("attn.c_attn.weight", (3 * d, d)), ("attn.c_attn.bias", (3 * d,)),
+                ("attn.c_proj.weight", (d, d)), ("attn.c_proj.bias", (d,)),
+                ("ln_2.weight", (d,)), ("ln_2.bias", (d,)),
+                ("mlp.c_fc.weight", (4 * d, d)), ("mlp.c_fc.bias", (4 * d,)),
+                ("mlp.c_proj.weight", (d, 4 * d)), ("mlp.c_proj.bias", (d,)),
+            ]))
+        return ([("embed", [("wte", (self.vocab_size, d)), ("wpe", (self.block_size, d))])]
+                + blocks + [("ln_f", [("weight", (d,)), ("bias", (d,))])])
+
+    def units(self, n_d: int, pad: bool = True) -> tuple[Unit, ...]:
+        return make_units(self.unit_spec(), n_d, pad)
+
+    @property
+    def psi(self) -> int:
+        """Parameter count Ψ (LM head tied to wte, so counted once)."""
+        d, L = self.n_embd, self.n_layer
+        return (self.vocab_size + self.block_size) * d + L * (12 * d * d + 13 * d) + 2 * d
+
+
+SMALL = GPTConfig()
+ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=3, n_embd=15)  # units divide by no N
+
+
+def init_params(cfg: GPTConfig, seed: int) -> dict[str, dict[str, torch.Tensor]]:
+    """nanoGPT's initialisation in fp32: N(0, 0.02) weights, residual projections scaled by
+    1/sqrt(2L), zero biases, unit LayerNorm gains. Returns unit name → param name → tensor."""
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for uname, params in cfg.unit_spec():
+        out[uname] = {}
+        for pname, shape in params:
+            if pname.endswith("bias"):
+                t = torch.zeros(shape)
+            elif "ln" in pname or uname == "ln_f":
+                t = torch.ones(shape)
+            else:
+                std = 0.02 / math.sqrt(2 * cfg.n_layer) if pname.endswith("c_proj.weight") else 0.02
+                t = torch.randn(shape, generator=g) * std
+            out[uname][pname] = t
+    return out
+
+
+def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    B, T, C = x.shape
+    nh, hd = cfg.n_head, C // cfg.n_head
+    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
+    q, k, v = F.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]).split(C, dim=2)
+    q = q.view(B, T, nh, hd).transpose(1, 2)                 # (B, nh, T, hd)
+    k = k.view(B, T, nh, hd).transpose(1, 2)
+    v = v.view(B, T, nh, hd).transpose(1, 2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
+    mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+    att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+    y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+    x = x + F.linear(y, p["attn.c_proj.weight"], p["attn.c_proj.bias"])
+    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"])
+    h = F.gelu(F.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]))
+    return x + F.linear(h, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
+
+
+def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch) -> torch.Tensor:
+    """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters."""
+    B, T = idx.shape
+    if T > cfg.block_size:
+        raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+    L = cfg.n_layer
+    with fetch(0) as p:
+        x = F.embedding(idx, p["wte"]) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+    for i in range(L):
+        with fetch(1 + i) as p:
+            x = block(cfg, x, p)                               # (B, T, C)
+    with fetch(L + 1) as p:
+        x = F.layer_norm(x, (cfg.n_embd,), p["weight"], p["bias"])
+    with fetch(0, last=True) as p:                             # LM head tied to wte
+        logits = F.linear(x, p["wte"])                         # (B, T, vocab)
+    return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))

@@ -1,0 +1,60 @@
+"""Mixed-precision Adam on fp32 master shards (C2: K = 12 bytes per parameter = master + m + v).
+
+The update is elementwise, and written only with single, correctly rounded operations (mul, add,
+div, sqrt) — no fused ``addcmul``/``lerp``, whose vectorised and scalar paths may round differently.
+So updating a 1/N shard gives, element for element, exactly the bits of updating the whole vector:
+the optimizer step is where stages 1–3 could silently diverge, and here they cannot.
+
+It is the update rule of ``torch.optim.Adam`` (bias-corrected, eps added after the square root,
+L2 weight decay added to the gradient), which the single-process reference uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamConfig:
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        for name in ("beta1", "beta2"):
+            b = getattr(self, name)
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {b!r}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps!r}")
+
+
+def adam_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                grad: torch.Tensor, step: int, cfg: AdamConfig) -> None:
+    """One Adam step in place on fp32 ``master``/``exp_avg``/``exp_avg_sq`` from ``grad`` (any dtype,
+    cast up). ``step`` counts from 1."""
+    g = grad.to(torch.float32)
+    if cfg.weight_decay:
+        g = g + master * cfg.weight_decay
+    exp_avg.mul_(cfg.beta1).add_(g * (1.0 - cfg.beta1))
+    exp_avg_sq.mul_(cfg.beta2).add_((g * g) * (1.0 - cfg.beta2))
+    bias1 = 1.0 - cfg.beta1 ** step
+    bias2 = 1.0 - cfg.beta2 ** step
+    denom = (exp_avg_sq / bias2).sqrt().add_(cfg.eps)
+    master.sub_((exp_avg / denom) * (cfg.lr / bias1))
+
+
+def reference_optimizer(params, cfg: AdamConfig) -> torch.optim.Adam:
+    """torch's own Adam with the same hyper-parameters, for the fp32 single-process reference."""
+    return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                            weight_decay=cfg.weight_decay, foreach=False)
+
+
+def bias_corrections(step: int, cfg: AdamConfig) -> tuple[float, float]:
+    return 1.0 - cfg.beta1 ** step, math.sqrt(1.0 - cfg.beta2 ** step)

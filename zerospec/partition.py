@@ -1,0 +1,98 @@
+"""Flat partitioning (ZeRO §5, DeepSpeed's flat parameter groups).
+
+A *sharding unit* is one layer's parameters (weights, biases, LayerNorm affines) flattened into one
+vector of ``numel`` elements, padded with zeros to ``padded`` = a multiple of N_d, so that rank r
+owns the contiguous chunk ``[r·chunk, (r+1)·chunk)``. Padding is < N_d per unit and sits on the
+last ranks; a unit smaller than N_d leaves some ranks owning padding only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSlot:
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One sharding unit laid out for ``n_d`` ranks."""
+
+    name: str
+    params: tuple[ParamSlot, ...]
+    n_d: int
+    pad: bool = True
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    @property
+    def padded(self) -> int:
+        """Flat length held per unit: ``numel`` rounded up to a multiple of N_d (if padding)."""
+        return -(-self.numel // self.n_d) * self.n_d if self.pad else self.numel
+
+    @property
+    def chunk(self) -> int:
+        return self.padded // self.n_d
+
+    def shard(self, rank: int) -> slice:
+        """Rank ``rank``'s contiguous chunk of the padded flat unit."""
+        if not 0 <= rank < self.n_d:
+            raise ValueError(f"rank must be in 0..{self.n_d - 1}, got {rank}")
+        return slice(rank * self.chunk, (rank + 1) * self.chunk)
+
+    def real_in_shard(self, rank: int) -> int:
+        """How many real (non-padding) elements rank ``rank`` owns."""
+        s = self.shard(rank)
+        return max(0, min(s.stop, self.numel) - s.start)
+
+    def split_sizes(self) -> list[int]:
+        return [p.numel for p in self.params]
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Parameter-shaped views of a flat (possibly padded) unit tensor."""
+        parts = torch.split(flat[: self.numel], self.split_sizes())
+        return {p.name: t.view(p.shape) for p, t in zip(self.params, parts)}
+
+    def flatten(self, tensors: dict[str, torch.Tensor], dtype=torch.float32) -> torch.Tensor:
+        """The padded flat vector of ``tensors`` (one per parameter of the unit)."""
+        flat = torch.zeros(self.padded, dtype=dtype)
+        for p in self.params:
+            flat[p.offset:p.offset + p.numel] = tensors[p.name].reshape(-1)
+        return flat
+
+
+def make_units(spec: list[tuple[str, list[tuple[str, tuple[int, ...]]]]], n_d: int,
+               pad: bool = True) -> tuple[Unit, ...]:
+    """Units from ``[(unit_name, [(param_name, shape), ...]), ...]`` for ``n_d`` ranks."""
+    if n_d < 1:
+        raise ValueError(f"n_d must be >= 1, got {n_d}")
+    units = []
+    for name, params in spec:
+        offset, slots = 0, []
+        for pname, shape in params:
+            slots.append(ParamSlot(pname, tuple(shape), offset))
+            offset += math.prod(shape)
+        units.append(Unit(name, tuple(slots), n_d, pad))
+    return tuple(units)
+
+
+def psi(units) -> int:
+    """Ψ: the number of real parameters."""
+    return sum(u.numel for u in units)
+
+
+def psi_padded(units) -> int:
+    """Ψ_p: the elements held once every unit is padded to a multiple of N_d."""
+    return sum(u.padded for u in units)

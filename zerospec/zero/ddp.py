@@ -1,0 +1,103 @@
+"""Stage 0: plain data parallelism. Every rank holds every model state: 16Ψ bytes (C6).
+
+fp16 parameters (2Ψ) and gradients (2Ψ) and fp32 master, exp_avg, exp_avg_sq (12Ψ) are all
+replicated. After backward the gradients are all-reduced (mean), then every rank runs the same
+Adam step over all Ψ elements. Communication: one all-reduce of Ψ per step, 2(N−1)/N·Ψ per rank
+under the ring model (C21). Units are not padded: nothing is partitioned.
+
+This class is also the base the other stages extend, one override at a time (cumulative, as in the
+paper's P_os → P_os+g → P_os+g+p).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..optim import AdamConfig, adam_update
+
+
+class DataParallel:
+    stage = 0
+    label = "DP"
+    pad = False   # stage 0 partitions nothing, so it needs no padding
+
+    def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig):
+        """``init``: the full fp32 initial weights of each unit (length ``unit.padded`` or more)."""
+        self.ctx = ctx
+        self.memory = ctx.memory
+        self.comm = ctx.comm
+        self.units = units
+        self.adam = adam
+        self.optim_elements = 0          # elements the last optimizer step touched
+        self._allocate_optimizer(init)
+        self._allocate_gradients()
+        self._allocate_params(init)
+
+    # -- allocation (each stage overrides what it partitions) -----------------------------------
+    def _alloc(self, category: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.memory.alloc(category, (numel,), dtype)
+
+    def _owned(self, u) -> slice:
+        """The slice of the unit's flat vector whose optimizer state this rank holds."""
+        return slice(0, u.padded)
+
+    def _allocate_optimizer(self, init) -> None:
+        self.master, self.exp_avg, self.exp_avg_sq = [], [], []
+        for u, w in zip(self.units, init):
+            own = self._owned(u)
+            m = self._alloc("master32", own.stop - own.start, torch.float32)
+            m.copy_(w[own])
+            self.master.append(m)
+            self.exp_avg.append(self._alloc("exp_avg", m.numel(), torch.float32))
+            self.exp_avg_sq.append(self._alloc("exp_avg_sq", m.numel(), torch.float32))
+
+    def _allocate_gradients(self) -> None:
+        self.grad16 = [self._alloc("grad16", u.padded, torch.float16) for u in self.units]
+
+    def _allocate_params(self, init) -> None:
+        self.param16 = [self._alloc("param16", u.padded, torch.float16) for u in self.units]
+        for p, w in zip(self.param16, init):
+            p.copy_(w[:p.numel()])
+
+    def _param_chunk(self, i: int) -> torch.Tensor:
+        """This rank's fp16 parameters that mirror its master weights."""
+        return self.param16[i][self._owned(self.units[i])]
+
+    # -- forward/backward hooks used by ParamFetcher --------------------------------------------
+    def acquire(self, i: int) -> torch.Tensor:
+        """Unit i's full fp16 vector for one use."""
+        return self.param16[i]
+
+    def release(self, i: int, full16: torch.Tensor) -> None:
+        """End of a use: nothing to free while parameters are replicated."""
+
+    def grad_slot(self, i: int) -> torch.Tensor:
+        """Where backward writes unit i's full fp16 gradient."""
+        return self.grad16[i]
+
+    def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+        """Unit i's local gradient is complete: kept until the synchronisation after backward."""
+
+    # -- after backward ---------------------------------------------------------------------------
+    def reduce_gradients(self) -> None:
+        for g in self.grad16:
+            self.comm.all_reduce(g, "mean")
+
+    def _grad_for_step(self, i: int) -> torch.Tensor:
+        return self.grad16[i][self._owned(self.units[i])]
+
+    def optimizer_step(self, step: int) -> None:
+        self.optim_elements = 0
+        for i in range(len(self.units)):
+            adam_update(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self._grad_for_step(i),
+                        step, self.adam)
+            self.optim_elements += self.master[i].numel()
+
+    def sync_params(self) -> None:
+        """Refresh the fp16 parameters from the updated masters."""
+        for i in range(len(self.units)):
+            self._param_chunk(i).copy_(self.master[i])
+
+    # -- results -------------------------------------------------------------------------------
+    def owned_master(self) -> list[tuple[slice, torch.Tensor]]:
+        """(slice of the padded unit, fp32 master) for each unit this rank owns."""
+        return [(self._owned(u), m) for u, m in zip(self.units, self.master)]

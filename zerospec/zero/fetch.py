@@ -1,0 +1,161 @@
+"""How the model gets its parameters, and how gradients and activations leave it — one path for all stages.
+
+``ParamFetcher.fetch(i)`` asks the stage for unit i's full fp16 vector (a resident replica in
+stages 0–2, an all-gather just in time in stage 3), casts it up to the compute dtype as a fresh
+leaf, and yields parameter-shaped views of it. Two autograd mechanisms then do the rest:
+
+* ``saved_tensors_hooks``: when autograd saves a view of a parameter for backward, the pack hook
+  stores a *reference* (unit, size, stride, offset) instead of the data; the unpack hook asks the
+  stage for the unit again in backward (stage 3: the re-gather of C24/C57, in reverse order) and
+  rebuilds the view. Every other saved tensor is an activation: counted in the memory ledger,
+  deduplicated by storage, released when backward has consumed it.
+* ``register_post_accumulate_grad_hook`` on each leaf: once every forward use of a unit has its
+  gradient (the embedding unit is used twice: lookup and tied LM head), the summed gradient is
+  written as fp16 into the slot the stage provides and handed to it (stage 2/3 reduce-scatter it
+  right there, inside backward: C8).
+
+Because the autograd graph, the kernels and the summation order are identical in every stage, the
+stages are bit-identical (design property 3). The fp32 leaf is a CPU compute cast: not counted,
+and its storage is dropped as soon as the forward use ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+
+import torch
+
+from ..memory import storage_key
+
+
+@dataclasses.dataclass
+class _Use:
+    """One forward use of a unit (the fetch context) and what backward still needs of it."""
+
+    unit: int
+    leaf: torch.Tensor
+    refs: int = 0                       # saved views not yet unpacked
+    full16: torch.Tensor | None = None  # the stage's fp16 vector while backward needs it
+    upcast: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ParamRef:
+    use: _Use
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+class ParamFetcher:
+    """Serves one rank's model its parameters through its stage; see the module docstring."""
+
+    def __init__(self, stage, compute_dtype: torch.dtype):
+        self.stage = stage
+        self.units = stage.units
+        self.memory = stage.ctx.memory
+        self.compute_dtype = compute_dtype
+        self.grad_scale = 1.0   # gradients are multiplied by this when cast to fp16
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        n = len(self.units)
+        self._uses: dict[int, _Use] = {}
+        self._kept: list[_Use] = []
+        self._n_uses = [0] * n
+        self._n_grads = [0] * n
+        self._acc: list[torch.Tensor | None] = [None] * n
+        self._acts: dict[int, list] = {}
+
+    # -- forward ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def fetch(self, i: int, last: bool = False):
+        """Unit i's parameters for one use. ``last``: the final use in forward, kept for backward
+        (backward starts with it, as FSDP2 keeps its root unsharded)."""
+        unit = self.units[i]
+        full16 = self.stage.acquire(i)
+        leaf = full16[:unit.numel].to(self.compute_dtype, copy=True).requires_grad_(True)
+        use = _Use(i, leaf)
+        self._uses[storage_key(leaf)] = use
+        self._n_uses[i] += 1
+        leaf.register_post_accumulate_grad_hook(functools.partial(self._on_grad, use))
+        try:
+            yield unit.views(leaf)
+        finally:
+            leaf.untyped_storage().resize_(0)
+            if last:
+                use.full16 = full16
+                self._kept.append(use)
+            else:
+                self.stage.release(i, full16)
+
+    def end_forward(self) -> None:
+        """Release kept units that backward turned out not to need."""
+        for use in self._kept:
+            if use.refs == 0 and use.full16 is not None:
+                self.stage.release(use.unit, use.full16)
+                use.full16 = None
+
+    # -- saved tensors ---------------------------------------------------------------------------
+    def pack(self, t: torch.Tensor):
+        key = storage_key(t)
+        use = self._uses.get(key)
+        if use is not None:
+            use.refs += 1
+            return _ParamRef(use, t.size(), t.stride(), t.storage_offset())
+        entry = self._acts.get(key)
+        if entry is None:
+            self._acts[key] = [1, t]
+            self.memory.track("activations", t)
+        else:
+            entry[0] += 1
+        return t
+
+    def unpack(self, packed):
+        if not isinstance(packed, _ParamRef):
+            key = storage_key(packed)
+            entry = self._acts[key]
+            entry[0] -= 1
+            if entry[0] == 0:
+                self.memory.free(entry[1])
+                del self._acts[key]
+            return packed
+        use = packed.use
+        if use.upcast is None:
+            if use.full16 is None:
+                use.full16 = self.stage.acquire(use.unit)
+            use.upcast = use.full16[:self.units[use.unit].numel].to(self.compute_dtype, copy=True)
+        view = use.upcast.as_strided(packed.size, packed.stride, packed.offset)
+        use.refs -= 1
+        if use.refs == 0:
+            self.stage.release(use.unit, use.full16)
+            use.full16 = use.upcast = None
+        return view
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    # -- gradients -------------------------------------------------------------------------------
+    def _on_grad(self, use: _Use, leaf: torch.Tensor) -> None:
+        i = use.unit
+        g, leaf.grad = leaf.grad, None
+        self._acc[i] = g if self._acc[i] is None else self._acc[i] + g
+        self._n_grads[i] += 1
+        if self._n_grads[i] == self._n_uses[i]:
+            acc, self._acc[i] = self._acc[i], None
+            if self.grad_scale != 1.0:
+                acc = acc * self.grad_scale
+            slot = self.stage.grad_slot(i)
+            slot[:self.units[i].numel].copy_(acc)
+            self.stage.grad_ready(i, slot)
+
+    def check_complete(self) -> None:
+        """After backward: every use got its gradient and every saved tensor was consumed."""
+        missing = [self.units[i].name for i in range(len(self.units))
+                   if self._n_grads[i] != self._n_uses[i]]
+        if missing:
+            raise RuntimeError(f"units without a complete gradient after backward: {missing}")
+        for key, (count, t) in list(self._acts.items()):  # saved but never unpacked
+            self.memory.free(t)
+        self._acts.clear()

@@ -1,0 +1,34 @@
+"""Stage 2, P_os+g: partition the gradients too. 2Ψ + (2+K)Ψ/N_d bytes per rank (C8).
+
+A full gradient never exists. As soon as backward has produced a unit's fp16 gradient, it is
+reduce-scattered into this rank's persistent gradient shard (2Ψ/N) and the unit buffer is freed, so
+at most one unit's gradient is in flight (C8: "reduced as soon as backward produces it"). The step
+and the parameter all-gather are stage 1's. Communication: Ψ (reduce-scatter) + Ψ (all-gather) = 2Ψ
+(C22) — the same bytes as stage 1, moved *during* backward instead of after it: ZeRO-2 is a "when" win.
+"""
+from __future__ import annotations
+
+import torch
+
+from .optimizer_states import OptimizerStates
+
+
+class Gradients(OptimizerStates):
+    stage = 2
+    label = "P_os+g"
+
+    def _allocate_gradients(self) -> None:
+        self.grad16 = [self._alloc("grad16", u.chunk, torch.float16) for u in self.units]
+
+    def grad_slot(self, i: int) -> torch.Tensor:
+        return self._alloc("grad16", self.units[i].padded, torch.float16)  # one unit in flight
+
+    def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+        self.comm.reduce_scatter(self.grad16[i], slot, "mean")
+        self.memory.free(slot)
+
+    def reduce_gradients(self) -> None:
+        """Nothing left to do: every unit was reduce-scattered inside backward."""
+
+    def _grad_for_step(self, i: int) -> torch.Tensor:
+        return self.grad16[i]
