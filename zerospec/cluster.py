@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any, Callable
 
 import torch
@@ -71,6 +72,32 @@ class Baton:
             ev.set()
 
 
+class Timeline:
+    """One rank's events: own compute between collectives, and the collectives' data movement.
+
+    With the baton only one rank runs at a time, so a rank's wall time while it holds the baton is
+    its own work. Event: (step, phase, kind, seconds), kind "compute" or the collective's op.
+    :func:`zerospec.timeline.parallel_time` replays these as if the ranks ran side by side.
+    """
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.events: list[tuple[int, str, str, float]] = []
+        self._since = time.perf_counter()
+
+    def mark_compute(self) -> None:
+        now = time.perf_counter()
+        self.events.append((self.ctx.step, self.ctx.phase_name, "compute", now - self._since))
+        self._since = now
+
+    def add(self, kind: str, seconds: float) -> None:
+        self.events.append((self.ctx.step, self.ctx.phase_name, kind, seconds))
+        self._since = time.perf_counter()
+
+    def restart(self) -> None:
+        self._since = time.perf_counter()
+
+
 class RankContext:
     """What a rank's code sees: its rank, the world size, its device ledger and interconnect."""
 
@@ -81,6 +108,7 @@ class RankContext:
         self.comm = comm
         self.phase_name = "setup"
         self.step = 0
+        self.timeline = Timeline(self)
 
     @property
     def device(self) -> torch.device:
@@ -90,10 +118,12 @@ class RankContext:
     def phase(self, name: str):
         """Mark a phase: collectives inside are booked under it; memory is snapshotted at its end."""
         outer = self.phase_name
+        self.timeline.mark_compute()
         self.phase_name = name
         try:
             yield
         finally:
+            self.timeline.mark_compute()
             self.memory.snapshot(f"{name}@{self.step}")
             self.phase_name = outer
 
@@ -130,6 +160,7 @@ class VirtualCluster:
             r = ctx.rank
             try:
                 baton.wait_turn(r, lambda: f"rank {r} never got its first turn")
+                ctx.timeline.restart()
                 results[r] = fn(ctx, *args, **kwargs)
                 backend.rank_finished(r)
             except ClusterAborted:

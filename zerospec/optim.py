@@ -11,7 +11,6 @@ L2 weight decay added to the gradient), which the single-process reference uses.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -54,7 +53,3 @@ def reference_optimizer(params, cfg: AdamConfig) -> torch.optim.Adam:
     """torch's own Adam with the same hyper-parameters, for the fp32 single-process reference."""
     return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                             weight_decay=cfg.weight_decay, foreach=False)
-
-
-def bias_corrections(step: int, cfg: AdamConfig) -> tuple[float, float]:
-    return 1.0 - cfg.beta1 ** step, math.sqrt(1.0 - cfg.beta2 ** step)

@@ -90,6 +90,7 @@ class Result:
     comm: CommLedger
     ranks: list[RankOutput]
     wall_seconds: float
+    timelines: list[list[tuple[int, str, str, float]]]  # per rank: (step, phase, kind, seconds)
 
     @property
     def psi(self) -> int:
@@ -186,7 +187,8 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None) -> Result:
             total += o.losses[s].to(torch.float64)
         losses.append(float(total / cfg.n_d))
     return Result(cfg, units, losses, [o.losses for o in outs], _gather_master(units, outs, cfg),
-                  cluster.memory, cluster.comm_ledger, outs, wall)
+                  cluster.memory, cluster.comm_ledger, outs, wall,
+                  [ctx.timeline.events for ctx in cluster.contexts])
 
 
 def _gather_master(units, outs: list[RankOutput], cfg: TrainConfig) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ one sums in rank order, so all_reduce equals reduce_scatter followed by all_gath
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Protocol
 
 import torch
@@ -29,6 +30,7 @@ class Call:
     out: torch.Tensor | None
     reduce_op: str | None = None
     src: int = 0
+    seconds: float = 0.0   # time the backend spent moving data for this collective (set by it)
 
     def describe(self) -> str:
         shape = tuple(self.inp.shape) if self.inp is not None else ()
@@ -69,7 +71,9 @@ class Interconnect:
             raise ValueError(f"unknown reduce op {call.reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
         seq = len(self.ledger.records(self.rank))
         self.last_op = f"#{seq} {call.describe()}"
+        self.ctx.timeline.mark_compute()
         self.backend.collective(self.rank, call)
+        self.ctx.timeline.add(call.op, call.seconds)
         dtype = call.inp.dtype if call.inp is not None else None
         self.ledger.book(self.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
                          src=call.src, wire_factor=self.backend.wire_factor(call.op))

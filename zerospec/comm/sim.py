@@ -8,6 +8,7 @@ to the matching reduce_scatter chunk — the property that keeps ZeRO stages bit
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -97,6 +98,12 @@ class SimBackend:
 
     # -- data movement ----------------------------------------------------------------------------
     def _finalize(self, rank: int, calls: list[Call]) -> None:
+        t0 = time.perf_counter()
+        self._move(rank, calls)
+        for c in calls:
+            c.seconds = time.perf_counter() - t0
+
+    def _move(self, rank: int, calls: list[Call]) -> None:
         problem = _validate(calls, self.n)
         if problem:
             self._fail(rank, CollectiveError(f"collective #{self._seq - 1}: {problem}"))

@@ -1,0 +1,40 @@
+"""``python -m zerospec`` / ``zerospec``: the command line. Subcommands live in zerospec/cli/."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .cli import SUBCOMMANDS, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump or traceback
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="zerospec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module in SUBCOMMANDS.items():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        return SUBCOMMANDS[args.command].run(args) or 0
+    except (UsageError, ValueError) as exc:
+        print(f"zerospec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("zerospec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Subcommands: each module has ``add_parser(subparsers)`` and ``run(args) -> int``.
+
+To add one, write ``zerospec/cli/<name>.py`` and list it in ``SUBCOMMANDS`` below.
+"""
+from __future__ import annotations
+
+from . import demo
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
+
+
+SUBCOMMANDS = {"demo": demo}

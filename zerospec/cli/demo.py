@@ -1,0 +1,20 @@
+"""``zerospec demo``: one short run of every stage on a small cluster, as a table."""
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="train every ZeRO stage briefly and print memory and traffic")
+    p.add_argument("--ranks", type=int, default=8, help="virtual GPUs (N_d), default 8")
+    p.add_argument("--steps", type=int, default=2, help="training steps, default 2")
+
+
+def run(args) -> int:
+    from ..train import TrainConfig, train
+    print(f"| stage | model states /GPU (B) | comm /step /GPU (elements) | collectives /step | loss |")
+    print("|---|---|---|---|---|")
+    for stage in range(4):
+        r = train(TrainConfig(stage=stage, n_d=args.ranks, steps=args.steps))
+        s = args.steps
+        print(f"| {r.config.label} | {r.model_states(0):,} | {r.comm.elements(0, step=s):,} | "
+              f"{r.comm.count(0, step=s)} | {r.losses[-1]:.6f} |")
+    return 0

@@ -1,0 +1,114 @@
+"""The paper's closed forms, each once, with its claim id (../shared/paper/claims.md).
+
+Notation as in the paper: ``psi`` (Ψ) parameters, ``k`` (K) optimizer-state bytes per parameter,
+``n_d`` (N_d) data-parallel degree, ``n_m`` (N_m) model-parallel degree. Memory is in bytes,
+communication in *elements* (C20). Results are exact :class:`fractions.Fraction` where a division
+can leave a remainder, so tests compare with ``==``; callers round only for display.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+K_ADAM = 12          # C2: fp32 master + momentum + variance = 4 + 4 + 4 bytes per parameter
+FP16 = 2             # bytes per fp16 parameter or gradient (C2)
+STAGE_LABELS = {0: "DP", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+GB = 10**9           # the paper's tables use decimal units
+
+
+def _check(psi, n_d, stage=None) -> None:
+    if psi <= 0:
+        raise ValueError(f"psi (parameter count) must be > 0, got {psi!r}")
+    if n_d < 1 or int(n_d) != n_d:
+        raise ValueError(f"n_d must be an integer >= 1, got {n_d!r}")
+    if stage is not None and stage not in STAGE_LABELS:
+        raise ValueError(f"stage must be one of 0, 1, 2, 3, got {stage!r}")
+
+
+def model_state_bytes(stage: int, psi, n_d: int, k: int = K_ADAM) -> Fraction:
+    """Per-device model-state bytes of ZeRO-DP stage ``stage``.
+
+    C6 (DP): (2+2+K)Ψ.  C7 (P_os): 4Ψ + KΨ/N_d.  C8 (P_os+g): 2Ψ + (2+K)Ψ/N_d.
+    C9 (P_os+g+p): (2+2+K)Ψ/N_d.
+    """
+    _check(psi, n_d, stage)
+    psi = Fraction(psi)
+    if stage == 0:
+        return (2 * FP16 + k) * psi
+    if stage == 1:
+        return 2 * FP16 * psi + k * psi / n_d
+    if stage == 2:
+        return FP16 * psi + (FP16 + k) * psi / n_d
+    return (2 * FP16 + k) * psi / n_d
+
+
+def ring_factor(n_d: int) -> Fraction:
+    """(N_d − 1)/N_d: what one reduce-scatter or all-gather moves per Ψ per rank (C21, SC'20)."""
+    return Fraction(n_d - 1, n_d)
+
+
+def comm_elements(stage: int, psi, n_d: int, zero1_comm: str = "reduce_scatter") -> Fraction:
+    """Elements each rank sends per step under the ring model.
+
+    C21: DP all-reduce = RS + AG = 2Ψ(N−1)/N.  C22: P_os+g = RS(Ψ) + AG(Ψ) = 2Ψ(N−1)/N.
+    C23: P_os adds nothing over DP with a reduce-scatter (2Ψ); DeepSpeed's first version all-reduced
+    the gradients, then all-gathered the parameters: 3Ψ(N−1)/N (1.5×).
+    C24/C57: P_os+g+p = AG forward (Ψ) + AG backward (Ψ) + RS (Ψ) = 3Ψ(N−1)/N.
+    """
+    _check(psi, n_d, stage)
+    passes = 2
+    if stage == 3 or (stage == 1 and zero1_comm == "all_reduce"):
+        passes = 3
+    return passes * Fraction(psi) * ring_factor(n_d)
+
+
+def comm_in_psi(stage: int, zero1_comm: str = "reduce_scatter") -> int:
+    """The paper's large-N volumes in units of Ψ: 2, 2, 2, 3 (C21–C25)."""
+    _check(1, 1, stage)
+    return 3 if stage == 3 or (stage == 1 and zero1_comm == "all_reduce") else 2
+
+
+def reduction_factor(stage: int, n_d: int, k: int = K_ADAM) -> Fraction:
+    """Memory reduction over DP: → 4×, 8×, N_d as N_d grows (C7, C8, C9, C13)."""
+    return model_state_bytes(0, 1, n_d, k) / model_state_bytes(stage, 1, n_d, k)
+
+
+def max_params(stage: int, gpu_bytes, n_d: int, n_m: int = 1, k: int = K_ADAM) -> Fraction:
+    """Largest Ψ whose model states fit in ``gpu_bytes`` per GPU, with MP dividing every term (C17)."""
+    _check(1, n_d, stage)
+    return Fraction(gpu_bytes) * n_m / model_state_bytes(stage, 1, n_d, k)
+
+
+def activation_elements(hd: int, batch: int, seq: int, layers: int) -> int:
+    """Total transformer activations ≈ 12 × hd × batch × seq × layers elements (C27 footnote)."""
+    return 12 * hd * batch * seq * layers
+
+
+def transformer_params(layers: int, hd: int) -> int:
+    """Parameters of the transformer blocks ≈ 12 × layers × hd² (C26, C50; embeddings excluded)."""
+    return 12 * layers * hd * hd
+
+
+# -- the paper's printed tables ----------------------------------------------------------------------
+TABLE1_PSI = {"7.5B": 7.5e9, "128B": 128e9, "1T": 1e12}
+TABLE1_ND = (1, 4, 16, 64, 256, 1024)
+TABLE2_MP = (1, 2, 4, 8, 16)
+V100_BYTES = 32 * GB   # Table 1 caption: 32 GB V100s
+
+
+def table1(psi: float, n_d: int) -> dict[int, Fraction]:
+    """Table 1 cells for one model and N_d: per-device GB for P_os, P_os+g, P_os+g+p (C15, C16)."""
+    return {s: model_state_bytes(s, Fraction(psi), n_d) / GB for s in (1, 2, 3)}
+
+
+def table1_bold(psi: float) -> dict[int, int | None]:
+    """C15: per stage, the smallest N_d of Table 1 whose cell fits 32 GB (inclusive), or None."""
+    out = {}
+    for s in (1, 2, 3):
+        fits = [n for n in TABLE1_ND if model_state_bytes(s, Fraction(psi), n) <= V100_BYTES]
+        out[s] = fits[0] if fits else None
+    return out
+
+
+def table2_row(n_m: int, n_d: int = 64, gpu_bytes=V100_BYTES) -> dict[int, Fraction]:
+    """Table 2 theoretical maximum model sizes (parameters) for MP degree ``n_m`` (C17)."""
+    return {s: max_params(s, gpu_bytes, n_d, n_m) for s in range(4)}
