@@ -24,21 +24,22 @@ def _check(psi, n_d, stage=None) -> None:
         raise ValueError(f"stage must be one of 0, 1, 2, 3, got {stage!r}")
 
 
-def model_state_bytes(stage: int, psi, n_d: int, k: int = K_ADAM) -> Fraction:
+def model_state_bytes(stage: int, psi, n_d: int, k: int = K_ADAM, p: int = FP16) -> Fraction:
     """Per-device model-state bytes of ZeRO-DP stage ``stage``.
 
     C6 (DP): (2+2+K)Ψ.  C7 (P_os): 4Ψ + KΨ/N_d.  C8 (P_os+g): 2Ψ + (2+K)Ψ/N_d.
-    C9 (P_os+g+p): (2+2+K)Ψ/N_d.
+    C9 (P_os+g+p): (2+2+K)Ψ/N_d.  ``p`` generalises the 2 bytes of each fp16 parameter and
+    gradient to other precision policies (fp32 without a master copy: p = 4, K = 8).
     """
     _check(psi, n_d, stage)
     psi = Fraction(psi)
     if stage == 0:
-        return (2 * FP16 + k) * psi
+        return (2 * p + k) * psi
     if stage == 1:
-        return 2 * FP16 * psi + k * psi / n_d
+        return 2 * p * psi + k * psi / n_d
     if stage == 2:
-        return FP16 * psi + (FP16 + k) * psi / n_d
-    return (2 * FP16 + k) * psi / n_d
+        return p * psi + (p + k) * psi / n_d
+    return (2 * p + k) * psi / n_d
 
 
 def ring_factor(n_d: int) -> Fraction:

@@ -20,6 +20,7 @@ from .data import BigramData
 from .memory import MemoryLedger
 from .optim import AdamConfig
 from .partition import Unit, psi, psi_padded
+from .precision import POLICIES, Precision, policy
 from .zero import STAGES, ZERO1_COMM
 from .zero.fetch import ParamFetcher
 
@@ -39,6 +40,7 @@ class TrainConfig:
     adam: AdamConfig = AdamConfig()
     count_flops: bool = False
     device: str = "cpu"
+    precision: str = "fp16"
     timeout: float = 120.0
 
     def __post_init__(self):
@@ -56,6 +58,16 @@ class TrainConfig:
                              f"{', '.join(ZERO1_COMM)}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        policy(self.precision)
+
+    @property
+    def policy(self) -> Precision:
+        return POLICIES[self.precision]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """CPU kernels compute in fp32 from the stored copies; elsewhere in the storage dtype."""
+        return torch.float32 if self.device == "cpu" else self.policy.dtype
 
     @property
     def batch(self) -> int:
@@ -112,10 +124,10 @@ def _rank_main(ctx, cfg: TrainConfig, units, init, batches) -> RankOutput:
     cls = STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     with ctx.phase("setup"):
-        stage = cls(ctx, units, init, cfg.adam, **kwargs)
+        stage = cls(ctx, units, init, cfg.adam, cfg.policy, **kwargs)
     out = RankOutput([], stage.owned_master(), ctx.memory.model_states(), [], [],
                      {p: 0.0 for p in PHASES})
-    fetcher = ParamFetcher(stage, torch.float32 if cfg.device == "cpu" else torch.float16)
+    fetcher = ParamFetcher(stage, cfg.compute_dtype)
     for step in range(1, cfg.steps + 1):
         ctx.step = step
         idx, tgt = (b.to(ctx.device) for b in batches[step - 1])

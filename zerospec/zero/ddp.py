@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..optim import AdamConfig, adam_update
+from ..precision import POLICIES, Precision
 
 
 class DataParallel:
@@ -20,17 +21,20 @@ class DataParallel:
     label = "DP"
     pad = False   # stage 0 partitions nothing, so it needs no padding
 
-    def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig):
+    def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig,
+                 precision: Precision | None = None):
         """``init``: the full fp32 initial weights of each unit (length ``unit.padded`` or more)."""
         self.ctx = ctx
         self.memory = ctx.memory
         self.comm = ctx.comm
         self.units = units
         self.adam = adam
+        self.precision = precision or POLICIES["fp16"]
+        self.dtype = self.precision.dtype     # working copy of parameters and gradients
         self.optim_elements = 0          # elements the last optimizer step touched
-        self._allocate_optimizer(init)
-        self._allocate_gradients()
         self._allocate_params(init)
+        self._allocate_gradients()
+        self._allocate_optimizer(init)
 
     # -- allocation (each stage overrides what it partitions) -----------------------------------
     def _alloc(self, category: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -42,19 +46,22 @@ class DataParallel:
 
     def _allocate_optimizer(self, init) -> None:
         self.master, self.exp_avg, self.exp_avg_sq = [], [], []
-        for u, w in zip(self.units, init):
+        for i, (u, w) in enumerate(zip(self.units, init)):
             own = self._owned(u)
-            m = self._alloc("master32", own.stop - own.start, torch.float32)
-            m.copy_(w[own])
+            if self.precision.master:
+                m = self._alloc("master32", own.stop - own.start, torch.float32)
+                m.copy_(w[own])
+            else:  # fp32 policy: Adam updates the parameters themselves (no master copy, K = 8)
+                m = self._param_chunk(i)
             self.master.append(m)
             self.exp_avg.append(self._alloc("exp_avg", m.numel(), torch.float32))
             self.exp_avg_sq.append(self._alloc("exp_avg_sq", m.numel(), torch.float32))
 
     def _allocate_gradients(self) -> None:
-        self.grad16 = [self._alloc("grad16", u.padded, torch.float16) for u in self.units]
+        self.grad16 = [self._alloc("grad16", u.padded, self.dtype) for u in self.units]
 
     def _allocate_params(self, init) -> None:
-        self.param16 = [self._alloc("param16", u.padded, torch.float16) for u in self.units]
+        self.param16 = [self._alloc("param16", u.padded, self.dtype) for u in self.units]
         for p, w in zip(self.param16, init):
             p.copy_(w[:p.numel()])
 
@@ -94,8 +101,9 @@ class DataParallel:
 
     def sync_params(self) -> None:
         """Refresh the fp16 parameters from the updated masters."""
-        for i in range(len(self.units)):
-            self._param_chunk(i).copy_(self.master[i])
+        if self.precision.master:
+            for i in range(len(self.units)):
+                self._param_chunk(i).copy_(self.master[i])
 
     # -- results -------------------------------------------------------------------------------
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]:

@@ -8,8 +8,6 @@ and the parameter all-gather are stage 1's. Communication: Ψ (reduce-scatter) +
 """
 from __future__ import annotations
 
-import torch
-
 from .optimizer_states import OptimizerStates
 
 
@@ -18,10 +16,10 @@ class Gradients(OptimizerStates):
     label = "P_os+g"
 
     def _allocate_gradients(self) -> None:
-        self.grad16 = [self._alloc("grad16", u.chunk, torch.float16) for u in self.units]
+        self.grad16 = [self._alloc("grad16", u.chunk, self.dtype) for u in self.units]
 
     def grad_slot(self, i: int) -> torch.Tensor:
-        return self._alloc("grad16", self.units[i].padded, torch.float16)  # one unit in flight
+        return self._alloc("grad16", self.units[i].padded, self.dtype)  # one unit in flight
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         self.comm.reduce_scatter(self.grad16[i], slot, "mean")

@@ -26,11 +26,11 @@ class OptimizerStates(DataParallel):
     label = "P_os"
     pad = True
 
-    def __init__(self, ctx, units, init, adam, zero1_comm: str = "reduce_scatter"):
+    def __init__(self, ctx, units, init, adam, precision=None, zero1_comm: str = "reduce_scatter"):
         if zero1_comm not in ZERO1_COMM:
             raise ValueError(f"unknown ZeRO-1 variant {zero1_comm!r}; accepted: {', '.join(ZERO1_COMM)}")
         self.zero1_comm = zero1_comm
-        super().__init__(ctx, units, init, adam)
+        super().__init__(ctx, units, init, adam, precision)
 
     def _owned(self, u) -> slice:
         return u.shard(self.ctx.rank)

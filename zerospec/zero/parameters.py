@@ -23,7 +23,7 @@ class Parameters(Gradients):
     label = "P_os+g+p"
 
     def _allocate_params(self, init) -> None:
-        self.param16 = [self._alloc("param16", u.chunk, torch.float16) for u in self.units]
+        self.param16 = [self._alloc("param16", u.chunk, self.dtype) for u in self.units]
         for u, p, w in zip(self.units, self.param16, init):
             p.copy_(w[u.shard(self.ctx.rank)])
 
@@ -31,7 +31,7 @@ class Parameters(Gradients):
         return self.param16[i]
 
     def acquire(self, i: int) -> torch.Tensor:
-        full = self.memory.alloc("gathered", (self.units[i].padded,), torch.float16, zero=False)
+        full = self.memory.alloc("gathered", (self.units[i].padded,), self.dtype, zero=False)
         return self.comm.all_gather(full, self.param16[i])
 
     def release(self, i: int, full16: torch.Tensor) -> None:
@@ -39,5 +39,6 @@ class Parameters(Gradients):
 
     def sync_params(self) -> None:
         """Refresh my fp16 chunk only; the next forward gathers what it needs."""
-        for i in range(len(self.units)):
-            self.param16[i].copy_(self.master[i])
+        if self.precision.master:
+            for i in range(len(self.units)):
+                self.param16[i].copy_(self.master[i])
