@@ -107,6 +107,7 @@ class RankContext:
         self.memory = memory
         self.comm = comm
         self.phase_name = "setup"
+        self.failed_phase: str | None = None   # the innermost phase an exception left
         self.step = 0
         self.timeline = Timeline(self)
 
@@ -122,6 +123,9 @@ class RankContext:
         self.phase_name = name
         try:
             yield
+        except BaseException:
+            self.failed_phase = self.failed_phase or name
+            raise
         finally:
             self.timeline.mark_compute()
             self.memory.snapshot(f"{name}@{self.step}")
@@ -169,7 +173,8 @@ class VirtualCluster:
                 baton.abort(r, exc)
             except BaseException as exc:  # noqa: BLE001 - any failure must reach the caller
                 last = ctx.comm.last_op or "no collective yet"
-                err = RankError(f"rank {r} failed in phase {ctx.phase_name!r} (step {ctx.step}, "
+                phase = ctx.failed_phase or ctx.phase_name
+                err = RankError(f"rank {r} failed in phase {phase!r} (step {ctx.step}, "
                                 f"last collective: {last}): {type(exc).__name__}: {exc}", r)
                 err.__cause__ = exc
                 baton.abort(r, err)
@@ -190,8 +195,9 @@ class VirtualCluster:
             if baton.error is not None:
                 # Give the woken ranks a moment to unwind; a rank stuck outside a collective is a
                 # daemon thread and cannot block the caller.
+                deadline = time.perf_counter() + 0.2
                 for t in threads:
-                    t.join(timeout=1.0)
+                    t.join(timeout=max(0.0, deadline - time.perf_counter()))
                 raise baton.error
             for t in threads:
                 t.join()
