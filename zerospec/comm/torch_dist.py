@@ -1,0 +1,199 @@
+"""torch.distributed backend: the Interconnect protocol over a real process group (gloo or NCCL).
+
+Stage code is unchanged: it calls :class:`~zerospec.comm.interconnect.Interconnect`, which books the
+same logical ring-model numbers as the simulator; this backend only moves data, with torch's own
+collectives (no home-made transport). What it does beyond a plain ``dist.*`` call, and why:
+
+* **Reductions run in an fp32 buffer** (fp64 stays fp64). gloo sums fp16/bf16 in that dtype at
+  every hop, so an fp16 all-reduce rounds N−1 times; the simulator (and the paper's fp32 reduction
+  of fp16 gradients on real systems) accumulates in fp32 and rounds once. Copying to fp32, reducing,
+  and casting back gives those semantics — every stage pays the same cast, so parity is kept.
+* **Mean is SUM, then divide by N** in the buffer, never ``ReduceOp.AVG`` (before torch 2.9 gloo's
+  ``reduce_scatter_tensor`` silently ignored its op; AVG is also absent from gloo's all-reduce).
+* **Every reduction buffer is zero-padded to a multiple of N.** Measured (torch 2.13, gloo, N = 4):
+  the order in which gloo's ring adds the ranks' values for element i depends on the *length* of
+  the buffer (an all-reduce of ``x[:L]`` is not a prefix of the all-reduce of ``x``), while a
+  reduce-scatter equals the matching slice of an all-reduce of the same length, bit for bit. Stage 0
+  all-reduces unpadded units, stages 1–3 reduce padded ones; padding makes every stage hand gloo
+  the same buffer, so the stages stay bit-identical (design property 3). For N = 2 the order cannot
+  matter (a + b == b + a in IEEE arithmetic).
+* **Wire figure.** gloo implements ``reduce_scatter`` as an all-reduce of the whole input, so it
+  sends twice the ring model's (N−1)/N·S: :meth:`TorchDistBackend.wire_factor` says so and the
+  ledger's ``wire_elements_sent`` shows it. The fp32 buffer also doubles the wire *bytes* of fp16
+  and bf16 reductions (elements are unchanged); padding adds fewer than N elements per all-reduce.
+
+A failure inside a collective is re-raised as :class:`~zerospec.errors.CollectiveError` naming this
+rank, the collective and, when a peer reported itself through the store (see
+:mod:`zerospec.launch`), the rank that failed first.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..cluster import RankContext
+from ..errors import CollectiveError
+from ..memory import MemoryLedger
+from .interconnect import Call, Interconnect
+from .ledger import CommLedger
+
+MIN_TORCH = (2, 9)
+FAILED_KEY = "zerospec/failed/{rank}"   # store key a failing rank (or its launcher) writes
+
+
+class PeerFailure(CollectiveError):
+    """A collective failed in the transport: a peer died, failed or timed out (not this rank's fault)."""
+
+
+def check_torch_version(version: str | None = None) -> None:
+    """Refuse torch < 2.9: its gloo ``reduce_scatter_tensor`` ignored ``op`` (AVG came back as SUM)."""
+    version = version or torch.__version__
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        raise RuntimeError(f"cannot parse torch version {version!r}; the torch.distributed backend "
+                           f"needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}")
+    if (int(m.group(1)), int(m.group(2))) < MIN_TORCH:
+        raise RuntimeError(
+            f"the torch.distributed backend needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found "
+            f"{version}: before 2.9 gloo's reduce_scatter_tensor silently ignored its reduce op "
+            f"(AVG came back as SUM). Upgrade torch, or use the simulated backend (--backend sim).")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32 if dtype.is_floating_point else dtype
+
+
+# reduce_scatter_tensor/all_gather_into_tensor are deprecated in torch 2.13 in favour of the
+# *_single names, which torch 2.9 lacks; use whichever this torch has.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class TorchDistBackend:
+    """One process's side of the collectives, on an initialised torch.distributed group."""
+
+    def __init__(self, group=None, store=None, failure_wait: float = 2.0):
+        check_torch_version()
+        if not dist.is_initialized():
+            raise RuntimeError("TorchDistBackend needs torch.distributed to be initialised "
+                               "(dist.init_process_group, torchrun, or zerospec.launch)")
+        self.group = group
+        self.store = store                 # where peers report failures; None: no attribution
+        self.failure_wait = failure_wait   # seconds to wait for a peer's report after an error
+        self.n = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.name = str(dist.get_backend(group))
+
+    def wire_factor(self, op: str) -> int:
+        """Wire elements per ring-model element: 2 for gloo's reduce_scatter (an all-reduce)."""
+        return 2 if op == "reduce_scatter" and self.name == "gloo" else 1
+
+    def collective(self, rank: int, call: Call) -> None:
+        if rank != self.rank:
+            raise CollectiveError(f"this process is rank {self.rank} of the process group, "
+                                  f"but the interconnect called it rank {rank}")
+        _check_local(call, self.n)
+        t0 = time.perf_counter()
+        try:
+            getattr(self, f"_{call.op}")(call)
+        except CollectiveError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any transport error becomes a named one
+            raise PeerFailure(self._explain(call, exc)) from exc
+        call.seconds = time.perf_counter() - t0
+
+    # -- the collectives -------------------------------------------------------------------------
+    def _buffer(self, t: torch.Tensor, length: int) -> torch.Tensor:
+        buf = torch.zeros(length, dtype=_acc_dtype(t.dtype), device=t.device)
+        buf[:t.numel()].copy_(t.reshape(-1))
+        return buf
+
+    def _finish(self, buf: torch.Tensor, op: str) -> torch.Tensor:
+        if op == "mean":
+            buf.div_(self.n)
+        return buf
+
+    def _op(self, reduce_op: str):
+        return dist.ReduceOp.MAX if reduce_op == "max" else dist.ReduceOp.SUM
+
+    def _all_reduce(self, c: Call) -> None:
+        numel = c.inp.numel()
+        buf = self._buffer(c.inp, -(-numel // self.n) * self.n)   # padded: same order as an RS
+        dist.all_reduce(buf, op=self._op(c.reduce_op), group=self.group)
+        c.out.copy_(self._finish(buf, c.reduce_op)[:numel].view(c.out.shape))
+
+    def _reduce_scatter(self, c: Call) -> None:
+        buf = self._buffer(c.inp, c.inp.numel())      # also breaks any aliasing of out with inp
+        out = torch.empty(c.out.numel(), dtype=buf.dtype, device=buf.device)
+        _reduce_scatter(out, buf, op=self._op(c.reduce_op), group=self.group)
+        c.out.copy_(self._finish(out, c.reduce_op).view(c.out.shape))
+
+    def _all_gather(self, c: Call) -> None:
+        inp = c.inp.reshape(-1)
+        if _overlaps(inp, c.out):       # stage 1 gathers its own chunk of the output buffer
+            inp = inp.clone()
+        _all_gather(c.out.view(-1), inp, group=self.group)
+
+    def _broadcast(self, c: Call) -> None:
+        dist.broadcast(c.out, src=dist.get_global_rank(self.group, c.src) if self.group else c.src,
+                       group=self.group)
+
+    def _barrier(self, c: Call) -> None:
+        dist.barrier(group=self.group)
+
+    # -- failures --------------------------------------------------------------------------------
+    def failed_peers(self, wait: float = 0.0) -> dict[int, str]:
+        """Peers that reported a failure in the store: rank -> what happened (polls up to ``wait`` s)."""
+        if self.store is None:
+            return {}
+        keys = [FAILED_KEY.format(rank=r) for r in range(self.n)]
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                found = {r: self.store.get(k).decode() for r, k in enumerate(keys)
+                         if r != self.rank and self.store.check([k])}
+            except Exception:  # noqa: BLE001 - the store died with the launcher: nothing to name
+                return {}
+            if found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.05)
+
+    def _explain(self, call: Call, exc: BaseException) -> str:
+        peers = self.failed_peers(self.failure_wait)
+        cause = "; ".join(f"rank {r} failed first: {msg}" for r, msg in sorted(peers.items()))
+        return (f"rank {self.rank}: {call.describe()} on {self.name} failed"
+                f"{' because ' + cause if cause else ''} ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _check_local(c: Call, n: int) -> None:
+    """What one rank can check alone; cross-rank checks: TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    if c.op == "barrier":
+        return
+    if c.inp.dtype != c.out.dtype:
+        raise CollectiveError(f"{c.describe()}: input dtype {c.inp.dtype} != output dtype {c.out.dtype}")
+    if c.op == "reduce_scatter" and c.inp.numel() != n * c.out.numel():
+        raise CollectiveError(f"reduce_scatter: input of {c.inp.numel()} elements must be {n} × its "
+                              f"output of {c.out.numel()} elements")
+    if c.op == "all_gather" and c.out.numel() != n * c.inp.numel():
+        raise CollectiveError(f"all_gather: output of {c.out.numel()} elements must be {n} × its "
+                              f"input of {c.inp.numel()} elements")
+    if c.op in ("reduce_scatter", "all_gather", "broadcast") and not c.out.is_contiguous():
+        raise CollectiveError(f"{c.op}: output must be contiguous")
+
+
+def rank_context(device: str | torch.device = "cpu", *, group=None, store=None,
+                 timeout_wait: float = 2.0) -> RankContext:
+    """This process's RankContext on an initialised process group: its own memory and comm ledgers
+    (only its own rank's records are filled; :mod:`zerospec.launch` merges them)."""
+    backend = TorchDistBackend(group, store, timeout_wait)
+    ctx = RankContext(backend.rank, backend.n, MemoryLedger(device), None)
+    ctx.comm = Interconnect(ctx, backend, CommLedger(backend.n))
+    return ctx
