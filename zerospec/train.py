@@ -120,7 +120,9 @@ def _flops(enabled: bool):
     return FlopCounterMode(display=False) if enabled else contextlib.nullcontext()
 
 
-def _rank_main(ctx, cfg: TrainConfig, units, init, batches) -> RankOutput:
+def _rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None) -> RankOutput:
+    """One rank's run. ``on_step(step, stage)``, if given, is called after each step (the
+    engine tests snapshot weights there to compare them with torch's own implementations)."""
     cls = STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     with ctx.phase("setup"):
@@ -160,6 +162,8 @@ def _rank_main(ctx, cfg: TrainConfig, units, init, batches) -> RankOutput:
         out.losses.append(loss.detach())
         out.flops.append(flops)
         out.optim_elements.append(stage.optim_elements)
+        if on_step is not None:
+            on_step(step, stage)
     return out
 
 
