@@ -177,8 +177,10 @@ def _init_flat(cfg: TrainConfig, units) -> list[torch.Tensor]:
 def _batches(cfg: TrainConfig):
     T = cfg.model.block_size
     if cfg.device == "meta":
-        b = torch.empty(cfg.batch, T, dtype=torch.long, device="meta")
-        return [(b, b)] * cfg.steps
+        # inputs and targets are two tensors, as on a real device: the loss saves the targets
+        # for backward, so one shared storage would hide 8 bytes per token of activations
+        return [tuple(torch.empty(cfg.batch, T, dtype=torch.long, device="meta") for _ in range(2))
+                ] * cfg.steps
     data = BigramData(cfg.model.vocab_size, T, cfg.seed)
     return [data.batch(s, cfg.batch) for s in range(cfg.steps)]
 
