@@ -75,7 +75,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             for cid in props.get("claim_ids", []):
                 row = rows.setdefault(cid, {"passed": 0, "failed": 0, "skipped": 0, "values": None})
                 row["failed" if status in ("failed", "error") else status] += 1
-                if "claim_values" in props and row["values"] is None:
+                if "claim_values" in props:   # the last case recorded (largest N_d) speaks for the row
                     row["values"] = props["claim_values"]
     if not rows:
         return
