@@ -4,11 +4,11 @@ To add one, write ``zerospec/cli/<name>.py`` and list it in ``SUBCOMMANDS`` belo
 """
 from __future__ import annotations
 
-from . import demo
+from . import demo, scale
 
 
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit code 2."""
 
 
-SUBCOMMANDS = {"demo": demo}
+SUBCOMMANDS = {"demo": demo, "scale": scale}

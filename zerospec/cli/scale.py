@@ -1,0 +1,78 @@
+"""``zerospec scale``: measure a paper-size model on meta tensors (one step per stage) as a table.
+
+    python -m zerospec scale --preset 7.5B --gpus 64 --stages 0,1,2,3
+    python -m zerospec scale --layers 48 --hidden 1600 --heads 16 --gpus 1024
+    python -m zerospec scale --list
+"""
+from __future__ import annotations
+
+
+def _usage(message: str) -> Exception:
+    from . import UsageError   # here, not at import time: cli/__init__ imports this module
+    return UsageError(message)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("scale", help="measure per-GPU model states and traffic of a paper-size "
+                                     "model on meta tensors (no memory needed)")
+    p.add_argument("--preset", default=None, help="a model from zerospec.presets (see --list); "
+                                                  "default 7.5B unless --layers/--hidden are given")
+    p.add_argument("--gpus", type=int, default=64, help="data-parallel degree N_d, default 64")
+    p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages, default 0,1,2,3")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU, default 1")
+    p.add_argument("--zero1-comm", default="reduce_scatter", help="stage 1 gradient sync: "
+                   "reduce_scatter (2Ψ, default) or all_reduce (3Ψ)")
+    for flag, what in (("layers", "transformer blocks"), ("hidden", "width d"), ("heads", "heads"),
+                       ("vocab", "vocabulary (default 50257)"), ("seq", "sequence length (default 1024)")):
+        p.add_argument(f"--{flag}", type=int, default=None, help=f"custom model: {what}")
+    p.add_argument("--list", action="store_true", help="list the presets with their exact Ψ")
+
+
+def _stages(text: str) -> tuple[int, ...]:
+    try:
+        stages = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        stages = ()
+    if not stages or any(s not in (0, 1, 2, 3) for s in stages):
+        raise _usage(f"--stages must be a comma-separated list of 0, 1, 2, 3; got {text!r}")
+    return stages
+
+
+def _model(args):
+    from ..model import GPTConfig
+    from ..presets import GPT2_CONTEXT, GPT2_VOCAB, preset
+    custom = [args.layers, args.hidden, args.heads, args.vocab, args.seq]
+    if any(v is not None for v in custom):
+        if args.preset is not None:
+            raise _usage("give either --preset or --layers/--hidden/--heads/--vocab/--seq, not both")
+        if args.layers is None or args.hidden is None:
+            raise _usage("a custom model needs at least --layers and --hidden")
+        heads = args.heads or max(1, args.hidden // 128)
+        model = GPTConfig(vocab_size=args.vocab or GPT2_VOCAB, block_size=args.seq or GPT2_CONTEXT,
+                          n_layer=args.layers, n_head=heads, n_embd=args.hidden)
+        return f"custom {args.layers}×{args.hidden}", model
+    p = preset(args.preset or "7.5B")
+    return p.name, p.model
+
+
+def run(args) -> int:
+    from ..presets import PRESETS
+    from ..scale import markdown, measure_stages
+    if args.list:
+        print("| preset | layers | hidden | heads | Ψ | source |\n|---|---|---|---|---|---|")
+        for p in PRESETS.values():
+            m = p.model
+            print(f"| {p.name} | {m.n_layer} | {m.n_embd} | {m.n_head} | {p.psi:,} | {p.source} |")
+        return 0
+    if args.gpus < 1:
+        raise _usage(f"--gpus must be >= 1, got {args.gpus}")
+    stages = _stages(args.stages)
+    name, model = _model(args)
+    results = measure_stages(model, args.gpus, stages, micro_batch=args.micro_batch,
+                             zero1_comm=args.zero1_comm)
+    print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
+          f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; N_d = {args.gpus}; "
+          f"measured on meta tensors, one step per stage "
+          f"({sum(r.seconds for r in results.values()):.1f} s)\n")
+    print(markdown(results))
+    return 0

@@ -1,0 +1,106 @@
+"""GPT shapes of the paper's model sizes, for measuring them on meta tensors (:mod:`zerospec.scale`).
+
+The paper names models by round sizes (7.5B, 128B, 1T) and gives layer/hidden shapes only for the
+models it trained (Table 4, C50; heads from the appendix tables, C52). Every preset here is a
+:class:`~zerospec.model.GPTConfig` — GPT-2's vocabulary (50257) and context (1024), LM head tied to
+the token embedding — so its exact Ψ is
+
+    Ψ = 12·L·d² + 13·L·d  (blocks: QKV, projection, MLP weights and biases, two LayerNorms)
+      + (50257 + 1024)·d   (token and position embeddings)
+      + 2·d                (final LayerNorm)
+
+Paper-size presets and their exact Ψ (shapes chosen here; the paper gives none for them):
+
+=======  ======  =====  =====  =================  ===============================================
+name     layers  d      heads  Ψ                  why this shape
+=======  ======  =====  =====  =================  ===============================================
+1.5B     48      1600   16     1,557,611,200      GPT-2 1.5B as in Table 4 (C50, C52: 16 heads)
+7.5B     23      5120   40     7,499,274,240      Ψ within 0.01% of 7.5e9, so Figure 1 (C14) and
+                                                  Table 1 (C16) hold at the preset's own Ψ
+128B     159     8192   64     128,480,755,712    the paper's 8192-wide family (Table 4: 100–212
+                                                  layers); 159 layers is the nearest to 128B
+1T       128     25600  160    1,007,988,403,200  Megatron-LM's 1T shape (Narayanan et al. 2021)
+=======  ======  =====  =====  =================  ===============================================
+
+Table 4 presets are named ``t4-<label>-<layers>x<d>``, e.g. ``t4-40B-88x6144``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .model import GPTConfig
+
+GPT2_VOCAB = 50257
+GPT2_CONTEXT = 1024
+
+
+def gpt(layers: int, d: int, heads: int) -> GPTConfig:
+    """A GPT-2-vocabulary, 1K-context model of ``layers`` blocks of width ``d``."""
+    return GPTConfig(vocab_size=GPT2_VOCAB, block_size=GPT2_CONTEXT, n_layer=layers, n_head=heads,
+                     n_embd=d)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    name: str
+    label: float          # the paper's round size (parameters), e.g. 7.5e9
+    model: GPTConfig
+    source: str           # claim ids / where the shape comes from
+    printed: bool = True  # Table 4 presets: the label is printed in Table 4 itself (not only C52)
+
+    @property
+    def psi(self) -> int:
+        return self.model.psi
+
+
+PAPER = {
+    "1.5B": Preset("1.5B", 1.5e9, gpt(48, 1600, 16), "C27, C50, C52: GPT-2 1.5B"),
+    "7.5B": Preset("7.5B", 7.5e9, gpt(23, 5120, 40), "C14, C15, C16: Figure 1, Table 1"),
+    "128B": Preset("128B", 128e9, gpt(159, 8192, 64), "C15, C16: Table 1"),
+    "1T": Preset("1T", 1e12, gpt(128, 25600, 160), "C12, C15, C16: Table 1"),
+}
+
+# Table 4 (SC'20 Table IV, C50) with heads from the appendix tables (C52): (column, label, layers,
+# hidden, heads, printed). A range label ("40B–60B") names its first and last layer counts: those
+# labels are printed in Table 4 (printed=True); middle layer counts (e.g. 125 in "80B–170B") take
+# the label of their appendix row (C52, printed=False). 8B (72×3072) is in both columns.
+TABLE4_ROWS = (
+    ("Figure 2", "1.5B", 48, 1600, 16, True),
+    ("Figure 2", "8B", 72, 3072, 24, True),
+    ("Figure 2", "20B", 98, 4096, 32, True),
+    ("Figure 2", "40B", 88, 6144, 32, True),
+    ("Figure 2", "60B", 132, 6144, 32, True),
+    ("Figure 2", "80B", 100, 8192, 64, True),
+    ("Figure 2", "100B", 125, 8192, 64, False),
+    ("Figure 2", "120B", 150, 8192, 64, False),
+    ("Figure 2", "140B", 175, 8192, 64, False),
+    ("Figure 2", "170B", 212, 8192, 64, True),
+    ("Figures 3 and 8", "1.16B", 24, 1920, 16, True),
+    ("Figures 3 and 8", "1.5B", 34, 1920, 16, False),
+    ("Figures 3 and 8", "2.5B", 54, 1920, 16, True),
+    ("Figures 3 and 8", "4B", 64, 2304, 24, True),
+    ("Figures 3 and 8", "6B", 52, 3072, 24, True),
+    ("Figures 3 and 8", "8B", 72, 3072, 24, True),
+    ("Figures 3 and 8", "10B", 50, 4096, 32, True),
+    ("Figures 3 and 8", "11B", 54, 4096, 32, False),
+    ("Figures 3 and 8", "12B", 58, 4096, 32, False),
+    ("Figures 3 and 8", "13B", 62, 4096, 32, True),
+    ("Figures 3 and 8", "60B", 75, 8192, 32, True),
+)
+
+
+def _label_value(label: str) -> float:
+    return float(label[:-1]) * {"B": 1e9, "T": 1e12}[label[-1]]
+
+
+TABLE4 = {f"t4-{label}-{L}x{d}": Preset(f"t4-{label}-{L}x{d}", _label_value(label), gpt(L, d, h),
+                                        f"C50{'' if printed else ', C52'}: Table 4, {col}", printed)
+          for col, label, L, d, h, printed in TABLE4_ROWS}
+
+PRESETS = {**PAPER, **TABLE4}
+
+
+def preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; accepted: {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,255 @@
+"""Paper-scale models measured, not extrapolated: the stage code on ``meta`` tensors, a few ranks.
+
+``measure(model, stage, n_d)`` runs one training step of ZeRO stage ``stage`` for a GPT of any size
+(7.5B, 1T: :mod:`zerospec.presets`) with ``device="meta"``: tensors carry shapes and dtypes but no
+storage, so the memory ledger counts exactly the bytes a real run would hold and the interconnect
+books exactly the traffic it would move, while nothing is allocated and no arithmetic is done.
+
+**Which ranks run.** On meta, a rank's execution depends on its rank only through which slice of
+each sharding unit it owns (``Unit.shard``), and what differs between slices is how much of each is
+padding. So ranks are grouped into *classes* with the same number of real elements in every unit's
+shard; a class is an interval of ranks, cut where some unit's shard turns from all-real to partly
+padding to all padding. Typically: ranks 0..N−2, and the padded last rank N−1; plus, for a unit
+smaller than N (a LayerNorm at N = 1024), the ranks whose shard is padding only. One rank per class
+(its first) runs the unchanged per-rank step :func:`zerospec.train._rank_main`, alone, against a
+:class:`~zerospec.comm.meta.MetaBackend` (no rendezvous) and a :class:`CommLedger` for the true N.
+Stage 0 partitions nothing, so it has one class.
+
+Every other rank's memory ledger is its class representative's. Its communication is the
+representative's collective trace (op, dtype, size, phase, step, src) booked again for that rank in
+a :class:`CommLedger` of N ranks — the ledger's ring model is where ranks legitimately differ
+(an all-reduce of a size that N does not divide sends uneven chunks). ``tests/unit/test_scale.py``
+checks that this gives ledgers equal (``==``, record by record and snapshot by snapshot) to running
+all N ranks as threads through :class:`~zerospec.cluster.VirtualCluster`.
+
+**Speed.** PyTorch implements many meta kernels in Python (layer norm backward: ~2 ms a call), and
+a 1T model makes the same few hundred calls per layer with the same shapes. :class:`MetaKernelCache`
+remembers, per (op, argument shapes/strides/dtypes, other arguments), the output metadata of ops that
+return fresh tensors, and answers repeats with new empty meta tensors of that metadata. It is
+exact by construction (a meta kernel's output is a function of that key) and checked against an
+uncached run in the tests.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .cluster import RankContext
+from .comm.interconnect import Interconnect
+from .comm.ledger import CommLedger
+from .comm.meta import MetaBackend
+from .errors import RankError
+from .memory import MemoryLedger
+from .model import GPTConfig
+from .partition import Unit, psi, psi_padded
+from .train import RankOutput, TrainConfig, _batches, _init_flat, _rank_main
+
+
+# -- which ranks run -------------------------------------------------------------------------------
+def rank_classes(units: tuple[Unit, ...], n_d: int, partitioned: bool = True) -> list[range]:
+    """Intervals of ranks whose shards hold the same number of real elements in every unit."""
+    if not partitioned:
+        return [range(n_d)]
+    cuts = {0, n_d}
+    for u in units:
+        full = u.numel // u.chunk              # ranks 0..full-1 own real elements only
+        cuts.update(r for r in (full, full + (u.numel % u.chunk > 0)) if 0 < r < n_d)
+    cuts = sorted(cuts)
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+# -- meta kernels, once per shape ------------------------------------------------------------------
+def _key(x):
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device.type)
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_key(y) for y in x))
+    return (type(x), x)                        # 1 and 1.0 promote differently: keep the type
+
+
+class MetaKernelCache(TorchDispatchMode):
+    """Answer repeated meta ops that return fresh tensors from their remembered output metadata."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache: dict = {}
+        self.hits = self.misses = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(r.alias_info is not None for r in func._schema.returns):
+            return func(*args, **kwargs)       # views and in-place ops return their inputs
+        flat, _ = tree_flatten((args, kwargs))
+        try:
+            key = (func, tuple(_key(x) for x in flat))
+            hit = self.cache.get(key)
+        except TypeError:                      # an unhashable argument: just run the kernel
+            return func(*args, **kwargs)
+        if hit is not None:
+            self.hits += 1
+            metas, spec = hit
+            return tree_unflatten([torch.empty_strided(*m[1:3], dtype=m[3], device="meta")
+                                   if m[0] == "T" else m[1] for m in metas], spec)
+        self.misses += 1
+        out = func(*args, **kwargs)
+        self._remember(key, flat, out)
+        return out
+
+    def _remember(self, key, flat, out) -> None:
+        outs, spec = tree_flatten(out)
+        inputs = {x.untyped_storage()._cdata for x in flat if isinstance(x, torch.Tensor)}
+        metas = []
+        for o in outs:
+            if not isinstance(o, torch.Tensor):
+                if o is not None and type(o) not in (bool, int, float):
+                    return
+                metas.append(("V", o))
+                continue
+            fresh = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta")
+            if (o.device.type != "meta" or o.storage_offset() != 0
+                    or o.untyped_storage()._cdata in inputs
+                    or o.untyped_storage().nbytes() != fresh.untyped_storage().nbytes()):
+                return                         # not a plain fresh tensor: never cache this op
+            metas.append(("T", tuple(o.shape), o.stride(), o.dtype))
+        self.cache[key] = (metas, spec)
+
+
+# -- results ----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class RankClass:
+    ranks: range
+    memory: MemoryLedger
+    model_states: int                          # bytes right after setup
+    output: RankOutput | None                  # None when only the setup ran
+    trace: list[tuple]                         # (op, dtype, numel, phase, step, src) per collective
+
+    @property
+    def rep(self) -> int:
+        return self.ranks[0]
+
+
+@dataclasses.dataclass
+class ScaleResult:
+    config: TrainConfig
+    units: tuple[Unit, ...]
+    classes: list[RankClass]
+    seconds: float
+    _comm: CommLedger | None = None
+
+    @property
+    def psi(self) -> int:
+        return psi(self.units)
+
+    @property
+    def psi_padded(self) -> int:
+        return psi_padded(self.units)
+
+    def rank_class(self, rank: int) -> RankClass:
+        if not 0 <= rank < self.config.n_d:
+            raise ValueError(f"rank must be in 0..{self.config.n_d - 1}, got {rank}")
+        return next(c for c in self.classes if rank in c.ranks)
+
+    def model_states(self, rank: int = 0) -> int:
+        return self.rank_class(rank).model_states
+
+    def memory(self, rank: int = 0) -> MemoryLedger:
+        return self.rank_class(rank).memory
+
+    def comm_ledger(self, ranks=None) -> CommLedger:
+        """The N-rank ledger with the given ranks' collectives booked (all ranks by default)."""
+        if ranks is None and self._comm is not None:
+            return self._comm
+        ledger = CommLedger(self.config.n_d)
+        for r in range(self.config.n_d) if ranks is None else ranks:
+            for op, dtype, numel, phase, step, src in self.rank_class(r).trace:
+                ledger.book(r, op, dtype, numel, phase, step, src=src)
+        if ranks is None:
+            self._comm = ledger
+        return ledger
+
+    def comm_elements(self, rank: int = 0) -> int:
+        """Elements ``rank`` sent in the step, under the ring model for the true N."""
+        return self.comm_ledger([rank]).elements(rank)
+
+    def collectives(self, rank: int = 0) -> int:
+        return len(self.rank_class(rank).trace)
+
+
+class _SetupDone(Exception):
+    pass
+
+
+class _SetupOnlyContext(RankContext):
+    """Stops the per-rank step where its first phase after setup begins."""
+
+    def phase(self, name: str):
+        if name != "setup":
+            raise _SetupDone
+        return super().phase(name)
+
+
+# -- running ----------------------------------------------------------------------------------------
+def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
+            zero1_comm: str = "reduce_scatter", precision: str = "fp16",
+            setup_only: bool = False, cache_kernels: bool = True) -> ScaleResult:
+    """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
+
+    ``setup_only``: stop after the stages have allocated their model states (enough for C15's
+    Table 1, whose cells are model states only; the step does not change them).
+    """
+    if not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, got {micro_batch!r}")
+    cfg = TrainConfig(stage=stage, n_d=n_d, model=model, global_batch=micro_batch * n_d, steps=1,
+                      zero1_comm=zero1_comm, precision=precision, device="meta")
+    units = cfg.units()
+    init, batches = _init_flat(cfg, units), _batches(cfg)
+    ledger, backend = CommLedger(n_d), MetaBackend(n_d)
+    t0 = time.perf_counter()
+    classes = []
+    with MetaKernelCache() if cache_kernels else contextlib.nullcontext():
+        for ranks in rank_classes(units, n_d, partitioned=units[0].pad):
+            r = ranks[0]
+            make = _SetupOnlyContext if setup_only else RankContext
+            ctx = make(r, n_d, MemoryLedger("meta"), None)
+            ctx.comm = Interconnect(ctx, backend, ledger)
+            out = _run_rank(ctx, cfg, units, init, batches)
+            trace = [(c.op, c.dtype, c.numel, c.phase, c.step, src)
+                     for c, src in zip(ledger.records(r), backend.srcs[r])]
+            states = out.model_states if out is not None else ctx.memory.model_states()
+            classes.append(RankClass(ranks, ctx.memory, states, out, trace))
+    return ScaleResult(cfg, units, classes, time.perf_counter() - t0)
+
+
+def _run_rank(ctx, cfg, units, init, batches) -> RankOutput | None:
+    try:
+        return _rank_main(ctx, cfg, units, init, batches)
+    except _SetupDone:
+        return None
+    except Exception as exc:
+        last = ctx.comm.last_op or "no collective yet"
+        raise RankError(f"meta rank {ctx.rank} of {ctx.n_ranks} failed in phase {ctx.phase_name!r} "
+                        f"(last collective: {last}): {type(exc).__name__}: {exc}", ctx.rank) from exc
+
+
+def measure_stages(model: GPTConfig, n_d: int, stages=(0, 1, 2, 3), **kw) -> dict[int, ScaleResult]:
+    return {s: measure(model, s, n_d, **kw) for s in stages}
+
+
+# -- rendering --------------------------------------------------------------------------------------
+def markdown(results: dict[int, ScaleResult]) -> str:
+    """Rank 0's model states, peak activations, comm per step (in Ψ = real parameters), collectives."""
+    from .zero import LABELS
+    rows = ["| stage | Ψ_padded | model states /GPU (B) | GB | activations /GPU (B) "
+            "| comm /step /GPU (elements) | comm in Ψ | collectives /step | ranks run |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for s, r in results.items():
+        comm, states = r.comm_elements(0), r.model_states(0)
+        rows.append(f"| {LABELS[s]} | {r.psi_padded:,} | {states:,} | {states / 1e9:,.2f} | "
+                    f"{r.memory(0).peak['activations']:,} | {comm:,} | {comm / r.psi:.4f} | "
+                    f"{r.collectives(0)} | {', '.join(str(c.rep) for c in r.classes)} |")
+    return "\n".join(rows)
