@@ -89,6 +89,24 @@ def transformer_params(layers: int, hd: int) -> int:
     return 12 * layers * hd * hd
 
 
+def optimizer_elements(stage: int, psi, n_d: int) -> Fraction:
+    """Elements one rank's optimizer step updates: all Ψ in DP, its 1/N_d partition from P_os on
+    (C7: rank i updates only partition i)."""
+    _check(psi, n_d, stage)
+    return Fraction(psi) if stage == 0 else Fraction(psi) / n_d
+
+
+def forward_flops(psi, tokens: int) -> int:
+    """Dense-model rule: forward ≈ 2Ψ FLOPs per token, backward twice that (C-I5: 2 × 4 × bsz × seq
+    × params per iteration, the 4 = forward + 2 × backward + recompute)."""
+    return 2 * int(psi) * tokens
+
+
+def backward_flops(psi, tokens: int) -> int:
+    """Backward ≈ 4Ψ FLOPs per token: gradients for inputs and for weights (C-I5)."""
+    return 2 * forward_flops(psi, tokens)
+
+
 # -- the paper's printed tables ----------------------------------------------------------------------
 TABLE1_PSI = {"7.5B": 7.5e9, "128B": 128e9, "1T": 1e12}
 TABLE1_ND = (1, 4, 16, 64, 256, 1024)
@@ -113,3 +131,25 @@ def table1_bold(psi: float) -> dict[int, int | None]:
 def table2_row(n_m: int, n_d: int = 64, gpu_bytes=V100_BYTES) -> dict[int, Fraction]:
     """Table 2 theoretical maximum model sizes (parameters) for MP degree ``n_m`` (C17)."""
     return {s: max_params(s, gpu_bytes, n_d, n_m) for s in range(4)}
+
+
+def gpt_forward_flops(n_layer: int, d: int, vocab: int, batch: int, seq: int) -> int:
+    """Forward FLOPs of a GPT on ``batch × seq`` tokens: 2 FLOPs per multiply-add of every matmul.
+
+    Blocks: 12·d² weights per layer (C26's 4 + 8) → 2·tokens·12·d²·L; attention scores and the
+    weighted sum 2 × 2·batch·seq²·d per layer; tied LM head 2·tokens·vocab·d. Embedding lookups,
+    LayerNorm and softmax are not matmuls (FlopCounterMode counts them as 0, as the paper does).
+    Backward is twice this: one matmul for the input gradient, one for the weight gradient.
+    """
+    tokens = batch * seq
+    return 2 * tokens * (12 * d * d * n_layer + vocab * d) + 4 * batch * seq * seq * d * n_layer
+
+
+def mp_over_zero_comm(batch: int, seq: int, hd: int) -> Fraction:
+    """MP / ZeRO-DP communication per batch = batch·seq / (3·hd) (C26, SC'20 §VII-C)."""
+    return Fraction(batch * seq, 3 * hd)
+
+
+def fused_buffer_bytes(psi, dtype_bytes: int = 4):
+    """A flat fused buffer over all Ψ gradients: 4Ψ bytes in fp32 (C29: 6 GB at 1.5B; C36: 12 GB at 3B)."""
+    return dtype_bytes * psi
