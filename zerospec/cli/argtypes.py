@@ -1,0 +1,53 @@
+"""argparse ``type=`` converters for report and plan: errors name the bad value and what is accepted.
+
+argparse turns an :class:`argparse.ArgumentTypeError` into a one-line usage error (exit code 2 via
+``zerospec.__main__``); a plain ValueError would lose our message.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .. import plan
+
+
+def _wrap(parse):
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+count = _wrap(plan.parse_count)
+memory = _wrap(plan.parse_bytes)
+bandwidth = _wrap(plan.parse_bandwidth)
+gpus = _wrap(plan.parse_gpus)
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
+def list_of(parse, what: str):
+    return _wrap(lambda text: plan.parse_list(text, parse, what))
+
+
+def choice_list(choices, what: str):
+    """A comma list whose items must be among ``choices`` (order kept, duplicates dropped)."""
+    def convert(text: str) -> list[str]:
+        items = [t.strip() for t in str(text).split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(map(repr, bad)) or '(none given)'}; accepted: "
+                f"{', '.join(choices)}")
+        return list(dict.fromkeys(items))
+    return convert

@@ -1,0 +1,159 @@
+"""``zerospec report``: run every ZeRO stage on N virtual GPUs and measure what the seed write-up shows.
+
+:func:`measure` trains each stage variant with :func:`zerospec.train.train` (real tensors, FLOP
+counting on) and sweeps N for the memory-vs-N figure; :mod:`zerospec.report_tables` turns the
+measurements into tables, :mod:`zerospec.report_figures` into figures. Every number printed is read
+from this run's ledgers; paper values appear only as the expected side, labelled with their claim id.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+from .cluster import RankContext
+from .comm.interconnect import Interconnect
+from .comm.ledger import CommLedger
+from .memory import MemoryLedger
+from .model import SMALL, GPTConfig
+from .theory import GB, V100_BYTES
+from .timeline import StepReplay, parallel_time
+from .train import Result, TrainConfig, _batches, _init_flat, _rank_main, train
+
+# key -> (stage, ZeRO-1 gradient sync, label). "1" is the paper's 2Ψ ZeRO-1 (C22); "1ar" the
+# all-reduce ZeRO-1 of the seed and of DeepSpeed's first version, 3Ψ (C23).
+VARIANTS = {
+    "0": (0, "reduce_scatter", "ZeRO-0 (DP)"),
+    "1": (1, "reduce_scatter", "ZeRO-1 (P_os)"),
+    "1ar": (1, "all_reduce", "ZeRO-1 (P_os, all-reduce)"),
+    "2": (2, "reduce_scatter", "ZeRO-2 (P_os+g)"),
+    "3": (3, "reduce_scatter", "ZeRO-3 (P_os+g+p)"),
+}
+SWEEP_N = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    ranks: int = 32
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    steps: int = 3
+    model: GPTConfig = SMALL
+    micro_batch: int = 2                 # sequences per rank per step
+    scale_params: int = 7_500_000_000    # the seed's projection (Figure 1's model, C14)
+    gpu_bytes: int = V100_BYTES
+    bandwidth: int = 50 * GB             # bytes per second
+    sweep: tuple[int, ...] = SWEEP_N
+    unit: str = "GB"
+
+    def __post_init__(self):
+        if not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ValueError(f"--ranks must be an integer >= 1, got {self.ranks!r}")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"--steps must be an integer >= 1, got {self.steps!r}")
+        if not isinstance(self.micro_batch, int) or self.micro_batch < 1:
+            raise ValueError(f"--micro-batch must be an integer >= 1, got {self.micro_batch!r}")
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad or not self.variants:
+            raise ValueError(f"unknown stage {', '.join(map(repr, bad)) or '(none given)'}; accepted: "
+                             f"{', '.join(VARIANTS)} (1ar = ZeRO-1 that all-reduces gradients)")
+
+    def train_config(self, key: str) -> TrainConfig:
+        stage, zero1, _ = VARIANTS[key]
+        return TrainConfig(stage=stage, n_d=self.ranks, model=self.model, steps=self.steps,
+                           global_batch=self.micro_batch * self.ranks, zero1_comm=zero1,
+                           count_flops=True)
+
+
+@dataclasses.dataclass
+class Run:
+    key: str
+    label: str
+    result: Result
+    replay: StepReplay      # the last step replayed on N parallel clocks
+
+    @property
+    def stage(self) -> int:
+        return self.result.config.stage
+
+
+@dataclasses.dataclass
+class Measurements:
+    config: ReportConfig
+    runs: list[Run]
+    sweep: dict[int, dict[int, int]]      # stage -> N -> measured per-GPU model-state bytes (max rank)
+    seconds: float                        # the whole measurement, wall clock
+
+    def run(self, key: str) -> Run | None:
+        return next((r for r in self.runs if r.key == key), None)
+
+
+# -- the memory-vs-N sweep: the stages' own set-up code on meta tensors ----------------------------
+class _SetupDone(Exception):
+    """Raised when a rank leaves set-up: model states are allocated, the sweep has what it needs."""
+
+
+class _SetupOnly(RankContext):
+    def phase(self, name: str):
+        if name != "setup":
+            raise _SetupDone
+        return super().phase(name)
+
+
+class _NoCollectives:
+    """Set-up moves no data; a collective there would be a bug worth hearing about."""
+
+    def collective(self, rank, call):
+        raise RuntimeError(f"unexpected collective {call.describe()} during set-up on rank {rank}")
+
+    def wire_factor(self, op):
+        return 1
+
+
+def setup_model_states(stage: int, n_d: int, model: GPTConfig = SMALL, zero1_comm: str = "reduce_scatter",
+                       ranks=None) -> dict[int, int]:
+    """Per-rank model-state bytes right after set-up, measured by running the unchanged per-rank
+    step (:func:`zerospec.train._rank_main`) on ``meta`` tensors up to its first phase after set-up.
+
+    Ranks hold equal (padded) chunks, so the default measures rank 0 and the last rank only.
+    """
+    cfg = TrainConfig(stage=stage, n_d=n_d, model=model, steps=1, zero1_comm=zero1_comm, device="meta")
+    units = cfg.units()
+    init = _init_flat(cfg, units)
+    ledger, out = CommLedger(n_d), {}
+    for r in ranks if ranks is not None else sorted({0, n_d - 1}):
+        ctx = _SetupOnly(r, n_d, MemoryLedger("meta"), None)
+        ctx.comm = Interconnect(ctx, _NoCollectives(), ledger)
+        try:
+            _rank_main(ctx, cfg, units, init, _batches(cfg))
+        except _SetupDone:
+            pass
+        out[r] = ctx.memory.model_states()
+    return out
+
+
+# -- measuring ------------------------------------------------------------------------------------
+def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
+    """Train every requested variant for ``cfg.steps`` steps on ``cfg.ranks`` virtual GPUs."""
+    from tqdm import tqdm
+    t0 = time.perf_counter()
+    sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
+    stages = sorted({VARIANTS[k][0] for k in cfg.variants})
+    total = len(cfg.variants) * cfg.steps + len(stages)
+    # disable=None: tqdm stays quiet when stderr is not a terminal (CI, pipes, tests).
+    bar = tqdm(total=total, disable=True if quiet else None, file=sys.stderr, unit="step",
+               desc="report", leave=False)
+    runs = []
+    try:
+        for key in cfg.variants:
+            bar.set_description(f"{VARIANTS[key][2]} ×{cfg.ranks}")
+            result = train(cfg.train_config(key))
+            runs.append(Run(key, VARIANTS[key][2], result, parallel_time(result.timelines, cfg.steps)))
+            bar.update(cfg.steps)   # train() has no per-step callback; advance by the run's steps
+        sweep: dict[int, dict[int, int]] = {}
+        for s in stages:
+            bar.set_description(f"memory vs N, stage {s}")
+            sweep[s] = {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
+            bar.update(1)
+    finally:
+        bar.close()
+    return Measurements(cfg, runs, sweep, time.perf_counter() - t0)

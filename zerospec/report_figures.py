@@ -1,0 +1,182 @@
+"""The report's figures (matplotlib, Agg backend), each readable on its own: title, units, legend.
+
+* ``memory_per_stage``: stacked per-GPU model states by buffer, activations hatched on top.
+* ``comm_per_stage``: elements per GPU per step, split by collective, with the paper's value.
+* ``memory_vs_n``: measured model states against N on log axes, with the C6–C9 formulas as lines.
+* ``timeline``: one step replayed on N parallel clocks, compute by phase and collectives by op.
+
+Every figure is written as PNG and SVG into the output directory.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import theory
+from .report import Measurements
+from .memory import MODEL_STATES
+
+MB = 1e6
+BUFFER_LABELS = {"param16": "fp16 parameters", "grad16": "fp16 gradients", "master32": "fp32 master",
+                 "exp_avg": "fp32 momentum", "exp_avg_sq": "fp32 variance"}
+BUFFER_COLORS = {"param16": "#4c72b0", "grad16": "#55a868", "master32": "#c44e52",
+                 "exp_avg": "#dd8452", "exp_avg_sq": "#937860"}
+OP_COLORS = {"all_reduce": "#8172b3", "reduce_scatter": "#da8bc3", "all_gather": "#64b5cd",
+             "broadcast": "#ccb974", "barrier": "#8c8c8c"}
+PHASE_COLORS = {"forward": "#a1c9f4", "backward": "#8de5a1", "grad_sync": "#ffb482",
+                "step": "#ff9f9b", "param_sync": "#d0bbff", "setup": "#e0e0e0"}
+PHASE_LABELS = {"setup": "between phases"}   # the step's bookkeeping outside the five phases
+STAGE_COLORS = {0: "#4c72b0", 1: "#dd8452", 2: "#55a868", 3: "#c44e52"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _short(label: str) -> str:
+    return label.replace(" (", "\n(")
+
+
+def _save(fig, out: Path, name: str) -> list[Path]:
+    paths = []
+    for ext in ("png", "svg"):
+        p = out / f"{name}.{ext}"
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        paths.append(p)
+    _plt().close(fig)
+    return paths
+
+
+def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    xs = range(len(m.runs))
+    for x, run in zip(xs, m.runs):
+        setup = run.result.memory[0].snapshots_by_label()["setup@0"][0].current
+        bottom = 0.0
+        for cat in MODEL_STATES:
+            h = setup[cat] / MB
+            # no edge lines: at large N a partitioned buffer is thinner than an edge would be
+            ax.bar(x, h, bottom=bottom, color=BUFFER_COLORS[cat], linewidth=0, width=0.6,
+                   label=BUFFER_LABELS[cat] if x == 0 else None)
+            bottom += h
+        acts = max(mem.peak["activations"] for mem in run.result.memory) / MB
+        ax.bar(x, acts, bottom=bottom, color="none", edgecolor="#555555", hatch="///", width=0.6,
+               label="activations (peak)" if x == 0 else None)
+        paper = float(theory.model_state_bytes(run.stage, run.result.psi, m.config.ranks)) / MB
+        ax.plot([x - 0.35, x + 0.35], [paper, paper], color="black", lw=1.5, ls="--",
+                label="paper formula (C6–C9)" if x == 0 else None)
+    ax.set_xticks(list(xs), [_short(r.label) for r in m.runs], fontsize=8)
+    ax.set_ylabel("memory per GPU (MB, 10^6 bytes)")
+    ax.set_title(f"Per-GPU memory at N = {m.config.ranks}: model states by buffer (measured), "
+                 f"activations hatched")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, out, "memory_per_stage")
+
+
+def comm_per_stage(m: Measurements, out: Path) -> list[Path]:
+    from .report_tables import OPS, _mean_by_op
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    step = m.config.steps
+    for x, run in enumerate(m.runs):
+        res = run.result
+        ops = _mean_by_op(run, step)
+        bottom = 0.0
+        for op in OPS:
+            h = float(ops[op] / res.psi)
+            ax.bar(x, h, bottom=bottom, color=OP_COLORS[op], width=0.6, edgecolor="white",
+                   label=op.replace("_", "-") if x == 0 else None)
+            bottom += h
+        paper = float(theory.comm_elements(run.stage, res.psi, res.config.n_d, res.config.zero1_comm)
+                      / res.psi)
+        ax.plot([x - 0.35, x + 0.35], [paper, paper], color="black", lw=1.5, ls="--",
+                label="paper, ring model (C21–C24)" if x == 0 else None)
+        ax.annotate(f"{res.comm.count(0, step=step)} collectives", (x, bottom), ha="center",
+                    va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")
+    ax.set_xticks(range(len(m.runs)), [_short(r.label) for r in m.runs], fontsize=8)
+    ax.set_ylabel("elements sent per GPU per step (units of Ψ)")
+    ax.set_ylim(0, 3.6)
+    ax.set_title(f"Communication per step per GPU at N = {m.config.ranks}, split by collective (measured)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, out, "comm_per_stage")
+
+
+def memory_vs_n(m: Measurements, out: Path) -> list[Path]:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    psi = m.runs[0].result.psi
+    for s, points in sorted(m.sweep.items()):
+        ns = sorted(points)
+        # Integer N between the measured points (theory takes N_d as an integer): smooth on log axes.
+        dense = sorted({round(2 ** (k / 8)) for k in range(8 * (max(ns).bit_length() - 1) + 1)})
+        ax.plot(dense, [float(theory.model_state_bytes(s, psi, n)) / MB for n in dense],
+                color=STAGE_COLORS[s], lw=1.2, label=f"{theory.STAGE_LABELS[s]} formula")
+        ax.plot(ns, [points[n] / MB for n in ns], "o", color=STAGE_COLORS[s], ms=5,
+                label=f"{theory.STAGE_LABELS[s]} measured")
+    ax.axvline(m.config.ranks, color="grey", ls=":", lw=1)
+    ax.annotate(f"report run, N = {m.config.ranks}", (m.config.ranks, ax.get_ylim()[0]),
+                rotation=90, va="bottom", ha="right", fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("N (data-parallel GPUs)")
+    ax.set_ylabel("model states per GPU (MB, 10^6 bytes)")
+    ax.set_title(f"Model states per GPU vs N (Ψ = {psi:,}): measured set-up vs C6–C9")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, out, "memory_vs_n")
+
+
+def timeline(m: Measurements, out: Path) -> list[Path]:
+    plt = _plt()
+    from matplotlib.patches import Patch
+    runs = m.runs
+    n = m.config.ranks
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 1.6 * len(runs)), sharex=True,
+                             squeeze=False)
+    phases_seen, ops_seen = set(), set()
+    for ax, run in zip(axes[:, 0], runs):
+        bars: dict[str, list] = {}
+        for seg in run.replay.segments:
+            if seg.kind == "wait" or seg.seconds <= 0:
+                continue
+            key = f"compute:{seg.phase}" if seg.kind == "compute" else f"op:{seg.kind}"
+            bars.setdefault(key, []).append((seg.rank, seg.start * 1e3, seg.seconds * 1e3))
+        for key, segs in bars.items():
+            kind, name = key.split(":")
+            color = PHASE_COLORS.get(name, "#cccccc") if kind == "compute" else OP_COLORS.get(name, "k")
+            (phases_seen if kind == "compute" else ops_seen).add(name)
+            for rank in {s[0] for s in segs}:
+                ax.broken_barh([(s[1], s[2]) for s in segs if s[0] == rank], (rank - 0.4, 0.8),
+                               facecolors=color)
+        ax.set_ylim(n - 0.5, -0.5)
+        ax.set_ylabel("rank")
+        ax.set_title(f"{run.label}: step {run.replay.step} = {run.replay.seconds * 1e3:.1f} ms on "
+                     f"{n} parallel clocks, {run.replay.n_collectives} collectives", fontsize=9)
+    axes[-1, 0].set_xlabel("time within the step (ms), replayed from measured events")
+    handles = ([Patch(color=PHASE_COLORS[p], label=f"compute: {PHASE_LABELS.get(p, p)}")
+                for p in PHASE_COLORS if p in phases_seen]
+               + [Patch(color=OP_COLORS[o], label=f"collective: {o.replace('_', '-')}")
+                  for o in OP_COLORS if o in ops_seen])
+    fig.legend(handles=handles, loc="upper center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle("One training step per stage: compute (by phase) vs collectives (by op), per rank; "
+                 "gaps are waits", y=1.03, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return _save(fig, out, "timeline")
+
+
+FIGURES = {"memory_per_stage": memory_per_stage, "comm_per_stage": comm_per_stage,
+           "memory_vs_n": memory_vs_n, "timeline": timeline}
+
+
+def write_figures(m: Measurements, out_dir) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for fn in FIGURES.values():
+        paths += fn(m, out)
+    return paths
