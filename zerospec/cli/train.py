@@ -1,0 +1,131 @@
+"""``zerospec train``: one ZeRO stage, on the virtual cluster or on real processes.
+
+    python -m zerospec train --backend sim --stage 3 --ranks 4              # threads, simulated wire
+    python -m zerospec train --backend torch --stage 3 --ranks 4            # 4 local gloo processes
+    torchrun --nproc-per-node 4 -m zerospec train --backend torch --stage 3 # torchrun's processes
+
+The same config prints the same table on either backend (losses per step, traffic per rank), so a
+user can put the simulator next to the real engine. Under torchrun the world size comes from
+torchrun (``--ranks``, if given, must agree) and the usual rendezvous flags work across machines;
+NCCL is used when CUDA is available, gloo otherwise.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+BACKENDS = ("sim", "torch")
+MODELS = ("small", "odd")
+
+
+def add_parser(sub) -> None:
+    from ..precision import POLICIES
+    from ..zero import ZERO1_COMM
+    p = sub.add_parser("train", help="train one ZeRO stage on the simulator or on real processes "
+                                     "(torch.distributed), and print losses and traffic")
+    p.add_argument("--backend", choices=BACKENDS, default="sim",
+                   help="sim: virtual GPUs as threads; torch: real processes (default sim)")
+    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=3, help="ZeRO stage, default 3")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="data-parallel degree N_d (default 4; under torchrun: its world size)")
+    p.add_argument("--steps", type=int, default=5, help="training steps, default 5")
+    p.add_argument("--precision", choices=tuple(POLICIES), default="fp16", help="default fp16")
+    p.add_argument("--model", choices=MODELS, default="small", help="tiny GPT preset, default small")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--zero1-comm", choices=ZERO1_COMM, default="reduce_scatter",
+                   help="stage 1 gradient sync (default reduce_scatter)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds a collective may wait before every rank fails, default 120")
+
+
+def _config(args, n_d: int):
+    from .. import model as gpt
+    from ..train import TrainConfig
+    return TrainConfig(stage=args.stage, n_d=n_d, model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
+                       steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
+                       precision=args.precision, timeout=args.timeout)
+
+
+def summary(result, backend: str) -> str:
+    """The table both backends print: per step, mean loss and rank 0's traffic."""
+    cfg, comm = result.config, result.comm
+    lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}, Ψ = {result.psi:,}, "
+             f"{cfg.precision}, backend {backend}",
+             f"model states on rank 0: {result.model_states(0):,} B", "",
+             "| step | loss | collectives | elements sent (rank 0) | wire elements (rank 0) |",
+             "|---|---|---|---|---|"]
+    for s in range(1, cfg.steps + 1):
+        recs = comm.records(0, step=s)
+        lines.append(f"| {s} | {result.losses[s - 1]:.6f} | {len(recs)} | "
+                     f"{sum(r.elements_sent for r in recs):,} | "
+                     f"{sum(r.wire_elements_sent for r in recs):,} |")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from . import UsageError
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.ranks is not None and args.ranks < 1:
+        raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.backend == "sim":
+        from ..train import train
+        print(summary(train(_config(args, args.ranks or 4)), "sim"))
+        return 0
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return _run_torchrun(args)
+    from ..launch import train_processes
+    print(summary(train_processes(_config(args, args.ranks or 4)), "torch (gloo, local processes)"))
+    return 0
+
+
+def _run_torchrun(args) -> int:
+    """One of torchrun's processes: join its group, run this rank, rank 0 prints the table."""
+    import torch
+    import torch.distributed as dist
+
+    from . import UsageError
+    from .. import train as tr
+    from ..comm.torch_dist import check_torch_version, rank_context
+    from ..launch import assemble
+    check_torch_version()
+    world = int(os.environ["WORLD_SIZE"])
+    if args.ranks is not None and args.ranks != world:
+        raise UsageError(f"--ranks {args.ranks} disagrees with torchrun's world size {world}")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        cfg = _config(args, world)
+        ctx = rank_context(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu",
+                           store=dist.distributed_c10d._get_default_store())
+        units = cfg.units()
+        out = tr._rank_main(ctx, cfg, units, tr._init_flat(cfg, units), tr._batches(cfg))
+        mine = {"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
+                "timeline": ctx.timeline.events, "seconds": sum(out.seconds.values())}
+        # reporting only: gathered outside the Interconnect, so the ledger does not count it
+        mine = _to_cpu(mine)
+        every = [None] * world
+        dist.gather_object(mine, every if ctx.rank == 0 else None, dst=0)
+        if ctx.rank == 0:
+            backend = f"torch ({dist.get_backend()}, torchrun)"
+            print(summary(assemble(cfg, every), backend))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _to_cpu(x):
+    import torch
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    if hasattr(x, "__dataclass_fields__"):
+        import dataclasses
+        return dataclasses.replace(x, **{f: _to_cpu(getattr(x, f)) for f in x.__dataclass_fields__})
+    return x
