@@ -8,15 +8,18 @@ collectives (no home-made transport). What it does beyond a plain ``dist.*`` cal
   every hop, so an fp16 all-reduce rounds N−1 times; the simulator (and the paper's fp32 reduction
   of fp16 gradients on real systems) accumulates in fp32 and rounds once. Copying to fp32, reducing,
   and casting back gives those semantics — every stage pays the same cast, so parity is kept.
-* **Mean is SUM, then divide by N** in the buffer, never ``ReduceOp.AVG`` (before torch 2.9 gloo's
-  ``reduce_scatter_tensor`` silently ignored its op; AVG is also absent from gloo's all-reduce).
-* **Every reduction buffer is zero-padded to a multiple of N.** Measured (torch 2.13, gloo, N = 4):
-  the order in which gloo's ring adds the ranks' values for element i depends on the *length* of
-  the buffer (an all-reduce of ``x[:L]`` is not a prefix of the all-reduce of ``x``), while a
+* **Mean is SUM, then divide by N** in the fp32 buffer, never ``ReduceOp.AVG``: one division,
+  rounded once, exactly where the simulator divides, whatever the backend does with AVG (before
+  torch 2.9 gloo's ``reduce_scatter_tensor`` silently ignored its op and returned the SUM).
+* **Every reduction buffer is zero-padded to a multiple of N.** The order in which gloo's ring
+  adds the ranks' values for element i depends on the buffer's length (measured, torch 2.13, N = 4:
+  an all-reduce of ``x[:L]`` is not a prefix of the all-reduce of a much longer ``x``), while a
   reduce-scatter equals the matching slice of an all-reduce of the same length, bit for bit. Stage 0
-  all-reduces unpadded units, stages 1–3 reduce padded ones; padding makes every stage hand gloo
-  the same buffer, so the stages stay bit-identical (design property 3). For N = 2 the order cannot
-  matter (a + b == b + a in IEEE arithmetic).
+  all-reduces unpadded units, stages 1–3 reduce padded ones. For L and its padded length gloo
+  happens to choose the same order (measured for L = 1…199 and a few large L, N = 3 and 4), but
+  that is its chunking rule, not a contract: padding hands gloo the same buffer in every stage, so
+  the stages are bit-identical by construction (design property 3). For N = 2 the order cannot
+  matter at all (a + b == b + a in IEEE arithmetic).
 * **Wire figure.** gloo implements ``reduce_scatter`` as an all-reduce of the whole input, so it
   sends twice the ring model's (N−1)/N·S: :meth:`TorchDistBackend.wire_factor` says so and the
   ledger's ``wire_elements_sent`` shows it. The fp32 buffer also doubles the wire *bytes* of fp16
