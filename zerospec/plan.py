@@ -17,7 +17,7 @@ from .report_format import (Table, fmt_bytes, fmt_count, fmt_psi, fmt_seconds, s
 STAGE_NAMES = {0: "ZeRO-0 (DP)", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 (P_os+g+p)"}
 PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}
 
-_NUM = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+_NUM = r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"   # signed, so "-5" is "must be > 0"
 _COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

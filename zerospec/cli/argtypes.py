@@ -6,6 +6,7 @@ argparse turns an :class:`argparse.ArgumentTypeError` into a one-line usage erro
 from __future__ import annotations
 
 import argparse
+import re
 
 from .. import plan
 
@@ -24,6 +25,15 @@ count = _wrap(plan.parse_count)
 memory = _wrap(plan.parse_bytes)
 bandwidth = _wrap(plan.parse_bandwidth)
 gpus = _wrap(plan.parse_gpus)
+
+
+def accept_negative_values(parser: argparse.ArgumentParser) -> None:
+    """Let ``--gpu-mem -1GB`` reach our converter (which names the bad value) instead of argparse's
+    "expected one argument": argparse treats only plain negative numbers as values. No option of
+    ours starts with a digit, so any "-<digit>" token is a value. (A private argparse attribute,
+    present in every supported Python; without it the error is merely less specific.)"""
+    parser._negative_number_matcher = re.compile(r"^-\.?[0-9]")
+    parser._has_negative_number_optionals = []
 
 
 def positive_int(text: str) -> int:

@@ -13,6 +13,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="per-GPU model states, fit, comm and time per stage for any Ψ and N; "
                                     "the paper's Table 1 and 2",
                        description=__doc__.splitlines()[0])
+    T.accept_negative_values(p)
     p.add_argument("--params", type=T.list_of(T.plan.parse_count, "parameter count"), default=None,
                    help="Ψ, e.g. 7.5e9 or 7.5B; a comma list is allowed (default 7.5e9; with "
                         "--table1 the paper's 7.5B,128B,1T)")

@@ -17,6 +17,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("report", help="run every stage on N virtual GPUs; print the measured tables, "
                                       "write figures",
                        description=__doc__.splitlines()[0])
+    T.accept_negative_values(p)
     p.add_argument("--ranks", type=T.positive_int, default=32, help="virtual GPUs N (default 32)")
     p.add_argument("--stages", type=T.choice_list(VARIANTS, "stage"), default=list(VARIANTS),
                    help="comma list of 0, 1, 1ar, 2, 3 (1ar: ZeRO-1 that all-reduces gradients); "

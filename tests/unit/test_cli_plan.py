@@ -1,0 +1,112 @@
+"""``zerospec plan`` through the real entry point: every mode and format, units, and bad input."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zerospec.__main__ import main
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.claim("C15")
+@pytest.mark.claim("C16")
+def test_plan_table1_markdown_snapshot(capsys, md_snapshot):
+    """`plan --table1` prints the paper's Table 1 layout with its bold cells (pinned)."""
+    rc, out, err = run_cli(capsys, "plan", "--table1")
+    assert rc == 0 and err == ""
+    assert "| 64 | **31.4** | 16.6 | 1.88 | 536 | 284 | **32** |" in out
+    assert out == md_snapshot
+
+
+@pytest.mark.claim("C14")
+def test_plan_json_gives_exact_bytes_for_the_figure1_example(capsys):
+    """`plan --params 7.5e9 --gpus 64 --format json`: 120e9, 31.40625e9, 16.640625e9, 1.875e9 bytes."""
+    rc, out, _ = run_cli(capsys, "plan", "--params", "7.5e9", "--gpus", "64", "--format", "json")
+    assert rc == 0
+    tables = {t["name"]: t for t in json.loads(out)["tables"]}
+    plan_t = tables["plan"]
+    col = plan_t["columns"].index("Model states /GPU")
+    assert [row[col] for row in plan_t["rows"]] == [120e9, 31.40625e9, 16.640625e9, 1.875e9]
+    assert set(tables) == {"plan", "estimators"}
+
+
+@pytest.mark.claim("C9")
+def test_plan_csv_one_stage_fits_and_its_time_at_the_bandwidth(capsys):
+    """`plan --stage 3 --format csv`: ZeRO-3 at 1T on 1024 GPUs holds 15.625 GB (C12) and moves
+    3Ψ(N−1)/N fp16 elements, 5.994 s at 1 TB/s."""
+    rc, out, _ = run_cli(capsys, "plan", "--params", "1T", "--gpus", "1024", "--stage", "3",
+                         "--bandwidth", "1TB/s", "--format", "csv")
+    assert rc == 0
+    block = out.split("\n\n")[0].splitlines()
+    assert block[0].startswith("# plan:")
+    rows = list(csv.DictReader(io.StringIO("\n".join(block[1:]))))
+    assert len(rows) == 1
+    assert float(rows[0]["Model states /GPU"]) == 15.625e9
+    assert rows[0]["Fits 32 GB?"] == "True"
+    assert float(rows[0]["Time @ 1000 GB/s"]) == pytest.approx(3 * 1e12 * 1023 / 1024 * 2 / 1e12)
+
+
+def test_plan_gib_on_request(capsys):
+    """`--units GiB`: 120e9 bytes print as 112 GiB (2^30 bytes), not 120."""
+    rc, out, _ = run_cli(capsys, "plan", "--units", "GiB", "--stage", "0")
+    assert rc == 0 and "| 112 GiB |" in out and "120 GB" not in out
+
+
+@pytest.mark.claim("C17")
+def test_plan_table2_and_max_model(capsys):
+    """`plan --table2 --max-model`: Table 2's rows per MP, and the largest model per stage."""
+    rc, out, _ = run_cli(capsys, "plan", "--table2", "--max-model", "--format", "json")
+    assert rc == 0
+    tables = {t["name"]: t for t in json.loads(out)["tables"]}
+    assert [row[:2] for row in tables["table2"]["rows"]] == [[1, 64], [2, 128], [4, 256], [8, 512],
+                                                            [16, 1024]]
+    paper_col = tables["max_model"]["columns"].index("paper")
+    assert tables["max_model"]["rows"][3][paper_col] == 128 * 10**9
+
+
+def test_plan_estimators_side_by_side(capsys):
+    """The estimator table names DeepSpeed's 2Ψ+18Ψ/N and Megatron's 4Ψ+16Ψ/N next to the paper's."""
+    rc, out, _ = run_cli(capsys, "plan", "--largest-layer", "1e8")
+    assert rc == 0
+    assert "| ZeRO-2 (P_os+g) | 2Ψ+14Ψ/N | 2Ψ+18Ψ/N | n/a |" in out
+    assert "| ZeRO-1 (P_os) | 4Ψ+12Ψ/N | n/a | 4Ψ+16Ψ/N |" in out
+    assert "L (largest layer) = 100,000,000" in out
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["plan", "--params", "-5"], "'-5'"),
+    (["plan", "--params", "0"], "'0'"),
+    (["plan", "--gpus", "0"], "'0'"),
+    (["plan", "--gpus", "two"], "'two'"),
+    (["plan", "--gpu-mem", "32"], "'32'"),
+    (["plan", "--gpu-mem", "-1GB"], "'-1GB'"),
+    (["plan", "--bandwidth", "0GB/s"], "'0GB/s'"),
+    (["plan", "--bandwidth", "fast"], "'fast'"),
+    (["plan", "--stage", "4"], "'4'"),
+    (["plan", "--estimator", "guess"], "'guess'"),
+])
+def test_bad_plan_input_is_one_line_and_exit_code_2(capsys, argv, named):
+    """Bad input: exit code 2, one line on stderr naming the value, nothing on stdout."""
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("zerospec: error:") and named in err
+
+
+def test_console_entry_point_runs_plan_and_fails_cleanly():
+    """`python -m zerospec plan` works as a process; bad input exits 2 with no traceback."""
+    ok = subprocess.run([sys.executable, "-m", "zerospec", "plan", "--table1", "--format", "csv"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.startswith("# table1:")
+    bad = subprocess.run([sys.executable, "-m", "zerospec", "plan", "--gpu-mem", "lots"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "'lots'" in bad.stderr
