@@ -18,16 +18,17 @@ Stage 0 partitions nothing, so it has one class.
 Every other rank's memory ledger is its class representative's. Its communication is the
 representative's collective trace (op, dtype, size, phase, step, src) booked again for that rank in
 a :class:`CommLedger` of N ranks — the ledger's ring model is where ranks legitimately differ
-(an all-reduce of a size that N does not divide sends uneven chunks). ``tests/unit/test_scale.py``
-checks that this gives ledgers equal (``==``, record by record and snapshot by snapshot) to running
-all N ranks as threads through :class:`~zerospec.cluster.VirtualCluster`.
+(an all-reduce of a size that N does not divide sends uneven chunks).
+``tests/unit/test_scale_meta.py`` checks that this gives ledgers equal (``==``, record by record
+and snapshot by snapshot) to running all N ranks as threads through
+:class:`~zerospec.cluster.VirtualCluster`.
 
-**Speed.** PyTorch implements many meta kernels in Python (layer norm backward: ~2 ms a call), and
-a 1T model makes the same few hundred calls per layer with the same shapes. :class:`MetaKernelCache`
-remembers, per (op, argument shapes/strides/dtypes, other arguments), the output metadata of ops that
-return fresh tensors, and answers repeats with new empty meta tensors of that metadata. It is
-exact by construction (a meta kernel's output is a function of that key) and checked against an
-uncached run in the tests.
+**Speed.** PyTorch implements many meta kernels in Python (layer norm backward: ~2 ms a call),
+and a 1T model makes the same few hundred calls per layer with the same shapes.
+:class:`MetaKernelCache` remembers, per (op, argument shapes/strides/dtypes, other arguments), the
+output metadata of ops that return fresh tensors, and answers repeats with new empty meta tensors
+of that metadata. It is exact by construction (a meta kernel's output is a function of that key)
+and checked against an uncached run in the tests.
 """
 from __future__ import annotations
 
@@ -203,7 +204,8 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     Table 1, whose cells are model states only; the step does not change them).
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, got {micro_batch!r}")
+        raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
+                         f"got {micro_batch!r}")
     cfg = TrainConfig(stage=stage, n_d=n_d, model=model, global_batch=micro_batch * n_d, steps=1,
                       zero1_comm=zero1_comm, precision=precision, device="meta")
     units = cfg.units()
@@ -232,7 +234,8 @@ def _run_rank(ctx, cfg, units, init, batches) -> RankOutput | None:
         return None
     except Exception as exc:
         last = ctx.comm.last_op or "no collective yet"
-        raise RankError(f"meta rank {ctx.rank} of {ctx.n_ranks} failed in phase {ctx.phase_name!r} "
+        phase = getattr(ctx, "failed_phase", None) or ctx.phase_name
+        raise RankError(f"meta rank {ctx.rank} of {ctx.n_ranks} failed in phase {phase!r} "
                         f"(last collective: {last}): {type(exc).__name__}: {exc}", ctx.rank) from exc
 
 

@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
     p.add_argument("--zero1-comm", default="reduce_scatter", help="stage 1 gradient sync: "
                    "reduce_scatter (2Ψ, default) or all_reduce (3Ψ)")
     for flag, what in (("layers", "transformer blocks"), ("hidden", "width d"), ("heads", "heads"),
-                       ("vocab", "vocabulary (default 50257)"), ("seq", "sequence length (default 1024)")):
+                       ("vocab", "vocabulary (default 50257)"),
+                       ("seq", "sequence length (default 1024)")):
         p.add_argument(f"--{flag}", type=int, default=None, help=f"custom model: {what}")
     p.add_argument("--list", action="store_true", help="list the presets with their exact Ψ")
 

@@ -1,0 +1,186 @@
+"""zerospec.scale: a few representative ranks on meta tensors stand exactly for all N.
+
+The central check is ``test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads``: the
+same step run for every one of 64 ranks through the ordinary VirtualCluster (thread rendezvous)
+gives, rank by rank, the same comm records and memory snapshots as the few representative ranks
+run alone against the meta backend.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from zerospec import scale as scale_mod
+from zerospec.comm.interconnect import Call
+from zerospec.comm.meta import MetaBackend
+from zerospec.errors import CollectiveError, RankError
+from zerospec.model import GPTConfig
+from zerospec.partition import make_units
+from zerospec.presets import PAPER, PRESETS, preset
+from zerospec.scale import measure, rank_classes
+from zerospec.train import TrainConfig, train
+
+ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=3, n_embd=15)  # units 735, 2895 ×2, 30
+ONE_LAYER = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=3, n_embd=15)
+
+
+# -- rank classes -----------------------------------------------------------------------------------
+def test_rank_classes_cut_where_some_unit_turns_to_padding():
+    """Units of 735, 2895 and 30 elements on 64 ranks: chunks of 12, 46 and 1 elements.
+
+    embed: ranks 0..60 real, 61 holds 3 real + 9 padding, 62.. padding only;
+    blocks: 0..61 real, 62 holds 43 real, 63 padding only; ln_f: 0..29 real, 30.. padding only.
+    """
+    units = ODD.units(64)
+    assert [(c.start, c.stop) for c in rank_classes(units, 64)] == [
+        (0, 30), (30, 61), (61, 62), (62, 63), (63, 64)]
+
+
+def test_a_stage_that_partitions_nothing_has_one_class():
+    assert rank_classes(ODD.units(64, pad=False), 64, partitioned=False) == [range(64)]
+
+
+def test_paper_presets_need_no_padding_on_table1_gpu_counts():
+    """d is a multiple of 1024 for 7.5B, 128B, 1T: every unit divides N_d ≤ 1024, one class."""
+    for name in ("7.5B", "128B", "1T"):
+        units = preset(name).model.units(1024)
+        assert rank_classes(units, 1024) == [range(1024)], name
+
+
+@settings(max_examples=60, deadline=None)
+@given(numels=st.lists(st.integers(1, 5000), min_size=1, max_size=5), n_d=st.integers(1, 300))
+def test_ranks_in_a_class_own_the_same_real_elements_and_neighbours_differ(numels, n_d):
+    units = make_units([(f"u{i}", [("w", (k,))]) for i, k in enumerate(numels)], n_d)
+    classes = rank_classes(units, n_d)
+    assert [r for c in classes for r in c] == list(range(n_d))
+    sig = [tuple(u.real_in_shard(r) for u in units) for r in range(n_d)]
+    for c in classes:
+        assert {sig[r] for r in c} == {sig[c.start]}
+    for a, b in zip(classes, classes[1:]):
+        assert sig[a.start] != sig[b.start]
+
+
+# -- exactness against the thread cluster ------------------------------------------------------------
+def _assert_same_ledgers(full, scaled, n_d):
+    comm = scaled.comm_ledger()
+    for r in range(n_d):
+        assert full.comm.records(r) == comm.records(r), f"rank {r}: comm records differ"
+        mine, theirs = scaled.memory(r), full.memory[r]
+        assert mine.snapshots == theirs.snapshots, f"rank {r}: memory snapshots differ"
+        assert (mine.peak, mine.peak_total) == (theirs.peak, theirs.peak_total), f"rank {r}: peaks"
+        assert scaled.model_states(r) == full.model_states(r)
+        assert scaled.rank_class(r).output.optim_elements == full.ranks[r].optim_elements
+
+
+@pytest.mark.parametrize("stage", [
+    0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
+def test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads(stage):
+    """64 ranks, a 1-layer model whose units pad unevenly (5 rank classes in stages 1–3; stage 0
+    all-reduces units that 64 does not divide, so ranks send different amounts)."""
+    n_d = 64
+    full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                             device="meta"))
+    scaled = measure(ONE_LAYER, stage, n_d)
+    assert len(scaled.classes) == (1 if stage == 0 else 5)
+    _assert_same_ledgers(full, scaled, n_d)
+    if stage == 0:
+        assert len({full.comm.elements(r) for r in range(n_d)}) > 1   # the case is not trivial
+
+
+def test_the_kernel_cache_changes_no_ledger():
+    cached, plain = measure(ODD, 3, 8), measure(ODD, 3, 8, cache_kernels=False)
+    for a, b in zip(cached.classes, plain.classes):
+        assert a.ranks == b.ranks and a.trace == b.trace
+        assert a.memory.snapshots == b.memory.snapshots and a.memory.peak == b.memory.peak
+
+
+def test_the_kernel_cache_answers_repeated_ops():
+    cache = scale_mod.MetaKernelCache()
+    x = torch.empty(4, 6, dtype=torch.float16, device="meta")
+    with cache:
+        a = torch.nn.functional.gelu(x)
+        b = torch.nn.functional.gelu(x)
+        v = x.view(6, 4)                       # a view: never cached, still a view of x
+    assert (cache.misses, cache.hits) == (1, 1)
+    assert (a.shape, a.dtype, b.shape, b.dtype) == ((4, 6), torch.float16, (4, 6), torch.float16)
+    assert a.untyped_storage()._cdata != b.untyped_storage()._cdata
+    assert v.untyped_storage()._cdata == x.untyped_storage()._cdata
+
+
+def test_the_kernel_cache_keeps_python_scalar_types_apart():
+    """mul by 1 and by 1.0 promote an integer tensor differently, so they are different keys."""
+    x = torch.empty(3, dtype=torch.int64, device="meta")
+    with scale_mod.MetaKernelCache():
+        assert (x * 1).dtype == torch.int64
+        assert (x * 1.0).dtype == torch.float32
+
+
+def test_setup_only_holds_the_same_model_states_as_the_full_step():
+    for stage in range(4):
+        full, setup = measure(ODD, stage, 8), measure(ODD, stage, 8, setup_only=True)
+        assert setup.model_states(0) == full.model_states(0)
+        assert full.memory(0).snapshots[-1].current == full.memory(0).snapshots[0].current
+        assert setup.classes[0].trace == [] and setup.classes[0].output is None
+
+
+# -- the meta backend ---------------------------------------------------------------------------------
+def _meta(n, dtype=torch.float16):
+    return torch.empty(n, dtype=dtype, device="meta")
+
+
+def test_meta_backend_checks_sizes_against_the_true_world_size():
+    backend = MetaBackend(64)
+    backend.collective(3, Call("all_gather", _meta(2), _meta(128)))
+    with pytest.raises(CollectiveError, match=r"output of 100 elements .* must be 64 × its input of 2"):
+        backend.collective(3, Call("all_gather", _meta(2), _meta(100)))
+    with pytest.raises(CollectiveError, match=r"input of 10 elements .* must be 64 × its output of 1"):
+        backend.collective(3, Call("reduce_scatter", _meta(10), _meta(1), "sum"))
+    assert backend.srcs[3] == [0]
+
+
+def test_meta_backend_refuses_real_tensors_and_foreign_ranks():
+    backend = MetaBackend(4)
+    with pytest.raises(CollectiveError, match="must be a meta tensor, got cpu"):
+        backend.collective(0, Call("all_reduce", torch.zeros(4), torch.zeros(4), "sum"))
+    with pytest.raises(CollectiveError, match=r"rank must be in 0\.\.3, got 4"):
+        backend.collective(4, Call("all_reduce", _meta(4), _meta(4), "sum"))
+    with pytest.raises(ValueError, match="n_ranks must be an integer >= 1, got 0"):
+        MetaBackend(0)
+
+
+# -- measure: inputs and failures ------------------------------------------------------------------
+def test_measure_names_a_bad_micro_batch():
+    with pytest.raises(ValueError, match=r"micro_batch .* must be an integer >= 1, got 0"):
+        measure(ODD, 0, 4, micro_batch=0)
+
+
+def test_a_failing_rank_is_named_with_its_phase(monkeypatch):
+    def broken(ctx, *args, **kwargs):
+        with ctx.phase("forward"):
+            raise RuntimeError("boom")
+    monkeypatch.setattr(scale_mod, "_rank_main", broken)
+    with pytest.raises(RankError, match=r"meta rank 0 of 4 failed in phase 'forward' .*boom"):
+        measure(ODD, 0, 4)
+
+
+def test_rank_outside_the_world_is_refused():
+    r = measure(ODD, 1, 4, setup_only=True)
+    with pytest.raises(ValueError, match=r"rank must be in 0\.\.3, got 4"):
+        r.model_states(4)
+
+
+# -- presets ---------------------------------------------------------------------------------------
+def test_paper_presets_have_the_stated_exact_psi():
+    """Ψ counted from the fp16 parameters the stage-0 setup allocates (2 bytes each, C2)."""
+    stated = {"1.5B": 1_557_611_200, "7.5B": 7_499_274_240, "128B": 128_480_755_712,
+              "1T": 1_007_988_403_200}
+    measured = {name: measure(p.model, 0, 1, setup_only=True).memory(0).current["param16"] // 2
+                for name, p in PAPER.items()}
+    assert measured == stated
+
+
+def test_unknown_preset_lists_the_accepted_names():
+    with pytest.raises(ValueError, match=r"unknown preset '9B'; accepted: 1\.5B, 7\.5B, 128B, 1T, t4-"):
+        preset("9B")
+    assert len(PRESETS) == 4 + 20
