@@ -1,0 +1,86 @@
+"""Per-rank functions the engine tests launch. Module level, so the rank processes can import them."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from zerospec import train as tr
+
+
+def collectives(ctx) -> dict:
+    """Each Interconnect op once, on inputs whose results are worked out by hand in the test."""
+    r, n = ctx.rank, ctx.n_ranks
+    out = {}
+    x = torch.arange(5, dtype=torch.float16) + 10 * r       # rank r: [10r, 10r+1, ..., 10r+4]
+    out["all_reduce_sum"] = ctx.comm.all_reduce(x.clone(), "sum")
+    out["all_reduce_mean"] = ctx.comm.all_reduce(x.clone(), "mean")
+    out["all_reduce_max"] = ctx.comm.all_reduce(x.clone(), "max")
+    y = torch.full((2 * n,), float(r + 1))                  # rank r: all r+1
+    chunk = torch.empty(2)
+    out["reduce_scatter_mean"] = ctx.comm.reduce_scatter(chunk, y, "mean").clone()
+    full = torch.empty(3 * n, dtype=torch.float16)
+    out["all_gather"] = ctx.comm.all_gather(full, torch.full((3,), float(r), dtype=torch.float16))
+    own = torch.zeros(2 * n)                                # gather into the buffer we read from
+    own[2 * r:2 * r + 2] = r
+    out["all_gather_aliased"] = ctx.comm.all_gather(own, own[2 * r:2 * r + 2]).clone()
+    b = torch.full((4,), float(r))
+    out["broadcast"] = ctx.comm.broadcast(b, src=n - 1)
+    ctx.comm.barrier()
+    # fp16 values whose fp16 running sum would round: 2048 + 1 + 1 (+1) is exact only in fp32
+    h = torch.tensor([2048.0 if r == 0 else 1.0], dtype=torch.float16)
+    out["fp16_sum"] = ctx.comm.all_reduce(h, "sum")
+    out["records"] = ctx.comm.ledger.records(r)
+    return out
+
+
+def gloo_orders(ctx) -> dict:
+    """Raw gloo: reduce-scatter vs the slice of an all-reduce (same length), and the backend's
+    unpadded all-reduce vs its reduce-scatter of the padded vector."""
+    r, n = ctx.rank, ctx.n_ranks
+    g = torch.Generator().manual_seed(11 + r)
+    numel = 4099                                   # divides by no N > 1 we use
+    padded = -(-numel // n) * n
+    x = torch.zeros(padded)
+    x[:numel] = torch.randn(numel, generator=g) * torch.exp(3 * torch.randn(numel, generator=g))
+    ar = x.clone()
+    dist.all_reduce(ar)
+    rs = torch.empty(padded // n)
+    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(rs, x.clone())
+    c = padded // n
+    mine = ctx.comm.all_reduce(x[:numel].clone(), "mean")
+    chunk = ctx.comm.reduce_scatter(torch.empty(c), x.clone(), "mean")
+    return {"raw_equal": torch.equal(rs, ar[r * c:(r + 1) * c]),
+            "backend_equal": torch.equal(chunk, torch.cat([mine, torch.zeros(padded - numel)])[r * c:(r + 1) * c])}
+
+
+def _run(ctx, cfg, on_step):
+    units = cfg.units()
+    return tr._rank_main(ctx, cfg, units, tr._init_flat(cfg, units), tr._batches(cfg), on_step)
+
+
+def raise_at(ctx, cfg, bad_rank: int, step: int):
+    """Train; ``bad_rank`` raises after ``step`` while its peers go on into the next collective."""
+    def on_step(s, stage):
+        if ctx.rank == bad_rank and s == step:
+            raise ValueError(f"injected failure on rank {bad_rank}")
+    return _run(ctx, cfg, on_step).losses
+
+
+def die_at(ctx, cfg, bad_rank: int, step: int):
+    """Train; ``bad_rank``'s process is killed (SIGKILL: no cleanup, no report) after ``step``."""
+    def on_step(s, stage):
+        if ctx.rank == bad_rank and s == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return _run(ctx, cfg, on_step).losses
+
+
+def hang_at(ctx, cfg, bad_rank: int, step: int, seconds: float):
+    """Train; ``bad_rank`` sleeps outside any collective after ``step``."""
+    def on_step(s, stage):
+        if ctx.rank == bad_rank and s == step:
+            time.sleep(seconds)
+    return _run(ctx, cfg, on_step).losses
