@@ -1,0 +1,83 @@
+"""``zerospec report`` through the real entry point: Markdown (pinned), JSON with figures, CSV,
+progress output, and bad input. Small runs: 2 virtual GPUs, 1 step."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from zerospec.__main__ import main
+
+SMALL_RUN = ["report", "--ranks", "2", "--steps", "1"]
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.claim("C6")
+@pytest.mark.claim("C21")
+def test_small_report_markdown_snapshot(capsys, md_snapshot):
+    """A 2-GPU report's exact-integer tables (bytes, elements, collectives, FLOPs) are pinned."""
+    rc, out, _ = run_cli(capsys, *SMALL_RUN, "--tables", "memory,comm,flops", "--no-figures", "--quiet")
+    assert rc == 0
+    assert "| ZeRO-3 (P_os+g+p) | + parameters | 4,288,512 |" in out      # 16Ψ/2 bytes (C9)
+    assert out == md_snapshot
+
+
+def test_report_json_and_figures(capsys, tmp_path):
+    """`--format json --out DIR`: parseable tables, report.json, and four figures as PNG and SVG,
+    each a real picture (at least 600×400 pixels, not blank)."""
+    from matplotlib.image import imread
+    rc, out, err = run_cli(capsys, *SMALL_RUN, "--stages", "0,3", "--format", "json", "--out", str(tmp_path))
+    assert rc == 0
+    doc = json.loads(out)
+    assert [t["name"] for t in doc["tables"]][:2] == ["memory", "comm"]
+    assert doc["meta"]["ranks"] == 2 and doc["meta"]["psi"] == 536_064
+    assert json.loads((tmp_path / "report.json").read_text()) == doc
+    names = ["memory_per_stage", "comm_per_stage", "memory_vs_n", "timeline"]
+    for name in names:
+        assert (tmp_path / f"{name}.svg").read_text().lstrip().startswith("<?xml")
+        img = imread(tmp_path / f"{name}.png")
+        h, w = img.shape[:2]
+        assert w >= 600 and h >= 400, (name, w, h)
+        rgb = img[..., :3]
+        non_white = (rgb < 0.95).any(axis=-1).mean()
+        assert non_white > 0.02, f"{name}.png looks blank ({non_white:.1%} non-white pixels)"
+    # stderr is not a terminal here: a summary line, no progress bar redraws
+    assert "zerospec: measured 2 runs on 2 virtual GPUs" in err and "\r" not in err
+
+
+@pytest.mark.claim("C23")
+def test_report_csv_without_stage0_has_no_equivalence_reference(capsys):
+    """`--stages 1ar,3 --format csv`: the all-reduce ZeRO-1 moves 3Ψ(N−1)/N = 1.5Ψ at N = 2, as
+    ZeRO-3 does; with no ZeRO-0 the equivalence columns are empty; --quiet writes nothing to stderr."""
+    rc, out, err = run_cli(capsys, *SMALL_RUN, "--stages", "1ar,3", "--tables", "equivalence,comm",
+                           "--format", "csv", "--no-figures", "--quiet")
+    assert rc == 0 and err == ""
+    blocks = {b.splitlines()[0].split(":")[0]: b.splitlines()[1:] for b in out.strip().split("\n\n")}
+    assert list(blocks) == ["# equivalence", "# comm"]
+    comm = list(csv.DictReader(io.StringIO("\n".join(blocks["# comm"]))))
+    assert [float(r["Measured"]) for r in comm] == [1.5, 1.5]
+    eq = list(csv.DictReader(io.StringIO("\n".join(blocks["# equivalence"]))))
+    assert [r["Max |Δmaster| vs ZeRO-0"] for r in eq] == ["", ""]
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["report", "--ranks", "0"], "'0'"),
+    (["report", "--steps", "-1"], "'-1'"),
+    (["report", "--stages", "0,9"], "'9'"),
+    (["report", "--tables", "speed"], "'speed'"),
+    (["report", "--embd", "130"], "n_embd=130"),
+    (["report", "--format", "xml"], "'xml'"),
+    (["report", "--gpu-mem", "lots"], "'lots'"),
+])
+def test_bad_report_input_is_one_line_and_exit_code_2(capsys, argv, named):
+    """Bad input fails before any training: exit 2, one stderr line naming the value."""
+    rc, out, err = run_cli(capsys, *argv, "--no-figures", "--quiet")
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("zerospec: error:") and named in err
