@@ -89,6 +89,7 @@ class RankOutput:
     flops: list[dict[str, int]]             # per step: forward, backward
     optim_elements: list[int]               # per step
     seconds: dict[str, float]               # per phase, summed over steps (own compute + collectives)
+    step_end: list[float] = dataclasses.field(default_factory=list)  # perf_counter: setup, step 1, …
 
 
 @dataclasses.dataclass
@@ -115,6 +116,20 @@ class Result:
     def model_states(self, rank: int = 0) -> int:
         return self.ranks[rank].model_states
 
+    @property
+    def step_seconds(self) -> list[float]:
+        """Wall time of each step on this machine: ranks run one at a time, so a step ends when
+        the last rank ends it. Ranks that run ahead start the next step early, so a single
+        step's figure is skewed by up to one rank's share; average several (see
+        ``mean_step_seconds``). zerospec.timeline replays the ranks as if side by side."""
+        ends = [max(o.step_end[s] for o in self.ranks) for s in range(self.config.steps + 1)]
+        return [b - a for a, b in zip(ends, ends[1:])]
+
+    def mean_step_seconds(self, skip: int = 1) -> float:
+        """Mean wall time per step after the first ``skip`` steps (which warm caches)."""
+        ends = [max(o.step_end[s] for o in self.ranks) for s in range(self.config.steps + 1)]
+        return (ends[-1] - ends[skip]) / (self.config.steps - skip)
+
 
 def _flops(enabled: bool):
     return FlopCounterMode(display=False) if enabled else contextlib.nullcontext()
@@ -130,6 +145,7 @@ def _rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None) -> Ran
     out = RankOutput([], stage.owned_master(), ctx.memory.model_states(), [], [],
                      {p: 0.0 for p in PHASES})
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
+    out.step_end.append(time.perf_counter())
     for step in range(1, cfg.steps + 1):
         ctx.step = step
         idx, tgt = (b.to(ctx.device) for b in batches[step - 1])
@@ -162,6 +178,7 @@ def _rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None) -> Ran
         out.losses.append(loss.detach())
         out.flops.append(flops)
         out.optim_elements.append(stage.optim_elements)
+        out.step_end.append(time.perf_counter())
         if on_step is not None:
             on_step(step, stage)
     return out

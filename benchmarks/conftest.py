@@ -1,0 +1,36 @@
+"""Benchmarks: speed as ratios against a baseline measured in the same run, never wall-clock asserts.
+
+Run: ``pytest benchmarks --benchmark-enable`` (the default test run skips them). Each benchmark
+records ``ratio`` (ours / baseline, best of the rounds for both) in ``extra_info``, prints it, and
+checks it against the issue's target.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+def best_of(fn, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@pytest.fixture
+def ratio_to(benchmark, capsys):
+    """``ratio_to(ours, baseline, rounds=…)``: benchmark ``ours``, time ``baseline`` alike, → ratio."""
+    def measure(ours, baseline, rounds: int = 5, label: str = "") -> float:
+        baseline()                                  # warm both once
+        benchmark.pedantic(ours, rounds=rounds, iterations=1, warmup_rounds=1)
+        base = best_of(baseline, rounds)
+        ratio = benchmark.stats.stats.min / base
+        benchmark.extra_info.update(baseline_s=base, ratio=ratio)
+        with capsys.disabled():
+            print(f"\n{label or benchmark.name}: ours {benchmark.stats.stats.min * 1e3:.1f} ms, "
+                  f"baseline {base * 1e3:.1f} ms, ratio {ratio:.2f}")
+        return ratio
+    return measure
