@@ -194,9 +194,10 @@ def _rank_error(reports: list[dict]) -> RankError:
     root = (primary or hung or failed)[0]
     rep = reports[root]
     fates = {r: ("ok" if x["ok"] else x["error"]) for r, x in enumerate(reports)}
-    others = "; ".join(f"rank {r}: {fates[r].splitlines()[0][:200]}" for r in fates if r != root)
-    err = RankError(f"rank {root} failed in phase {rep['phase']!r} (step {rep['step']}, last "
-                    f"collective: {rep['last_op']}): {rep['error']}\n  other ranks: {others}", root)
+    others = "; ".join(f"rank {r}: {fates[r].splitlines()[0][:300]}" for r in fates if r != root)
+    where = (f"in phase {rep['phase']!r} (step {rep['step']}, last collective: {rep['last_op']})"
+             if rep["phase"] != "?" else "(a dead or killed process reports no phase)")
+    err = RankError(f"rank {root} failed {where}: {rep['error']}\n  other ranks: {others}", root)
     err.fates = fates
     err.traceback = rep.get("traceback", "")
     return err

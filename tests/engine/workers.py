@@ -84,3 +84,42 @@ def hang_at(ctx, cfg, bad_rank: int, step: int, seconds: float):
         if ctx.rank == bad_rank and s == step:
             time.sleep(seconds)
     return _run(ctx, cfg, on_step).losses
+
+
+def gpu_memory(ctx, cfg) -> dict:
+    """On a CUDA device: what the ledger says the stage holds vs what the CUDA allocator holds."""
+    from zerospec.zero import STAGES
+    units = cfg.units()
+    init = tr._init_flat(cfg, units)
+    kw = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    stage = STAGES[cfg.stage](ctx, units, init, cfg.adam, cfg.policy, **kw)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base
+    sizes = [t.untyped_storage().nbytes() for t in _live_tensors(stage)]
+    del stage
+    # a whole training run on a fresh context: the ledger's peak against the allocator's
+    from zerospec.launch import new_context
+    run_ctx = new_context()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = tr._rank_main(run_ctx, cfg, units, init, tr._batches(cfg))
+    torch.cuda.synchronize()
+    return {"ledger_model_states": ctx.memory.model_states(), "ledger_total": ctx.memory.total,
+            "allocated": held, "storages": sizes,
+            "ledger_peak": run_ctx.memory.peak_total,
+            "allocated_peak": torch.cuda.max_memory_allocated() - base,
+            "losses": [float(x) for x in out.losses]}
+
+
+def _live_tensors(stage):
+    """The stage's persistent buffers (distinct storages), as the stage code names them."""
+    seen, out = set(), []
+    for name in ("param16", "grad16", "master", "exp_avg", "exp_avg_sq"):
+        for t in getattr(stage, name):
+            key = t.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                out.append(t)
+    return out

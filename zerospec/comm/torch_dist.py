@@ -167,9 +167,10 @@ class TorchDistBackend:
     def _explain(self, call: Call, exc: BaseException) -> str:
         peers = self.failed_peers(self.failure_wait)
         cause = "; ".join(f"rank {r} failed first: {msg}" for r, msg in sorted(peers.items()))
+        # gloo prefixes its messages with the C++ source location: keep only what happened
+        what = re.sub(r"^\[[^\]]*\]\s*", "", (str(exc).strip().splitlines() or [""])[0])
         return (f"rank {self.rank}: {call.describe()} on {self.name} failed"
-                f"{' because ' + cause if cause else ''} ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
+                f"{' because ' + cause if cause else ''} ({type(exc).__name__}: {what})")
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
