@@ -11,6 +11,8 @@ import dataclasses
 import sys
 import time
 
+import torch
+
 from .cluster import RankContext
 from .comm.interconnect import Interconnect
 from .comm.ledger import CommLedger
@@ -57,19 +59,22 @@ class ReportConfig:
             raise ValueError(f"unknown stage {', '.join(map(repr, bad)) or '(none given)'}; accepted: "
                              f"{', '.join(VARIANTS)} (1ar = ZeRO-1 that all-reduces gradients)")
 
-    def train_config(self, key: str) -> TrainConfig:
+    def train_config(self, key: str, count_flops: bool = False) -> TrainConfig:
+        """The timed run (``count_flops=False``, all steps) or the FLOP-counting run (one step)."""
         stage, zero1, _ = VARIANTS[key]
-        return TrainConfig(stage=stage, n_d=self.ranks, model=self.model, steps=self.steps,
+        return TrainConfig(stage=stage, n_d=self.ranks, model=self.model,
+                           steps=1 if count_flops else self.steps,
                            global_batch=self.micro_batch * self.ranks, zero1_comm=zero1,
-                           count_flops=True)
+                           count_flops=count_flops)
 
 
 @dataclasses.dataclass
 class Run:
     key: str
     label: str
-    result: Result
-    replay: StepReplay      # the last step replayed on N parallel clocks
+    result: Result          # the timed run: memory, comm, losses, weights, timelines
+    replay: StepReplay      # its last step replayed on N parallel clocks
+    flops: Result           # the same configuration for one step under torch's FlopCounterMode
 
     @property
     def stage(self) -> int:
@@ -133,27 +138,41 @@ def setup_model_states(stage: int, n_d: int, model: GPTConfig = SMALL, zero1_com
 
 # -- measuring ------------------------------------------------------------------------------------
 def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
-    """Train every requested variant for ``cfg.steps`` steps on ``cfg.ranks`` virtual GPUs."""
+    """Train every requested variant for ``cfg.steps`` steps on ``cfg.ranks`` virtual GPUs, count
+    its FLOPs in a separate one-step run, and measure set-up memory across N for the sweep.
+
+    FLOPs are counted apart because FlopCounterMode intercepts every op (2–4× slower steps here),
+    which would distort the timed run's wall-clock and timeline. Everything runs with one intra-op
+    thread: the baton runs one rank at a time, the matmuls are tiny, and on a shared 2-core machine
+    a second OpenMP thread made steps 2–3× slower, not faster.
+    """
     from tqdm import tqdm
     t0 = time.perf_counter()
     sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
     stages = sorted({VARIANTS[k][0] for k in cfg.variants})
-    total = len(cfg.variants) * cfg.steps + len(stages)
+    total = len(cfg.variants) * (cfg.steps + 1) + len(stages)
     # disable=None: tqdm stays quiet when stderr is not a terminal (CI, pipes, tests).
     bar = tqdm(total=total, disable=True if quiet else None, file=sys.stderr, unit="step",
                desc="report", leave=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     runs = []
     try:
         for key in cfg.variants:
-            bar.set_description(f"{VARIANTS[key][2]} ×{cfg.ranks}")
+            label = VARIANTS[key][2]
+            bar.set_description(f"{label} ×{cfg.ranks}")
             result = train(cfg.train_config(key))
-            runs.append(Run(key, VARIANTS[key][2], result, parallel_time(result.timelines, cfg.steps)))
             bar.update(cfg.steps)   # train() has no per-step callback; advance by the run's steps
+            bar.set_description(f"{label} ×{cfg.ranks}, counting FLOPs")
+            flops = train(cfg.train_config(key, count_flops=True))
+            bar.update(1)
+            runs.append(Run(key, label, result, parallel_time(result.timelines, cfg.steps), flops))
         sweep: dict[int, dict[int, int]] = {}
         for s in stages:
             bar.set_description(f"memory vs N, stage {s}")
             sweep[s] = {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
             bar.update(1)
     finally:
+        torch.set_num_threads(threads)
         bar.close()
     return Measurements(cfg, runs, sweep, time.perf_counter() - t0)

@@ -103,33 +103,36 @@ def equivalence_table(m: Measurements) -> Table:
     return t
 
 
+def _flops_of(run: Run) -> list[tuple[int, int, int]]:
+    """Per rank: (forward, backward, optimizer elements) of the FLOP-counting run's step."""
+    return [(o.flops[-1]["forward"], o.flops[-1]["backward"], o.optim_elements[-1])
+            for o in run.flops.ranks]
+
+
 def flops_table(m: Measurements) -> Table:
-    s_last, n, g = m.config.steps, m.config.ranks, m.config.model
+    n, g = m.config.ranks, m.config.model
     tokens = m.config.micro_batch * g.block_size
     expected_fwd = theory.gpt_forward_flops(g.n_layer, g.n_embd, g.vocab_size, m.config.micro_batch,
                                             g.block_size)
     ref = next((r for r in m.runs if r.stage == 0), None)
-    t = Table("flops", f"Compute per GPU per step (step {s_last}; {tokens} tokens per GPU)",
+    t = Table("flops", f"Compute per GPU per step ({tokens} tokens per GPU)",
               ["Stage", "Forward FLOPs", "Expected (matmul count)", "Backward FLOPs", "Backward / forward",
                "Forward / 2Ψ·tokens", "Same as ZeRO-0", "Optimizer elements", "Paper (Ψ or Ψ/N, C7)"],
               fmt={1: fmt_int, 2: fmt_int, 3: fmt_int, 4: fmt_ratio, 5: fmt_ratio, 7: fmt_int, 8: fmt_int})
     for run in m.runs:
-        res = run.result
-        per_rank = [(o.flops[-1]["forward"], o.flops[-1]["backward"], o.optim_elements[-1])
-                    for o in res.ranks]
+        per_rank = _flops_of(run)
         fwd, bwd, opt = max(per_rank)
-        same = None
-        if ref is not None:
-            same = [(o.flops[-1]["forward"], o.flops[-1]["backward"]) for o in res.ranks] == \
-                   [(o.flops[-1]["forward"], o.flops[-1]["backward"]) for o in ref.result.ranks]
+        same = None if ref is None else [f[:2] for f in per_rank] == [f[:2] for f in _flops_of(ref)]
         t.add(run.label, fwd, expected_fwd, bwd, Fraction(bwd, fwd) if fwd else None,
-              Fraction(fwd) / theory.forward_flops(res.psi, tokens) if fwd else None, same,
-              opt, theory.optimizer_elements(run.stage, res.psi, n))
-    t.notes.append("FLOPs from torch's FlopCounterMode (matmuls and attention; lookups and LayerNorm "
-                   "count 0). Expected: every matmul of the GPT at 2 FLOPs per multiply-add "
-                   "(theory.gpt_forward_flops); 2Ψ per token forward, 4Ψ backward is the dense-model "
-                   "rule (C-I5). ZeRO partitions state, never the math: forward and backward match "
-                   "stage 0 exactly; only the optimizer step shrinks, to this rank's 1/N slice.")
+              Fraction(fwd) / theory.forward_flops(run.result.psi, tokens) if fwd else None, same,
+              opt, theory.optimizer_elements(run.stage, run.result.psi, n))
+    t.notes.append("Counted by torch's FlopCounterMode in a one-step run of the same configuration "
+                   "(counting slows every op, so it is kept out of the timed run); matmuls and "
+                   "attention count, lookups and LayerNorm count 0. Expected: every matmul of the GPT "
+                   "at 2 FLOPs per multiply-add (theory.gpt_forward_flops); 2Ψ per token forward, 4Ψ "
+                   "backward is the dense-model rule (C-I5). ZeRO partitions state, never the math: "
+                   "forward and backward match stage 0 exactly; only the optimizer step shrinks, to "
+                   "this rank's 1/N slice.")
     return t
 
 
