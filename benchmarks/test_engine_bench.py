@@ -1,0 +1,37 @@
+"""Speed of the real engine: zerospec stage k on 4 gloo processes vs torch's own peer (issue 6).
+
+Target: each stage's step time ≤ 1.5× its peer's (DDP, ZeroRedundancyOptimizer, FSDP2 without
+and with resharding), same model (small GPT), data, fp32 and torch.optim-style Adam on both
+sides. Both run in the same 4 processes, one after the other, so they share every condition of
+the machine; the step time is the median over steps 3…STEPS on rank 0 (step 1 pays set-up and
+FSDP2's lazy init, step 2 DDP's bucket rebuild). Run:
+
+    pytest -o addopts="" benchmarks/test_engine_bench.py
+"""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from zerospec.model import SMALL
+from zerospec.peers import PEERS, compare
+from zerospec.train import TrainConfig
+
+N, STEPS, TARGET = 4, 10, 1.5
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3], ids=lambda s: f"stage{s}-vs-{PEERS[s]}")
+def test_stage_step_time_vs_its_peer(benchmark, capsys, stage):
+    cfg = TrainConfig(stage=stage, n_d=N, model=SMALL, steps=STEPS, precision="fp32", timeout=120)
+    rows = benchmark.pedantic(compare, args=(cfg, (stage,)),
+                              kwargs={"count": False, "weights": False}, rounds=1, iterations=1)
+    row = rows[0]
+    ours = statistics.median(row["seconds"][2:])
+    peer = statistics.median(row["peers"]["torch"]["seconds"][2:])
+    ratio = ours / peer
+    benchmark.extra_info.update(ours_s=ours, peer_s=peer, ratio=ratio, peer=PEERS[stage])
+    with capsys.disabled():
+        print(f"\nstage {stage} vs {PEERS[stage]}: ours {ours * 1e3:.1f} ms/step, "
+              f"peer {peer * 1e3:.1f} ms/step, ratio {ratio:.2f}")
+    assert ratio <= TARGET
