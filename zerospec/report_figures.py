@@ -118,11 +118,12 @@ def memory_vs_n(m: Measurements, out: Path) -> list[Path]:
                 color=STAGE_COLORS[s], lw=1.2, label=f"{theory.STAGE_LABELS[s]} formula")
         ax.plot(ns, [points[n] / MB for n in ns], "o", color=STAGE_COLORS[s], ms=5,
                 label=f"{theory.STAGE_LABELS[s]} measured")
-    ax.axvline(m.config.ranks, color="grey", ls=":", lw=1)
-    ax.annotate(f"report run, N = {m.config.ranks}", (m.config.ranks, ax.get_ylim()[0]),
-                rotation=90, va="bottom", ha="right", fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.axvline(m.config.ranks, color="grey", ls=":", lw=1)
+    # x in data units, y in axes fraction: the label sits at the bottom whatever the y range
+    ax.text(m.config.ranks, 0.03, f" report run, N = {m.config.ranks}", rotation=90, va="bottom",
+            ha="right", fontsize=8, color="grey", transform=ax.get_xaxis_transform())
     ax.set_xlabel("N (data-parallel GPUs)")
     ax.set_ylabel("model states per GPU (MB, 10^6 bytes)")
     ax.set_title(f"Model states per GPU vs N (Ψ = {psi:,}): measured set-up vs C6–C9")

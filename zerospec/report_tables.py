@@ -191,9 +191,10 @@ def build_tables(m: Measurements, names=TABLES) -> list[Table]:
 def header(m: Measurements) -> list[str]:
     c, res = m.config, m.runs[0].result
     g = c.model
+    steps = f"{c.steps} step" + ("s" if c.steps != 1 else "")
     return [f"# zerospec report: ZeRO-DP on {c.ranks} virtual GPUs",
             "",
             f"Tiny GPT: {g.n_layer} layers, d = {g.n_embd}, {g.n_head} heads, vocab {g.vocab_size}, "
-            f"sequence {g.block_size}; Ψ = {res.psi:,} parameters. {c.steps} step{'s' if c.steps != 1 else ''} of mixed-precision "
+            f"sequence {g.block_size}; Ψ = {res.psi:,} parameters. {steps} of mixed-precision "
             f"Adam (fp16 params/grads, fp32 master/m/v: K = 12), {c.micro_batch} sequences per GPU. "
             f"Every number below is measured in this run unless labelled as a paper formula."]

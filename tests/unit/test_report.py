@@ -56,7 +56,7 @@ def test_memory_table_measured_bytes_equal_the_stage_formulas(m, tables):
 @pytest.mark.claim("C23")
 @pytest.mark.claim("C24")
 def test_comm_table_is_2_2_3_2_3_psi_times_the_ring_factor(m, tables):
-    """Per GPU per step: 2Ψ(N−1)/N for DP, ZeRO-1, ZeRO-2; 3Ψ(N−1)/N for the all-reduce ZeRO-1 and ZeRO-3."""
+    """Per GPU per step: 2Ψ(N−1)/N for DP, ZeRO-1, ZeRO-2; 3Ψ(N−1)/N for all-reduce ZeRO-1, ZeRO-3."""
     t = tables["comm"]
     ring = Fraction(N - 1, N)
     assert column(t, "Measured") == [2 * ring, 2 * ring, 3 * ring, 2 * ring, 3 * ring]

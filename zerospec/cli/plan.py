@@ -1,4 +1,4 @@
-"""``zerospec plan``: will it fit, and what will it cost on the wire? The paper's closed forms for any model."""
+"""``zerospec plan``: will it fit, and what will it cost on the wire? Closed forms for any model."""
 from __future__ import annotations
 
 import argparse

@@ -25,9 +25,12 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=T.positive_int, default=3, help="training steps (default 3)")
     g = p.add_argument_group("model size (tiny GPT)")
     g.add_argument("--layers", type=T.positive_int, default=SMALL.n_layer, help=f"default {SMALL.n_layer}")
-    g.add_argument("--embd", type=T.positive_int, default=SMALL.n_embd, help=f"width d, default {SMALL.n_embd}")
-    g.add_argument("--heads", type=T.positive_int, default=SMALL.n_head, help=f"default {SMALL.n_head}")
-    g.add_argument("--vocab", type=T.positive_int, default=SMALL.vocab_size, help=f"default {SMALL.vocab_size}")
+    g.add_argument("--embd", type=T.positive_int, default=SMALL.n_embd,
+                   help=f"width d, default {SMALL.n_embd}")
+    g.add_argument("--heads", type=T.positive_int, default=SMALL.n_head,
+                   help=f"default {SMALL.n_head}")
+    g.add_argument("--vocab", type=T.positive_int, default=SMALL.vocab_size,
+                   help=f"default {SMALL.vocab_size}")
     g.add_argument("--seq", type=T.positive_int, default=SMALL.block_size,
                    help=f"sequence length, default {SMALL.block_size}")
     g.add_argument("--micro-batch", type=T.positive_int, default=2,
