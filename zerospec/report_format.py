@@ -98,13 +98,20 @@ def fmt_mb(v) -> str:
     return f"{round_half_up(Fraction(v) / MB, 2)} MB"
 
 
+def _trimmed(v, places: int = 6) -> str:
+    """Half-up to ``places`` decimals, trailing zeros dropped: exact values print exactly (1.9375),
+    and a ratio off by padding shows it (1.000011) instead of rounding to 1.0000."""
+    text = f"{round_half_up(v, places):f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def fmt_psi(v) -> str:
-    """A multiple of Ψ, 4 decimals: 1.9375Ψ."""
-    return f"{round_half_up(v, 4)}Ψ"
+    """A multiple of Ψ: 1.9375Ψ, 2.90625Ψ, 2Ψ."""
+    return f"{_trimmed(v)}Ψ"
 
 
 def fmt_ratio(v) -> str:
-    return f"{round_half_up(v, 4)}"
+    return _trimmed(v)
 
 
 def fmt_seconds(v) -> str:
