@@ -61,6 +61,8 @@ def test_comm_table_is_2_2_3_2_3_psi_times_the_ring_factor(m, tables):
     ring = Fraction(N - 1, N)
     assert column(t, "Measured") == [2 * ring, 2 * ring, 3 * ring, 2 * ring, 3 * ring]
     assert column(t, "Measured") == column(t, "Paper")
+    # ...and the measured side is read from this run's comm ledger, not from theory
+    assert column(t, "Measured") == [r.result.comm.mean_elements(step=1) / r.result.psi for r in m.runs]
     # ZeRO-3's extra Ψ is the second all-gather (C57): two gathers, one reduce-scatter.
     zero3 = t.rows[-1]
     assert zero3[3] == 2 * zero3[2] and zero3[1] == 0
