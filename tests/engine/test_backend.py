@@ -45,9 +45,10 @@ def test_each_collective_computes_what_torch_distributed_promises(gloo):
 
 
 def test_fp16_reductions_round_once_in_fp32():
-    """2048 + 1 + 1 + 1 = 2051 rounds once to 2052 in fp16; summing in fp16 would stop at 2048."""
-    outs = launch(workers.collectives, 4, timeout=30)
-    assert all(o["fp16_sum"].item() == 2052.0 for o in outs)
+    """2048 + 2048 + 0.5 + 2050 = 6148.5 rounds once to 6148; gloo's fp16 sum says 6144."""
+    outs = launch(workers.fp16_sums, 4, timeout=30)
+    assert all(o["backend"] == 6148.0 for o in outs)
+    assert all(o["raw"] == 6144.0 for o in outs)   # why the backend reduces in an fp32 buffer
 
 
 def test_ledger_books_the_simulators_logical_numbers(gloo):

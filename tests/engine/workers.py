@@ -30,11 +30,17 @@ def collectives(ctx) -> dict:
     b = torch.full((4,), float(r))
     out["broadcast"] = ctx.comm.broadcast(b, src=n - 1)
     ctx.comm.barrier()
-    # fp16 values whose fp16 running sum would round: 2048 + 1 + 1 (+1) is exact only in fp32
-    h = torch.tensor([2048.0 if r == 0 else 1.0], dtype=torch.float16)
-    out["fp16_sum"] = ctx.comm.all_reduce(h, "sum")
     out["records"] = ctx.comm.ledger.records(r)
     return out
+
+
+def fp16_sums(ctx) -> dict:
+    """4 ranks hold 2048, 2048, 0.5, 2050 (fp16): the exact sum 6148.5 rounds once to 6148; every
+    order of fp16 additions (sequential or pairwise) gives 6144. Backend vs raw gloo."""
+    h = torch.tensor([[2048.0, 2048.0, 0.5, 2050.0][ctx.rank]], dtype=torch.float16)
+    raw = h.clone()
+    dist.all_reduce(raw)
+    return {"backend": ctx.comm.all_reduce(h, "sum").item(), "raw": raw.item()}
 
 
 def gloo_orders(ctx) -> dict:
