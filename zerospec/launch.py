@@ -47,6 +47,8 @@ _state: dict[str, Any] = {}   # this *child* process's device, store and current
 def new_context():
     """A fresh RankContext (new memory and comm ledgers) on this process's group, for a worker
     that runs several trainings in one launch."""
+    if "device" not in _state:
+        raise RuntimeError("new_context() works only inside a rank process started by launch()")
     ctx = rank_context(_state["device"], store=_state["store"])
     _state["ctx"] = ctx
     return ctx
@@ -84,7 +86,13 @@ def _child(rank, n, port, backend, timeout, threads, fn, args, kwargs, outdir) -
                   "last_op": (ctx.comm.last_op if ctx else None) or "no collective yet",
                   "traceback": traceback.format_exc()}
     tmp = os.path.join(outdir, f"rank{rank}.pt.tmp")
-    torch.save(report, tmp)
+    try:
+        torch.save(report, tmp)
+    except Exception as exc:  # noqa: BLE001 - e.g. fn returned something torch.save cannot pickle
+        report = {"ok": False, "primary": True, "phase": "result", "step": "-", "last_op": "-",
+                  "error": f"the result of rank {rank} could not be saved: {type(exc).__name__}: "
+                           f"{exc}", "traceback": traceback.format_exc()}
+        torch.save(report, tmp)
     os.replace(tmp, os.path.join(outdir, f"rank{rank}.pt"))   # atomic: never read half-written
     if report["ok"]:
         dist.destroy_process_group()
@@ -116,6 +124,8 @@ def launch(fn: Callable[..., Any], n_ranks: int, *args, backend: str = "gloo",
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if not isinstance(torch_threads, int) or torch_threads < 1:
+        raise ValueError(f"torch_threads must be an integer >= 1, got {torch_threads!r}")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs CUDA, which this machine does not have; use 'gloo'")
     store = dist.TCPStore("127.0.0.1", 0, n_ranks + 1, is_master=True, wait_for_workers=False,
@@ -126,9 +136,15 @@ def launch(fn: Callable[..., Any], n_ranks: int, *args, backend: str = "gloo",
                                args=(r, n_ranks, store.port, backend, timeout, torch_threads, fn,
                                      args, kwargs, outdir))
                  for r in range(n_ranks)]
-        for p in procs:
-            p.start()
-        reports = _supervise(procs, store, timeout, outdir)
+        try:
+            for p in procs:
+                p.start()
+            reports = _supervise(procs, store, timeout, outdir)
+        finally:   # interrupted (Ctrl-C) or failed here: leave no rank process behind
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     if all(rep["ok"] for rep in reports):
         return [rep["value"] for rep in reports]
     raise _rank_error(reports)

@@ -194,10 +194,10 @@ def _check_local(c: Call, n: int) -> None:
 
 
 def rank_context(device: str | torch.device = "cpu", *, group=None, store=None,
-                 timeout_wait: float = 2.0) -> RankContext:
+                 failure_wait: float = 2.0) -> RankContext:
     """This process's RankContext on an initialised process group: its own memory and comm ledgers
     (only its own rank's records are filled; :mod:`zerospec.launch` merges them)."""
-    backend = TorchDistBackend(group, store, timeout_wait)
+    backend = TorchDistBackend(group, store, failure_wait)
     ctx = RankContext(backend.rank, backend.n, MemoryLedger(device), None)
     ctx.comm = Interconnect(ctx, backend, CommLedger(backend.n))
     return ctx
