@@ -184,3 +184,35 @@ def test_unknown_preset_lists_the_accepted_names():
     with pytest.raises(ValueError, match=r"unknown preset '9B'; accepted: 1\.5B, 7\.5B, 128B, 1T, t4-"):
         preset("9B")
     assert len(PRESETS) == 4 + 20
+
+
+# -- the command line -----------------------------------------------------------------------------
+def test_cli_scale_prints_one_row_per_stage(capsys):
+    from zerospec.__main__ import main
+    rc = main(["scale", "--layers", "2", "--hidden", "15", "--heads", "3", "--vocab", "37",
+               "--seq", "12", "--gpus", "64", "--stages", "0,3"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "Ψ = 6,555; N_d = 64" in out
+    rows = [line for line in out.splitlines() if line.startswith("| DP") or line.startswith("| P_")]
+    assert [r.split(" | ")[0] for r in rows] == ["| DP", "| P_os+g+p"]
+    assert rows[1].endswith("| 0, 30, 61, 62, 63 |")       # the five rank classes of ODD at 64
+
+
+def test_cli_scale_lists_presets_with_their_exact_psi(capsys):
+    from zerospec.__main__ import main
+    assert main(["scale", "--list"]) == 0
+    assert "| 1T | 128 | 25600 | 160 | 1,007,988,403,200 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--stages", "0,5"], "--stages must be a comma-separated list of 0, 1, 2, 3; got '0,5'"),
+    (["--gpus", "0"], "--gpus must be >= 1, got 0"),
+    (["--preset", "9B"], "unknown preset '9B'; accepted: 1.5B"),
+    (["--preset", "1T", "--layers", "2"], "give either --preset or --layers"),
+    (["--hidden", "64"], "a custom model needs at least --layers and --hidden"),
+])
+def test_cli_scale_names_bad_input(argv, message, capsys):
+    from zerospec.__main__ import main
+    assert main(["scale", *argv]) == 2
+    assert message in capsys.readouterr().err
