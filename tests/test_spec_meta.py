@@ -19,8 +19,10 @@ def ids_in(text: str) -> set[str]:
 
 
 def not_checkable() -> set[str]:
-    readme = (ROOT / "spec" / "README.md").read_text()
-    return ids_in(readme.split("## Not checkable here", 1)[1])
+    """Ids in the first column of spec/README.md's "Not checkable here" table."""
+    section = (ROOT / "spec" / "README.md").read_text().split("## Not checkable here", 1)[1]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| C")]
+    return ids_in(" ".join(rows))
 
 
 def test_ranges_expand():

@@ -202,15 +202,18 @@ def _batches(cfg: TrainConfig):
     return [data.batch(s, cfg.batch) for s in range(cfg.steps)]
 
 
-def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None) -> Result:
-    """Run ``cfg.steps`` steps of ZeRO stage ``cfg.stage`` on ``cfg.n_d`` virtual GPUs."""
+def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=None) -> Result:
+    """Run ``cfg.steps`` steps of ZeRO stage ``cfg.stage`` on ``cfg.n_d`` virtual GPUs.
+
+    ``on_step(step, stage)`` is called on every rank after each step (``stage.ctx.rank`` says
+    which): progress bars, weight snapshots."""
     units = cfg.units()
     cluster = cluster or VirtualCluster(cfg.n_d, device=cfg.device, timeout=cfg.timeout)
     if cluster.n_ranks != cfg.n_d:
         raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says n_d={cfg.n_d}")
     init, batches = _init_flat(cfg, units), _batches(cfg)
     t0 = time.perf_counter()
-    outs = cluster.run(_rank_main, cfg, units, init, batches)
+    outs = cluster.run(_rank_main, cfg, units, init, batches, on_step)
     wall = time.perf_counter() - t0
     losses = []
     for s in range(cfg.steps):
