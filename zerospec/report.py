@@ -13,14 +13,10 @@ import time
 
 import torch
 
-from .cluster import RankContext
-from .comm.interconnect import Interconnect
-from .comm.ledger import CommLedger
-from .memory import MemoryLedger
 from .model import SMALL, GPTConfig
 from .theory import GB, V100_BYTES
 from .timeline import StepReplay, parallel_time
-from .train import Result, TrainConfig, _batches, _init_flat, _rank_main, train
+from .train import Result, TrainConfig, train
 
 # key -> (stage, ZeRO-1 gradient sync, label). "1" is the paper's 2Ψ ZeRO-1 (C22); "1ar" the
 # all-reduce ZeRO-1 of the seed and of DeepSpeed's first version, 3Ψ (C23).
@@ -93,47 +89,14 @@ class Measurements:
 
 
 # -- the memory-vs-N sweep: the stages' own set-up code on meta tensors ----------------------------
-class _SetupDone(Exception):
-    """Raised when a rank leaves set-up: model states are allocated, the sweep has what it needs."""
-
-
-class _SetupOnly(RankContext):
-    def phase(self, name: str):
-        if name != "setup":
-            raise _SetupDone
-        return super().phase(name)
-
-
-class _NoCollectives:
-    """Set-up moves no data; a collective there would be a bug worth hearing about."""
-
-    def collective(self, rank, call):
-        raise RuntimeError(f"unexpected collective {call.describe()} during set-up on rank {rank}")
-
-    def wire_factor(self, op):
-        return 1
-
-
 def setup_model_states(stage: int, n_d: int, model: GPTConfig = SMALL, zero1_comm: str = "reduce_scatter",
                        ranks=None) -> dict[int, int]:
-    """Per-rank model-state bytes right after set-up, measured by running the unchanged per-rank
-    step (:func:`zerospec.train._rank_main`) on ``meta`` tensors up to its first phase after set-up.
-
-    Ranks hold equal (padded) chunks, so the default measures rank 0 and the last rank only.
-    """
-    cfg = TrainConfig(stage=stage, n_d=n_d, model=model, steps=1, zero1_comm=zero1_comm, device="meta")
-    units = cfg.units()
-    init = _init_flat(cfg, units)
-    ledger, out = CommLedger(n_d), {}
-    for r in ranks if ranks is not None else sorted({0, n_d - 1}):
-        ctx = _SetupOnly(r, n_d, MemoryLedger("meta"), None)
-        ctx.comm = Interconnect(ctx, _NoCollectives(), ledger)
-        try:
-            _rank_main(ctx, cfg, units, init, _batches(cfg))
-        except _SetupDone:
-            pass
-        out[r] = ctx.memory.model_states()
-    return out
+    """Per-rank model-state bytes right after set-up, measured on ``meta`` tensors by
+    :func:`zerospec.scale.measure` (the unchanged per-rank step, one rank per padding class).
+    Default ranks: rank 0 and the last rank."""
+    from .scale import measure
+    r = measure(model, stage, n_d, zero1_comm=zero1_comm, setup_only=True)
+    return {k: r.model_states(k) for k in (ranks if ranks is not None else sorted({0, n_d - 1}))}
 
 
 # -- measuring ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from . import theory
 from .estimators import estimators
 from .plan import PARTITIONED, plan_table
 from .report import Measurements, Run
-from .report_format import (Table, fmt_bytes, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds)
+from .report_format import (Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds)
 
 TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "scaled")
 OPS = ("all_reduce", "reduce_scatter", "all_gather")

@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..train import TrainConfig, train
-    print(f"| stage | model states /GPU (B) | comm /step /GPU (elements) | collectives /step | loss |")
+    print("| stage | model states /GPU (B) | comm /step /GPU (elements) | collectives /step | loss |")
     print("|---|---|---|---|---|")
     for stage in range(4):
         r = train(TrainConfig(stage=stage, n_d=args.ranks, steps=args.steps))

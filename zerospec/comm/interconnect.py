@@ -11,7 +11,6 @@ one sums in rank order, so all_reduce equals reduce_scatter followed by all_gath
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Protocol
 
 import torch

@@ -8,6 +8,8 @@ and the parameter all-gather are stage 1's. Communication: Ψ (reduce-scatter) +
 """
 from __future__ import annotations
 
+import torch
+
 from .optimizer_states import OptimizerStates
 
 
