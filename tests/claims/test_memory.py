@@ -7,7 +7,6 @@ exactly with Ψ_p. For the default model every unit divides N_d ≤ 128, so Ψ_p
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from tests.runs import MODELS, N_DS, run, stage_id

@@ -21,7 +21,7 @@ from fractions import Fraction
 import pytest
 
 from zerospec import theory
-from zerospec.presets import PAPER, TABLE4, preset
+from zerospec.presets import TABLE4, preset
 from zerospec.scale import measure
 from zerospec.zero import LABELS
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pathlib
 
-import pytest
 
 from tests.runs import run
 from tools import specsync
