@@ -78,7 +78,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 class TorchDistBackend:
     """One process's side of the collectives, on an initialised torch.distributed group."""
 
-    def __init__(self, group=None, store=None, failure_wait: float = 2.0):
+    def __init__(self, group=None, store=None, failure_wait: float = 5.0):
         check_torch_version()
         if not dist.is_initialized():
             raise RuntimeError("TorchDistBackend needs torch.distributed to be initialised "
@@ -194,7 +194,7 @@ def _check_local(c: Call, n: int) -> None:
 
 
 def rank_context(device: str | torch.device = "cpu", *, group=None, store=None,
-                 failure_wait: float = 2.0) -> RankContext:
+                 failure_wait: float = 5.0) -> RankContext:
     """This process's RankContext on an initialised process group: its own memory and comm ledgers
     (only its own rank's records are filled; :mod:`zerospec.launch` merges them)."""
     backend = TorchDistBackend(group, store, failure_wait)
