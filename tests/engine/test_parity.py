@@ -55,8 +55,7 @@ def test_two_gloo_processes_equal_the_simulator_exactly(stage, precision):
 @pytest.mark.parametrize("model,precision", [("small", "fp16"), ("odd", "fp32")])
 @pytest.mark.parametrize("stage", STAGES, ids=stage_id)
 def test_four_gloo_processes_match_the_simulator_within_the_derived_tolerance(stage, model, precision):
-    """N = 4: ring order vs rank order; losses to 1e-6 relative, weights to lr/10 (module doc).
-    The simulator here runs with the session's thread count: another order, same bound."""
+    """N = 4: ring order vs rank order; losses to 1e-6 relative, weights to lr/10 (module doc)."""
     kw = {} if precision == "fp16" else {"precision": precision}
     assert_close(runs.gloo(4, model, precision)[stage], run(stage, 4, model, **kw))
 
