@@ -112,3 +112,22 @@ def table2_md() -> str:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def measured_table1_md(bytes_at_round_psi) -> str:
+    """Table 1 measured: ``bytes_at_round_psi(model, stage, n_d)`` (bytes per padded parameter
+    from the meta ledger, times the paper's round Ψ) in GB; bold where a stage first fits 32 GB."""
+    header = ["N_d"] + [f"{m} {theory.STAGE_LABELS[s]}" for m in theory.TABLE1_PSI for s in (1, 2, 3)]
+    cells = {(m, s, n): bytes_at_round_psi(m, s, n) for m in theory.TABLE1_PSI for s in (1, 2, 3)
+             for n in theory.TABLE1_ND}
+    first_fit = {(m, s): next((n for n in theory.TABLE1_ND if cells[m, s, n] <= theory.V100_BYTES), None)
+                 for m in theory.TABLE1_PSI for s in (1, 2, 3)}
+    rows = []
+    for n in theory.TABLE1_ND:
+        row = [n]
+        for m in theory.TABLE1_PSI:
+            for s in (1, 2, 3):
+                text = sig(cells[m, s, n] / theory.GB, 6)
+                row.append(f"**{text}**" if first_fit[m, s] == n else text)
+        rows.append(row)
+    return md(header, rows)

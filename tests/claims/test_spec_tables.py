@@ -54,3 +54,16 @@ def test_spec_pages_show_the_snapshots_verbatim():
     """Every table in spec/*.md is its snapshot's content (run tools/specsync.py to refresh)."""
     stale = {p.name: s for p in sorted((ROOT / "spec").glob("*.md")) if (s := specsync.sync(p, write=False))}
     assert not stale, f"stale tables in spec/ (run python tools/specsync.py): {stale}"
+
+
+def test_scale_7_5b_on_64_gpus(md_snapshot):
+    """Figure 1 measured: one step of every stage for the 7.5B preset on 64 meta GPUs."""
+    from tests.claims.test_scale import one_step
+    from zerospec.scale import markdown
+    assert markdown({s: one_step("7.5B", s, 64) for s in range(4)}) + "\n" == md_snapshot
+
+
+def test_scale_table1_measured(md_snapshot):
+    """Table 1 measured on meta tensors at the paper's round Ψ, bold where a stage first fits."""
+    from tests.claims.test_scale import _at_round_psi
+    assert tables.measured_table1_md(_at_round_psi) == md_snapshot
