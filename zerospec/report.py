@@ -118,14 +118,15 @@ def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
     bar = tqdm(total=total, disable=True if quiet else None, file=sys.stderr, unit="step",
                desc="report", leave=False)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)   # the cluster pins 1 too; this covers the meta sweep
     runs = []
     try:
         for key in cfg.variants:
             label = VARIANTS[key][2]
             bar.set_description(f"{label} ×{cfg.ranks}")
-            result = train(cfg.train_config(key))
-            bar.update(cfg.steps)   # train() has no per-step callback; advance by the run's steps
+            # the last rank finishes each step last (ranks take turns): advance the bar there
+            result = train(cfg.train_config(key), on_step=lambda step, stage: bar.update(1)
+                           if stage.ctx.rank == cfg.ranks - 1 else None)
             bar.set_description(f"{label} ×{cfg.ranks}, counting FLOPs")
             flops = train(cfg.train_config(key, count_flops=True))
             bar.update(1)
