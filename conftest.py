@@ -58,6 +58,13 @@ def claim_values(request):
     return record
 
 
+def pytest_collection_modifyitems(config, items):
+    """Make claim ids keywords, so ``pytest -k C9`` selects the tests that check C9."""
+    for item in items:
+        for mark in item.iter_markers("claim"):
+            item.extra_keyword_matches.add(mark.args[0])
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
