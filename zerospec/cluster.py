@@ -17,6 +17,7 @@ them raise :class:`CollectiveTimeout` naming the ranks that never arrived. No pa
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -30,18 +31,27 @@ from .comm.sim import SimBackend
 from .memory import MemoryLedger
 
 
-class Baton:
-    """Exactly one rank runs at a time; ``pass_to`` hands the CPU to another rank."""
+JITTER_SECONDS = 0.002   # longest random pause before a hand-off when jitter is on
 
-    def __init__(self, n: int, timeout: float):
+
+class Baton:
+    """Exactly one rank runs at a time; ``pass_to`` hands the CPU to another rank.
+
+    ``jitter`` (a random.Random, for determinism tests): the first rank to run, and the next
+    rank at every hand-off, are drawn at random among those that may run, and each hand-off
+    waits a random pause. Results must not change: reductions are ordered by rank, never by
+    arrival (spec/robustness.md, P8)."""
+
+    def __init__(self, n: int, timeout: float, jitter: random.Random | None = None):
         self.n = n
         self.timeout = timeout
+        self.jitter = jitter
         self.lock = threading.Lock()
         self._go = [threading.Event() for _ in range(n)]
         self.error: BaseException | None = None   # set once, by the first failure
         self.failed_rank: int | None = None
         self.finished = [False] * n
-        self._go[0].set()
+        self._go[jitter.randrange(n) if jitter else 0].set()
 
     def wait_turn(self, rank: int, waiting_for: Callable[[], str]) -> None:
         """Block until ``rank`` holds the baton; raise if the cluster aborted or time ran out."""
@@ -54,14 +64,16 @@ class Baton:
             raise ClusterAborted(f"rank {rank} aborted: rank {self.failed_rank} failed") from self.error
 
     def pass_to(self, rank: int) -> None:
+        if self.jitter is not None:
+            time.sleep(self.jitter.uniform(0, JITTER_SECONDS))
         self._go[rank].set()
 
     def next_rank(self, after: int, skip: Callable[[int], bool]) -> int | None:
-        for k in range(1, self.n + 1):
-            r = (after + k) % self.n
-            if not self.finished[r] and not skip(r):
-                return r
-        return None
+        ready = [r for r in ((after + k) % self.n for k in range(1, self.n + 1))
+                 if not self.finished[r] and not skip(r)]
+        if not ready:
+            return None
+        return self.jitter.choice(ready) if self.jitter is not None else ready[0]
 
     def abort(self, rank: int, error: BaseException) -> None:
         """Record the first failure and wake every rank so none waits forever."""
@@ -142,7 +154,7 @@ class VirtualCluster:
     """
 
     def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
-                 torch_threads: int | None = 1):
+                 torch_threads: int | None = 1, jitter: int | None = None):
         if not isinstance(n_ranks, int) or n_ranks < 1:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
         if timeout <= 0:
@@ -151,12 +163,14 @@ class VirtualCluster:
         self.device = torch.device(device)
         self.timeout = timeout
         self.torch_threads = torch_threads
+        self.jitter = jitter                # seed of the random schedule (see Baton); None: off
         self.comm_ledger = CommLedger(n_ranks)
         self.memory = [MemoryLedger(self.device) for _ in range(n_ranks)]
         self.contexts: list[RankContext] = []
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
-        baton = Baton(self.n_ranks, self.timeout)
+        baton = Baton(self.n_ranks, self.timeout,
+                      random.Random(self.jitter) if self.jitter is not None else None)
         backend = SimBackend(baton)
         self.contexts = [
             RankContext(r, self.n_ranks, self.memory[r], None) for r in range(self.n_ranks)]

@@ -35,10 +35,12 @@ class AdamConfig:
 
 
 def adam_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                grad: torch.Tensor, step: int, cfg: AdamConfig) -> None:
+                grad: torch.Tensor, step: int, cfg: AdamConfig, grad_mul: float = 1.0) -> None:
     """One Adam step in place on fp32 ``master``/``exp_avg``/``exp_avg_sq`` from ``grad`` (any dtype,
-    cast up). ``step`` counts from 1."""
+    cast up) times ``grad_mul`` (1/loss scale × clip coefficient). ``step`` counts from 1."""
     g = grad.to(torch.float32)
+    if grad_mul != 1.0:   # one correctly rounded multiply; skipped at 1 so unscaled runs keep their bits
+        g = g * grad_mul
     if cfg.weight_decay:
         g = g + master * cfg.weight_decay
     exp_avg.mul_(cfg.beta1).add_(g * (1.0 - cfg.beta1))

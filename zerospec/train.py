@@ -13,15 +13,19 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from . import checkpoint
 from . import model as gpt
 from .cluster import VirtualCluster
 from .comm.ledger import CommLedger
 from .data import BigramData
+from .loss_scale import LossScale, LossScaler, poison
 from .memory import MemoryLedger
 from .optim import AdamConfig
 from .partition import Unit, psi, psi_padded
 from .precision import POLICIES, Precision, policy
+from .update import Updater
 from .zero import STAGES, ZERO1_COMM
+from .zero.accumulate import MAX_TERMS, accumulating
 from .zero.fetch import ParamFetcher
 
 PHASES = ("forward", "backward", "grad_sync", "step", "param_sync")
@@ -33,7 +37,7 @@ class TrainConfig:
     stage: int = 0
     n_d: int = 4
     model: gpt.GPTConfig = gpt.SMALL
-    global_batch: int | None = None    # default: 2 sequences per rank
+    global_batch: int | None = None    # default: 2 sequences per rank per micro-step
     steps: int = 5
     seed: int = 0
     zero1_comm: str = "reduce_scatter"
@@ -42,15 +46,26 @@ class TrainConfig:
     device: str = "cpu"
     precision: str = "fp16"
     timeout: float = 120.0
+    # surviving real conditions (spec/robustness.md); the defaults are the plain paper step
+    loss_scale: LossScale | None = None       # dynamic fp16 loss scaling
+    clip_grad_norm: float | None = None       # global-norm clipping threshold
+    grad_accum_steps: int = 1                 # micro-batches per optimizer step (G)
+    exact_grads: bool = False                 # exact fp64 gradient sums also when G = 1
+    inject_overflow: tuple = ()               # test hook: (step, rank) pairs whose gradient gets an inf
 
     def __post_init__(self):
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {sorted(STAGES)}, got {self.stage!r}")
         if not isinstance(self.n_d, int) or self.n_d < 1:
             raise ValueError(f"n_d (number of ranks) must be an integer >= 1, got {self.n_d!r}")
-        if self.global_batch is not None and (self.global_batch < 1 or self.global_batch % self.n_d):
+        g = self.grad_accum_steps
+        if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+            raise ValueError(f"grad_accum_steps must be an integer >= 1, got {g!r}")
+        if self.global_batch is not None and (self.global_batch < 1
+                                              or self.global_batch % (self.n_d * g)):
+            times = f" × grad_accum_steps={g}" if g > 1 else ""
             raise ValueError(f"global_batch={self.global_batch} must be a positive multiple of "
-                             f"n_d={self.n_d} (each rank takes an equal micro-batch)")
+                             f"n_d={self.n_d}{times} (each rank takes equal micro-batches)")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
         if self.zero1_comm not in ZERO1_COMM:
@@ -59,6 +74,36 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         policy(self.precision)
+        self._check_robustness()
+
+    def _check_robustness(self) -> None:
+        if self.loss_scale is not None and not isinstance(self.loss_scale, LossScale):
+            raise ValueError(f"loss_scale must be a LossScale or None, got {self.loss_scale!r}")
+        c = self.clip_grad_norm
+        if c is not None and not (isinstance(c, (int, float)) and 0 < c < float("inf")):
+            raise ValueError(f"clip_grad_norm must be a finite number > 0 or None, got {c!r}")
+        if self.exact and self.precision != "fp16":
+            raise ValueError(f"exact gradient sums (grad_accum_steps > 1 or exact_grads) need "
+                             f"precision='fp16', got {self.precision!r}: only fp16 values add "
+                             f"up exactly in fp64 (zerospec/zero/accumulate.py)")
+        if self.exact and self.n_d * self.grad_accum_steps > MAX_TERMS:
+            raise ValueError(f"n_d × grad_accum_steps = {self.n_d * self.grad_accum_steps} exceeds "
+                             f"{MAX_TERMS}, the most fp16 gradients fp64 sums exactly")
+        if (self.loss_scale or c or self.inject_overflow) and self.device == "meta":
+            raise ValueError("loss scaling, clipping and overflow injection need real values; "
+                             "device='meta' has none")
+        for pair in self.inject_overflow:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and 1 <= pair[0] <= self.steps
+                    and 0 <= pair[1] < self.n_d):
+                raise ValueError(f"inject_overflow entries must be (step in 1..{self.steps}, rank in "
+                                 f"0..{self.n_d - 1}), got {pair!r}")
+        if self.inject_overflow and self.loss_scale is None:
+            raise ValueError("inject_overflow needs loss_scale: without a scaler nothing detects it")
+
+    @property
+    def exact(self) -> bool:
+        """Gradients are summed exactly in fp64 (zerospec/zero/accumulate.py)."""
+        return self.exact_grads or self.grad_accum_steps > 1
 
     @property
     def policy(self) -> Precision:
@@ -71,7 +116,7 @@ class TrainConfig:
 
     @property
     def batch(self) -> int:
-        return self.global_batch if self.global_batch is not None else 2 * self.n_d
+        return self.global_batch if self.global_batch is not None else 2 * self.n_d * self.grad_accum_steps
 
     @property
     def label(self) -> str:
@@ -90,6 +135,9 @@ class RankOutput:
     optim_elements: list[int]               # per step
     seconds: dict[str, float]               # per phase, summed over steps (own compute + collectives)
     step_end: list[float] = dataclasses.field(default_factory=list)  # perf_counter: setup, step 1, …
+    micro_losses: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)  # [step][k]
+    reports: list = dataclasses.field(default_factory=list)  # per step: update.StepReport
+    state: dict | None = None               # train(keep_state=True): this rank's checkpoint pieces
 
 
 @dataclasses.dataclass
@@ -122,66 +170,129 @@ class Result:
         the last rank ends it. Ranks that run ahead start the next step early, so a single
         step's figure is skewed by up to one rank's share; average several (see
         ``mean_step_seconds``). zerospec.timeline replays the ranks as if side by side."""
-        ends = [max(o.step_end[s] for o in self.ranks) for s in range(self.config.steps + 1)]
+        ends = [max(o.step_end[s] for o in self.ranks) for s in range(len(self.losses) + 1)]
         return [b - a for a, b in zip(ends, ends[1:])]
 
     def mean_step_seconds(self, skip: int = 1) -> float:
         """Mean wall time per step after the first ``skip`` steps (which warm caches)."""
-        ends = [max(o.step_end[s] for o in self.ranks) for s in range(self.config.steps + 1)]
-        return (ends[-1] - ends[skip]) / (self.config.steps - skip)
+        ends = [max(o.step_end[s] for o in self.ranks) for s in range(len(self.losses) + 1)]
+        return (ends[-1] - ends[skip]) / (len(self.losses) - skip)
+
+    # -- robustness (spec/robustness.md): the same on every rank, so rank 0 speaks -----------------
+    @property
+    def grad_norms(self) -> list[float | None]:
+        """Per step, the pre-clip global norm of the unscaled gradient (None without clipping)."""
+        return [r.norm for r in self.ranks[0].reports]
+
+    @property
+    def loss_scales(self) -> list[float]:
+        """Per step, the loss scale its gradients carried (1.0 without loss scaling)."""
+        return [r.scale for r in self.ranks[0].reports]
+
+    @property
+    def skipped(self) -> list[bool]:
+        """Per step, whether the update was skipped (gradient overflow)."""
+        return [r.skipped for r in self.ranks[0].reports]
+
+    def state(self) -> checkpoint.TrainState:
+        """The final training state, unsharded (needs ``train(..., keep_state=True)``)."""
+        if any(o.state is None for o in self.ranks):
+            raise ValueError("this run kept no state: call train(cfg, keep_state=True)")
+        return checkpoint.assemble(self.config.model.unit_spec(), self.ranks[0].state["meta"],
+                                   {f"rank {r}": o.state["pieces"] for r, o in enumerate(self.ranks)},
+                                   where="run state")
 
 
 def _flops(enabled: bool):
     return FlopCounterMode(display=False) if enabled else contextlib.nullcontext()
 
 
-def _rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None) -> RankOutput:
+def _rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=None, save=None,
+               keep_state=False) -> RankOutput:
     """One rank's run. ``on_step(step, stage)``, if given, is called after each step (the
-    engine tests snapshot weights there to compare them with torch's own implementations)."""
+    engine tests snapshot weights there to compare them with torch's own implementations);
+    ``resume``: a checkpoint.TrainState to start from; ``save``: {step: directory}."""
     cls = STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
+    if cfg.exact:
+        cls, kwargs = accumulating(cls), {**kwargs, "grad_accum_steps": cfg.grad_accum_steps}
     with ctx.phase("setup"):
         stage = cls(ctx, units, init, cfg.adam, cfg.policy, **kwargs)
+        if resume is not None:
+            resume.restore(stage)
+    meta = resume.meta if resume is not None else {}
+    scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
+    updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0))
     out = RankOutput([], stage.owned_master(), ctx.memory.model_states(), [], [],
                      {p: 0.0 for p in PHASES})
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
     out.step_end.append(time.perf_counter())
-    for step in range(1, cfg.steps + 1):
+    G = cfg.grad_accum_steps
+
+    @contextlib.contextmanager
+    def phase(name):
+        t0 = time.perf_counter()
+        with ctx.phase(name):
+            yield
+        out.seconds[name] += time.perf_counter() - t0
+
+    for step in range(meta.get("step", 0) + 1, cfg.steps + 1):
         ctx.step = step
         idx, tgt = (b.to(ctx.device) for b in batches[step - 1])
-        fetcher.begin_step()
-        flops = {}
-        t0 = time.perf_counter()
-        with ctx.phase("forward"), _flops(cfg.count_flops) as fc:
-            with fetcher.hooks():
-                loss = gpt.forward(cfg.model, BigramData.shard(idx, ctx.rank, cfg.n_d),
-                                   BigramData.shard(tgt, ctx.rank, cfg.n_d), fetcher.fetch)
-            fetcher.end_forward()
-        flops["forward"] = fc.get_total_flops() if fc else 0
-        t1 = time.perf_counter()
-        with ctx.phase("backward"), _flops(cfg.count_flops) as fc:
-            loss.backward()
-            fetcher.check_complete()
-        flops["backward"] = fc.get_total_flops() if fc else 0
-        t2 = time.perf_counter()
-        with ctx.phase("grad_sync"):
+        stage.zero_grad()
+        flops, micro = {"forward": 0, "backward": 0}, []
+        for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
+            fetcher.begin_step()
+            fetcher.grad_scale = updater.scale
+            fetcher.grad_fault = poison() if k == 0 and (step, ctx.rank) in cfg.inject_overflow else None
+            with phase("forward"), _flops(cfg.count_flops) as fc:
+                with fetcher.hooks():
+                    loss = gpt.forward(cfg.model, _micro(idx, ctx.rank, cfg.n_d, k, G),
+                                       _micro(tgt, ctx.rank, cfg.n_d, k, G), fetcher.fetch)
+                fetcher.end_forward()
+            flops["forward"] += fc.get_total_flops() if fc else 0
+            with phase("backward"), _flops(cfg.count_flops) as fc:
+                loss.backward()
+                fetcher.check_complete()
+            flops["backward"] += fc.get_total_flops() if fc else 0
+            micro.append(loss.detach())
+        with phase("grad_sync"):
             stage.reduce_gradients()
-        t3 = time.perf_counter()
-        with ctx.phase("step"):
-            stage.optimizer_step(step)
-        t4 = time.perf_counter()
-        with ctx.phase("param_sync"):
-            stage.sync_params()
-        t5 = time.perf_counter()
-        for p, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-            out.seconds[p] += dt
-        out.losses.append(loss.detach())
+        with phase("step"):
+            report = updater.step()
+        with phase("param_sync"):
+            if not report.skipped:   # skipped: the parameters did not change
+                stage.sync_params()
+        out.losses.append(micro[0] if G == 1 else torch.stack(micro).mean())
+        out.micro_losses.append(micro)
+        out.reports.append(report)
         out.flops.append(flops)
-        out.optim_elements.append(stage.optim_elements)
+        out.optim_elements.append(stage.optim_elements if not report.skipped else 0)
         out.step_end.append(time.perf_counter())
+        if save and step in save:
+            checkpoint.save_from_rank(ctx, stage, save[step], cfg.model.unit_spec(),
+                                      _meta(cfg, step, updater))
         if on_step is not None:
             on_step(step, stage)
+    if keep_state:
+        out.state = {"pieces": checkpoint.rank_pieces(stage), "meta": _meta(cfg, ctx.step, updater)}
     return out
+
+
+def _micro(batch: torch.Tensor, rank: int, n_d: int, k: int, g: int) -> torch.Tensor:
+    """Rank ``rank``'s k-th micro-batch: the global micro-batch index is k·N + rank, so the set of
+    micro-batches of a step depends only on N·G (G = 1: BigramData.shard's rows)."""
+    mb = batch.shape[0] // (n_d * g)
+    m = k * n_d + rank
+    return batch[m * mb:(m + 1) * mb]
+
+
+def _meta(cfg: TrainConfig, step: int, updater: Updater) -> dict:
+    """What a checkpoint records besides tensors (the same on every rank)."""
+    return {"step": step, "optim_step": updater.optim_step, "stage": cfg.stage, "n_ranks": cfg.n_d,
+            "precision": cfg.precision,
+            "scaler": updater.scaler.state_dict() if updater.scaler is not None else None,
+            "data": {"seed": cfg.seed, "global_batch": cfg.batch}}
 
 
 def _init_flat(cfg: TrainConfig, units) -> list[torch.Tensor]:
@@ -202,31 +313,60 @@ def _batches(cfg: TrainConfig):
     return [data.batch(s, cfg.batch) for s in range(cfg.steps)]
 
 
-def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=None) -> Result:
+def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=None,
+          resume: checkpoint.TrainState | None = None, save: dict | None = None,
+          keep_state: bool = False) -> Result:
     """Run ``cfg.steps`` steps of ZeRO stage ``cfg.stage`` on ``cfg.n_d`` virtual GPUs.
 
     ``on_step(step, stage)`` is called on every rank after each step (``stage.ctx.rank`` says
-    which): progress bars, weight snapshots."""
+    which): progress bars, weight snapshots. ``resume``: continue from a checkpoint (a
+    ``checkpoint.load(dir, n_ranks=cfg.n_d)``, or ``Result.state()``) with steps ``step+1 …
+    cfg.steps``; ``save={step: dir}`` writes a sharded checkpoint after those steps;
+    ``keep_state`` keeps the final state for ``Result.state()``."""
     units = cfg.units()
     cluster = cluster or VirtualCluster(cfg.n_d, device=cfg.device, timeout=cfg.timeout)
     if cluster.n_ranks != cfg.n_d:
         raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says n_d={cfg.n_d}")
+    if resume is not None:
+        _check_resume(cfg, resume)
     init, batches = _init_flat(cfg, units), _batches(cfg)
     t0 = time.perf_counter()
-    outs = cluster.run(_rank_main, cfg, units, init, batches, on_step)
+    outs = cluster.run(_rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
     wall = time.perf_counter() - t0
     losses = []
-    for s in range(cfg.steps):
+    for s in range(len(outs[0].losses)):
         if cfg.device == "meta":
             losses.append(float("nan"))
             continue
         total = torch.zeros((), dtype=torch.float64)
-        for o in outs:                      # rank order: deterministic
-            total += o.losses[s].to(torch.float64)
-        losses.append(float(total / cfg.n_d))
+        for k in range(cfg.grad_accum_steps):  # global micro-batch order k·N + r: deterministic
+            for o in outs:
+                total += o.micro_losses[s][k].to(torch.float64)
+        losses.append(float(total / (cfg.n_d * cfg.grad_accum_steps)))
     return Result(cfg, units, losses, [o.losses for o in outs], _gather_master(units, outs, cfg),
                   cluster.memory, cluster.comm_ledger, outs, wall,
                   [ctx.timeline.events for ctx in cluster.contexts])
+
+
+def _check_resume(cfg: TrainConfig, state: checkpoint.TrainState) -> None:
+    """A resumed run must continue the same model and data stream; say what differs."""
+    n = getattr(state, "n_ranks", cfg.n_d)
+    if n != cfg.n_d:
+        raise ValueError(f"checkpoint was loaded for n_ranks={n} but the config has n_d={cfg.n_d}")
+    want = [(u, [(p, tuple(sh)) for p, sh in ps]) for u, ps in cfg.model.unit_spec()]
+    if state.spec != want:
+        raise ValueError("the checkpoint's model layout differs from cfg.model "
+                         "(checkpoint.load(dir, model=cfg.model) names the difference)")
+    data = {"seed": cfg.seed, "global_batch": cfg.batch}
+    if state.meta["data"] != data:
+        raise ValueError(f"the checkpoint continues data stream {state.meta['data']}, the config "
+                         f"asks for {data}: set seed and global_batch to match")
+    if (state.meta["scaler"] is None) != (cfg.loss_scale is None):
+        raise ValueError(f"the checkpoint has loss-scaler state {state.meta['scaler']} but the config "
+                         f"has loss_scale={cfg.loss_scale}: both or neither")
+    if not state.step < cfg.steps:
+        raise ValueError(f"the checkpoint is at step {state.step}; cfg.steps={cfg.steps} leaves "
+                         f"nothing to run")
 
 
 def _gather_master(units, outs: list[RankOutput], cfg: TrainConfig) -> dict[str, torch.Tensor]:

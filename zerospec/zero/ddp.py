@@ -84,6 +84,10 @@ class DataParallel:
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         """Unit i's local gradient is complete: kept until the synchronisation after backward."""
 
+    def zero_grad(self) -> None:
+        """Start a step: nothing to clear while each backward overwrites the gradient buffers
+        (accumulating stages, zerospec/zero/accumulate.py, zero their sums here)."""
+
     # -- after backward ---------------------------------------------------------------------------
     def reduce_gradients(self) -> None:
         for g in self.grad16:
@@ -92,11 +96,12 @@ class DataParallel:
     def _grad_for_step(self, i: int) -> torch.Tensor:
         return self.grad16[i][self._owned(self.units[i])]
 
-    def optimizer_step(self, step: int) -> None:
+    def optimizer_step(self, step: int, grad_mul: float = 1.0) -> None:
+        """Adam on the owned elements; ``grad_mul`` unscales and clips (zerospec/update.py)."""
         self.optim_elements = 0
         for i in range(len(self.units)):
             adam_update(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self._grad_for_step(i),
-                        step, self.adam)
+                        step, self.adam, grad_mul)
             self.optim_elements += self.master[i].numel()
 
     def sync_params(self) -> None:

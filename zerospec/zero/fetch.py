@@ -57,6 +57,7 @@ class ParamFetcher:
         self.memory = stage.ctx.memory
         self.compute_dtype = compute_dtype
         self.grad_scale = 1.0   # gradients are multiplied by this when cast to fp16
+        self.grad_fault = None  # test hook (loss_scale.poison): fault(unit, grad) before the cast
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -146,6 +147,8 @@ class ParamFetcher:
             acc, self._acc[i] = self._acc[i], None
             if self.grad_scale != 1.0:
                 acc = acc * self.grad_scale
+            if self.grad_fault is not None:
+                self.grad_fault(i, acc)
             slot = self.stage.grad_slot(i)
             slot[:self.units[i].numel].copy_(acc)
             self.stage.grad_ready(i, slot)

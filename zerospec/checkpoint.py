@@ -1,0 +1,328 @@
+"""Sharded checkpoints: each rank writes what it owns; a load reshards to any number of ranks.
+
+A checkpoint is a directory, written once:
+
+    manifest.json       what was saved (model layout, step, loss scaler, data stream) and, per
+                        file, its rank, size, sha256 and the unit ranges it holds
+    rank-00000.pt …     one file per rank that owns something: for each unit, the *real* elements
+                        [start, stop) of its chunk — fp16 parameters, fp32 master, exp_avg, exp_avg_sq
+
+Padding is never written (it is a property of N, not of the model) and is re-added by the layout
+of whoever loads. A replicated state (stage 0) is written once, by rank 0. Loading checks, before
+anything is used, that the manifest parses, every listed file exists with the listed size and
+checksum, the model layout is the expected one, and the pieces cover every element of every unit
+exactly once; each failure is a :class:`CheckpointError` naming what is wrong.
+
+No data lost: files go to a hidden sibling ``.<name>.partial`` and only a complete, synced
+directory is renamed to ``<name>`` (a rename is atomic on POSIX), so a save that dies part-way
+leaves no checkpoint at ``<name>`` and every earlier checkpoint untouched. A checkpoint is never
+overwritten (saving onto an existing one raises).
+
+Why not torch.distributed.checkpoint: its resharding works on DTensor/ShardedTensor placements of
+named parameters, while a ZeRO shard is a chunk of a *flattened, padded* unit; describing that
+layout to DCP would take more code than the ~40 lines of resharding here, the sim backend has no
+process group for DCP's coordinator, and this format is the same whichever engine wrote it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import pathlib
+import shutil
+
+import torch
+
+from .partition import make_units
+
+FORMAT, VERSION = "zerospec-checkpoint", 1
+KINDS = ("param16", "master", "exp_avg", "exp_avg_sq")
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded as asked; the message names the file and the problem."""
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def partial_dir(path: pathlib.Path) -> pathlib.Path:
+    return path.parent / f".{path.name}.partial"
+
+
+@dataclasses.dataclass
+class TrainState:
+    """The whole training state, unsharded: per unit, the real elements of each kind."""
+
+    spec: list                        # model.unit_spec(): [(unit, [(param, shape), …]), …]
+    tensors: dict[str, list[torch.Tensor]]
+    meta: dict                        # step, optim_step, scaler, precision, data, stage, n_ranks
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+    def units(self, n_ranks: int):
+        return make_units(self.spec, n_ranks, pad=True)
+
+    def padded(self, kind: str, i: int, unit) -> torch.Tensor:
+        """Unit i's ``kind`` zero-padded to ``unit``'s layout (padding re-added for its N)."""
+        t = self.tensors[kind][i]
+        out = torch.zeros(unit.padded, dtype=t.dtype)
+        out[:t.numel()] = t
+        return out
+
+    def restore(self, stage) -> None:
+        """Copy this state into a freshly built stage: each rank takes its owned slices."""
+        if self.meta["precision"] != stage.precision.name:
+            raise CheckpointError(f"checkpoint holds {self.meta['precision']} training state; the "
+                                  f"run asks for precision={stage.precision.name!r}")
+        for i, u in enumerate(stage.units):
+            own = stage._owned(u)
+            for kind, dst in (("master", stage.master), ("exp_avg", stage.exp_avg),
+                              ("exp_avg_sq", stage.exp_avg_sq)):
+                dst[i].copy_(self.padded(kind, i, u)[own])
+            p16 = self.padded("param16", i, u)
+            stage.param16[i].copy_(p16 if stage.param16[i].numel() == u.padded else p16[own])
+
+
+@dataclasses.dataclass
+class Checkpoint(TrainState):
+    """A loaded checkpoint laid out for ``n_ranks`` ranks."""
+
+    n_ranks: int = 1
+
+    def shard(self, rank: int) -> list[dict[str, torch.Tensor]]:
+        """Rank ``rank``'s chunk of every unit and kind in the ``n_ranks`` layout (padding as zeros)."""
+        return [{k: self.padded(k, i, u)[u.shard(rank)] for k in KINDS}
+                for i, u in enumerate(self.units(self.n_ranks))]
+
+
+# -- what a rank owns ------------------------------------------------------------------------------
+def rank_pieces(stage) -> dict[str, dict]:
+    """unit name → {start, stop, kind: tensor} for the real elements this rank writes (copies)."""
+    if stage.stage == 0 and stage.ctx.rank != 0:
+        return {}                          # replicated: rank 0 writes it once
+    out = {}
+    for i, u in enumerate(stage.units):
+        own = stage._owned(u)
+        start, stop = own.start, min(own.stop, u.numel)
+        if stop <= start:
+            continue                       # this rank owns only padding of this unit
+        n = stop - start                   # owned tensors start at own.start: their [:n] is real
+        full = stage.param16[i].numel() == u.padded  # stages 0-2 replicate the fp16 parameters
+        p16 = stage.param16[i][start:stop] if full else stage.param16[i][:n]
+        out[u.name] = {"start": start, "stop": stop, "param16": p16.detach().clone(),
+                       **{k: t[i][:n].detach().clone() for k, t in
+                          (("master", stage.master), ("exp_avg", stage.exp_avg),
+                           ("exp_avg_sq", stage.exp_avg_sq))}}
+    return out
+
+
+def assemble(spec, meta: dict, pieces: dict[str, dict], where: str = "checkpoint") -> TrainState:
+    """A TrainState from every rank's pieces; every element of every unit exactly once."""
+    units = make_units(spec, 1, pad=False)
+    tensors = {k: [] for k in KINDS}
+    for u in units:
+        got = sorted((p["start"], p["stop"], src, p) for src, per in pieces.items()
+                     for name, p in per.items() if name == u.name)
+        pos = 0
+        for start, stop, src, p in got:
+            if start != pos:
+                what = "overlap" if start < pos else f"elements [{pos}, {start}) are in no shard"
+                raise CheckpointError(f"{where}: unit {u.name!r}: {what} (at {src})")
+            pos = stop
+        if pos != u.numel:
+            raise CheckpointError(f"{where}: unit {u.name!r}: elements [{pos}, {u.numel}) are in "
+                                  f"no shard (a shard file is missing from the manifest?)")
+        for k in KINDS:
+            parts = [p[k] for *_, p in got]
+            if any(t.dim() != 1 or t.numel() != stop - start for t, (start, stop, *_) in zip(parts, got)):
+                raise CheckpointError(f"{where}: unit {u.name!r}: {k} piece has the wrong length")
+            tensors[k].append(torch.cat(parts) if parts else torch.zeros(0))
+    return TrainState([(n, [(p, tuple(s)) for p, s in ps]) for n, ps in spec], tensors, dict(meta))
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def _write_file(path: pathlib.Path, data: bytes) -> None:
+    """Write and fsync one file (tests replace this to simulate a crash part-way through a save)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _serialize(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _begin(path: pathlib.Path) -> pathlib.Path:
+    if path.exists():
+        raise FileExistsError(f"checkpoint {path} already exists; checkpoints are written once "
+                              f"(choose a new directory, e.g. one per step)")
+    tmp = partial_dir(path)
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an earlier save that died
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _commit(tmp: pathlib.Path, path: pathlib.Path, meta: dict, spec, ranks: list[tuple[int, dict]]) -> None:
+    """Write the manifest (from the rank files now on disk) and publish the directory atomically."""
+    files = []
+    for rank, pieces in ranks:
+        f = tmp / rank_file(rank)
+        data = f.read_bytes()
+        files.append({"name": f.name, "rank": rank, "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest(),
+                      "pieces": [[n, p["start"], p["stop"]] for n, p in pieces.items()]})
+    manifest = {"format": FORMAT, "version": VERSION, **meta,
+                "model": [[n, [[p, list(s)] for p, s in ps]] for n, ps in spec], "files": files}
+    _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+    os.rename(tmp, path)                   # atomic: the checkpoint appears complete or not at all
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)                       # make the rename itself durable
+    finally:
+        os.close(fd)
+
+
+def save_from_rank(ctx, stage, path, spec, meta: dict) -> None:
+    """Called on every rank after a step: write my shard, rank 0 publishes (two barriers)."""
+    path = pathlib.Path(path)
+    with ctx.phase("checkpoint"):
+        if ctx.rank == 0:
+            _begin(path)
+        ctx.comm.barrier()                 # the partial directory exists and is empty
+        pieces = rank_pieces(stage)
+        if pieces:
+            _write_file(partial_dir(path) / rank_file(ctx.rank), _serialize(pieces))
+        # every rank's file is on disk; rank 0 learns which ranks wrote from the layout
+        ctx.comm.barrier()
+        if ctx.rank == 0:
+            ranks = [(r, _layout_pieces(stage, r)) for r in range(ctx.n_ranks)]
+            _commit(partial_dir(path), path, meta, spec, [(r, p) for r, p in ranks if p])
+
+
+def _layout_pieces(stage, rank: int) -> dict[str, dict]:
+    """The ranges ``rank`` wrote (same rule as :func:`rank_pieces`, without the tensors)."""
+    if stage.stage == 0:
+        return {u.name: {"start": 0, "stop": u.numel} for u in stage.units} if rank == 0 else {}
+    out = {}
+    for u in stage.units:
+        s = u.shard(rank)
+        if min(s.stop, u.numel) > s.start:
+            out[u.name] = {"start": s.start, "stop": min(s.stop, u.numel)}
+    return out
+
+
+def save_state(state: TrainState, path, n_ranks: int) -> None:
+    """Write ``state`` as ``n_ranks`` ranks of stages 1–3 would (host side: tests, conversions)."""
+    path = pathlib.Path(path)
+    tmp = _begin(path)
+    ranks = []
+    for r in range(n_ranks):
+        pieces = {}
+        for i, u in enumerate(state.units(n_ranks)):
+            s = u.shard(r)
+            start, stop = s.start, min(s.stop, u.numel)
+            if stop > start:
+                pieces[u.name] = {"start": start, "stop": stop,
+                                  **{k: state.tensors[k][i][start:stop].clone() for k in KINDS}}
+        if pieces:
+            _write_file(tmp / rank_file(r), _serialize(pieces))
+            ranks.append((r, pieces))
+    _commit(tmp, path, {**state.meta, "n_ranks": n_ranks}, state.spec, ranks)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def _fail(path, msg: str):
+    raise CheckpointError(f"checkpoint {path}: {msg}")
+
+
+def read_manifest(path) -> dict:
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        hint = (f" (an unfinished save left {partial_dir(path).name}: it is not a checkpoint)"
+                if partial_dir(path).exists() else "")
+        _fail(path, f"no such checkpoint directory{hint}")
+    f = path / MANIFEST
+    if not f.exists():
+        _fail(path, f"{MANIFEST} is missing: not a checkpoint, or a save that never finished")
+    try:
+        m = json.loads(f.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        _fail(path, f"{MANIFEST} is not valid JSON (truncated or corrupt?): {exc}")
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        _fail(path, f"{MANIFEST} is not a {FORMAT} manifest")
+    if m.get("version") != VERSION:
+        _fail(path, f"format version {m.get('version')!r}, this zerospec reads version {VERSION}")
+    return m
+
+
+def _read_rank_file(path: pathlib.Path, entry: dict) -> dict:
+    f = path / entry["name"]
+    if not f.exists():
+        _fail(path, f"shard {entry['name']} (rank {entry['rank']}) is missing")
+    data = f.read_bytes()
+    if len(data) != entry["bytes"]:
+        _fail(path, f"shard {entry['name']} (rank {entry['rank']}) has {len(data)} bytes, the "
+                    f"manifest says {entry['bytes']} (truncated or overwritten)")
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        _fail(path, f"shard {entry['name']} (rank {entry['rank']}) fails its sha256 check (corrupt)")
+    pieces = torch.load(io.BytesIO(data), weights_only=True)
+    listed = {n: (a, b) for n, a, b in entry["pieces"]}
+    if {n: (p["start"], p["stop"]) for n, p in pieces.items()} != listed:
+        _fail(path, f"shard {entry['name']} holds other unit ranges than the manifest lists")
+    return pieces
+
+
+def _check_model(path, spec, model) -> None:
+    want = [(n, [(p, tuple(s)) for p, s in ps]) for n, ps in model.unit_spec()]
+    if spec == want:
+        return
+    for (n1, p1), (n2, p2) in zip(spec, want):
+        if n1 != n2 or p1 != p2:
+            diff = [f"{a} {tuple(s)} vs {b} {tuple(t)}" for (a, s), (b, t) in zip(p1, p2) if (a, s) != (b, t)]
+            _fail(path, f"model mismatch in unit {n1!r} (checkpoint) vs {n2!r} (expected): "
+                        f"{diff[0] if diff else f'{len(p1)} vs {len(p2)} parameters'}")
+    _fail(path, f"model mismatch: checkpoint has {len(spec)} units, expected {len(want)}")
+
+
+def load(path, n_ranks: int | None = None, *, model=None) -> Checkpoint:
+    """Read and verify a checkpoint, laid out for ``n_ranks`` ranks (default: as saved).
+
+    ``model`` (a GPTConfig), if given, must match the saved layout. Nothing is returned unless
+    every check passes."""
+    path = pathlib.Path(path)
+    m = read_manifest(path)
+    n_ranks = m["n_ranks"] if n_ranks is None else n_ranks
+    if not isinstance(n_ranks, int) or n_ranks < 1:
+        raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
+    spec = [(n, [(p, tuple(s)) for p, s in ps]) for n, ps in m["model"]]
+    if model is not None:
+        _check_model(path, spec, model)
+    pieces = {e["name"]: _read_rank_file(path, e) for e in m["files"]}
+    meta = {k: v for k, v in m.items() if k not in ("format", "version", "model", "files")}
+    st = assemble(spec, meta, pieces, where=f"checkpoint {path}")
+    return Checkpoint(st.spec, st.tensors, st.meta, n_ranks=n_ranks)
+
+
+def consolidate(path) -> dict[str, torch.Tensor]:
+    """Full fp32 weights ("unit/param" → tensor) from a sharded checkpoint: the export format."""
+    st = load(path)
+    out = {}
+    for u, w in zip(st.units(1), st.tensors["master"]):
+        for name, t in u.views(w).items():
+            out[f"{u.name}/{name}"] = t.clone()
+    return out
+
+
+def export(path, out_file) -> None:
+    """Write :func:`consolidate`'s dict with ``torch.save`` (one file, no ZeRO needed to read it)."""
+    torch.save(consolidate(path), out_file)
