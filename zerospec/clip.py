@@ -1,67 +1,85 @@
-"""Global-norm gradient clipping from shards, with the same bits in every stage.
+"""Global-norm gradient clipping from shards: the exact norm, the same bits in every stage and at
+every N.
 
 The global norm is ‖g‖ over every real gradient element, each counted once. No rank of stages
-1–3 holds the whole gradient, so the norm is assembled from partial sums of squares — and
-floating-point addition is not associative, so *where* each partial is taken decides the bits.
-zerospec fixes one summation order and makes every stage follow it:
+1–3 holds the whole gradient, so ‖g‖² is assembled from per-rank partial sums — and floating-point
+addition is not associative: summing fp32 partials chunk by chunk in rank order would give every
+stage the same bits at one N, but a different last bit at another N (the chunks move), so a run
+resharded from N to M ranks could not reproduce its own clip coefficients.
 
-* Lay each unit out as stages 1–3 do for N ranks (padded to a multiple of N, rank r owns chunk r);
-  the *partial* of (rank r, unit u) is the fp32 sum of squares of the real elements of chunk r —
-  padding is excluded by construction, and every element is in exactly one chunk.
-* Rank r adds its partials in unit order (fp32). Stage 0 holds the whole gradient, but rank r
-  still takes only chunk r's partials: the chunk layout is a choice of summation order, not of
-  where memory lives.
-* The N per-rank sums are all-gathered (N fp32 values — exact copies, whatever the backend) and
-  every rank adds them in rank order 0, 1, …, N−1 in fp32. An all-reduce would be shorter, but
-  gloo's ring adds ranks in an order of its own; a gather moves bits, it does not round them.
+zerospec computes ‖g‖² *exactly* instead, with integers:
 
-So stage 0's norm is the same number as stage 3's (test: tests/claims/test_robustness.py), and it
-is the unsharded norm up to fp32 summation order (tolerance derived there). The coefficient is
-torch's ``clip_grad_norm_``: ``max_norm / (norm + 1e-6)``, applied only when it is below 1.
+* g is what Adam sees, an fp32 number: ``g = m · 2^(e−24)`` with an integer |m| < 2^24 (frexp).
+  So ``g² = m² · 2^(2e−48)``: an integer m² < 2^48 in the binade of exponent e.
+* Each rank adds m² into one int64 bin per exponent e (split as m² = hi·2^24 + lo so no bin can
+  overflow before 2^39 elements). Integer addition is associative: any split of the elements over
+  ranks, chunks or units gives the same bins.
+* Stages 1–3 all-reduce the bins (one int64 vector, ``sum``; exact on any backend). Stage 0 holds
+  the whole gradient and bins it locally — no collective, the same integers.
+* ‖g‖² = Σ_e bin_e · 2^(2e−48) is then an exact integer times a power of two, rounded once to a
+  float (Python's int division is correctly rounded), and ‖g‖ is its correctly rounded square root.
+
+So the norm is the same number in every stage, at every N, on every backend, and it is the
+correctly rounded unsharded norm (test: ``math.fsum`` of the squares gives the same bits). Padding
+is excluded because only real elements are binned; each element is binned by exactly one rank.
+The coefficient is torch's ``clip_grad_norm_``: ``max_norm / (norm + 1e-6)``, applied below 1.
 """
 from __future__ import annotations
 
-import dataclasses
+import math
 
 import torch
 
-EPS = 1e-6   # torch.nn.utils.clip_grad_norm_'s guard against a zero norm
+EPS = 1e-6                       # torch.nn.utils.clip_grad_norm_'s guard against a zero norm
+EXP_MIN, EXP_MAX = -148, 128     # frexp exponents of finite fp32 numbers (2^-149 = 0.5·2^-148)
+N_BINS = EXP_MAX - EXP_MIN + 1
+LOW = 2 ** 24
 
 
-def chunk_of(unit, n_d: int, rank: int) -> tuple[int, int]:
-    """[start, stop) of rank ``rank``'s real elements of ``unit`` under the padded N-rank layout."""
-    laid = dataclasses.replace(unit, n_d=n_d, pad=True)
-    start = laid.shard(rank).start
-    return start, start + laid.real_in_shard(rank)
+def square_bins(grad: torch.Tensor) -> torch.Tensor:
+    """int64 [hi bins, lo bins, non-finite count]: Σ g² of ``grad`` (cast to fp32), exactly."""
+    g = grad.reshape(-1).to(torch.float32)
+    out = torch.zeros(2 * N_BINS + 1, dtype=torch.int64)
+    finite = torch.isfinite(g)
+    out[-1] = int((~finite).sum())
+    g = g[finite]
+    mant, exp = torch.frexp(g)
+    m = (mant.abs() * LOW).to(torch.int64)          # exact: at most 24 significant bits
+    sq = m * m                                      # < 2^48: exact in int64
+    idx = (exp.to(torch.int64) - EXP_MIN)
+    out[:N_BINS].index_add_(0, idx, sq >> 24)
+    out[N_BINS:2 * N_BINS].index_add_(0, idx, sq & (LOW - 1))
+    return out
 
 
-def partial_sum_sq(grad: torch.Tensor) -> torch.Tensor:
-    """fp32 sum of squares of ``grad`` (a fresh fp32 copy, so its layout cannot change the sum)."""
-    g = grad.to(torch.float32, copy=True)
-    return (g * g).sum()
-
-
-def rank_sum_sq(stage) -> torch.Tensor:
-    """This rank's share of ‖g‖²: its chunk's partials, added in unit order (fp32 scalar)."""
-    rank, n_d = stage.ctx.rank, stage.ctx.n_ranks
-    total = torch.zeros((), dtype=torch.float32)
+def owned_bins(stage) -> torch.Tensor:
+    """This rank's bins over the real elements of the gradient it owns (all of it in stage 0)."""
+    total = torch.zeros(2 * N_BINS + 1, dtype=torch.int64)
     for i, u in enumerate(stage.units):
-        start, stop = chunk_of(u, n_d, rank)
-        own = stage._owned(u).start        # where the stage's owned gradient starts in the unit
-        total += partial_sum_sq(stage._grad_for_step(i)[start - own:stop - own])
+        own = stage._owned(u)
+        real = max(0, min(own.stop, u.numel) - own.start)   # padding is never binned
+        total += square_bins(stage._grad_for_step(i)[:real])
     return total
 
 
+def norm_from_bins(bins: torch.Tensor) -> float:
+    """‖g‖ from (summed) bins: one correct rounding of the exact Σ g², then a correct sqrt."""
+    if int(bins[-1]):
+        return math.nan
+    exact = 0
+    for b in range(N_BINS):
+        v = (int(bins[b]) << 24) + int(bins[N_BINS + b])
+        if v:
+            exact += v << (2 * b)          # bin b holds exponent 2(b + EXP_MIN) − 48
+    return math.sqrt(exact / (1 << (48 - 2 * EXP_MIN)))
+
+
 def global_norm(stage) -> float:
-    """‖g‖ of the stage's reduced (still loss-scaled) gradient, equal in every stage and rank."""
-    n_d = stage.ctx.n_ranks
-    mine = rank_sum_sq(stage).reshape(1).to(stage.ctx.device)
-    every = torch.empty(n_d, dtype=torch.float32, device=stage.ctx.device)
-    stage.comm.all_gather(every, mine)
-    total = torch.zeros((), dtype=torch.float32)
-    for r in range(n_d):                   # rank order, fp32, as a rank-ordered reduction would
-        total += every[r].cpu()
-    return float(total.sqrt())
+    """‖g‖ of the stage's reduced (still loss-scaled) gradient: exact, equal everywhere."""
+    bins = owned_bins(stage)
+    if stage.stage > 0:                    # stage 0 already holds every element
+        bins = stage.comm.all_reduce(bins.to(stage.ctx.device), "sum").cpu()
+    return norm_from_bins(bins)
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:

@@ -23,9 +23,10 @@ from .memory import MemoryLedger
 from .optim import AdamConfig
 from .partition import Unit, psi, psi_padded
 from .precision import POLICIES, Precision, policy
-from .update import Updater
+from .resume import check as resume_check, meta as resume_meta
+from .update import Updater, check_config
 from .zero import STAGES, ZERO1_COMM
-from .zero.accumulate import MAX_TERMS, accumulating
+from .zero.accumulate import accumulating
 from .zero.fetch import ParamFetcher
 
 PHASES = ("forward", "backward", "grad_sync", "step", "param_sync")
@@ -74,31 +75,7 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         policy(self.precision)
-        self._check_robustness()
-
-    def _check_robustness(self) -> None:
-        if self.loss_scale is not None and not isinstance(self.loss_scale, LossScale):
-            raise ValueError(f"loss_scale must be a LossScale or None, got {self.loss_scale!r}")
-        c = self.clip_grad_norm
-        if c is not None and not (isinstance(c, (int, float)) and 0 < c < float("inf")):
-            raise ValueError(f"clip_grad_norm must be a finite number > 0 or None, got {c!r}")
-        if self.exact and self.precision != "fp16":
-            raise ValueError(f"exact gradient sums (grad_accum_steps > 1 or exact_grads) need "
-                             f"precision='fp16', got {self.precision!r}: only fp16 values add "
-                             f"up exactly in fp64 (zerospec/zero/accumulate.py)")
-        if self.exact and self.n_d * self.grad_accum_steps > MAX_TERMS:
-            raise ValueError(f"n_d × grad_accum_steps = {self.n_d * self.grad_accum_steps} exceeds "
-                             f"{MAX_TERMS}, the most fp16 gradients fp64 sums exactly")
-        if (self.loss_scale or c or self.inject_overflow) and self.device == "meta":
-            raise ValueError("loss scaling, clipping and overflow injection need real values; "
-                             "device='meta' has none")
-        for pair in self.inject_overflow:
-            if not (isinstance(pair, tuple) and len(pair) == 2 and 1 <= pair[0] <= self.steps
-                    and 0 <= pair[1] < self.n_d):
-                raise ValueError(f"inject_overflow entries must be (step in 1..{self.steps}, rank in "
-                                 f"0..{self.n_d - 1}), got {pair!r}")
-        if self.inject_overflow and self.loss_scale is None:
-            raise ValueError("inject_overflow needs loss_scale: without a scaler nothing detects it")
+        check_config(self)
 
     @property
     def exact(self) -> bool:
@@ -271,11 +248,11 @@ def _rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume
         out.step_end.append(time.perf_counter())
         if save and step in save:
             checkpoint.save_from_rank(ctx, stage, save[step], cfg.model.unit_spec(),
-                                      _meta(cfg, step, updater))
+                                      resume_meta(cfg, step, updater))
         if on_step is not None:
             on_step(step, stage)
     if keep_state:
-        out.state = {"pieces": checkpoint.rank_pieces(stage), "meta": _meta(cfg, ctx.step, updater)}
+        out.state = {"pieces": checkpoint.rank_pieces(stage), "meta": resume_meta(cfg, ctx.step, updater)}
     return out
 
 
@@ -285,14 +262,6 @@ def _micro(batch: torch.Tensor, rank: int, n_d: int, k: int, g: int) -> torch.Te
     mb = batch.shape[0] // (n_d * g)
     m = k * n_d + rank
     return batch[m * mb:(m + 1) * mb]
-
-
-def _meta(cfg: TrainConfig, step: int, updater: Updater) -> dict:
-    """What a checkpoint records besides tensors (the same on every rank)."""
-    return {"step": step, "optim_step": updater.optim_step, "stage": cfg.stage, "n_ranks": cfg.n_d,
-            "precision": cfg.precision,
-            "scaler": updater.scaler.state_dict() if updater.scaler is not None else None,
-            "data": {"seed": cfg.seed, "global_batch": cfg.batch}}
 
 
 def _init_flat(cfg: TrainConfig, units) -> list[torch.Tensor]:
@@ -328,7 +297,7 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     if cluster.n_ranks != cfg.n_d:
         raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says n_d={cfg.n_d}")
     if resume is not None:
-        _check_resume(cfg, resume)
+        resume_check(cfg, resume)
     init, batches = _init_flat(cfg, units), _batches(cfg)
     t0 = time.perf_counter()
     outs = cluster.run(_rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
@@ -346,27 +315,6 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     return Result(cfg, units, losses, [o.losses for o in outs], _gather_master(units, outs, cfg),
                   cluster.memory, cluster.comm_ledger, outs, wall,
                   [ctx.timeline.events for ctx in cluster.contexts])
-
-
-def _check_resume(cfg: TrainConfig, state: checkpoint.TrainState) -> None:
-    """A resumed run must continue the same model and data stream; say what differs."""
-    n = getattr(state, "n_ranks", cfg.n_d)
-    if n != cfg.n_d:
-        raise ValueError(f"checkpoint was loaded for n_ranks={n} but the config has n_d={cfg.n_d}")
-    want = [(u, [(p, tuple(sh)) for p, sh in ps]) for u, ps in cfg.model.unit_spec()]
-    if state.spec != want:
-        raise ValueError("the checkpoint's model layout differs from cfg.model "
-                         "(checkpoint.load(dir, model=cfg.model) names the difference)")
-    data = {"seed": cfg.seed, "global_batch": cfg.batch}
-    if state.meta["data"] != data:
-        raise ValueError(f"the checkpoint continues data stream {state.meta['data']}, the config "
-                         f"asks for {data}: set seed and global_batch to match")
-    if (state.meta["scaler"] is None) != (cfg.loss_scale is None):
-        raise ValueError(f"the checkpoint has loss-scaler state {state.meta['scaler']} but the config "
-                         f"has loss_scale={cfg.loss_scale}: both or neither")
-    if not state.step < cfg.steps:
-        raise ValueError(f"the checkpoint is at step {state.step}; cfg.steps={cfg.steps} leaves "
-                         f"nothing to run")
 
 
 def _gather_master(units, outs: list[RankOutput], cfg: TrainConfig) -> dict[str, torch.Tensor]:
