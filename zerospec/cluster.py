@@ -40,7 +40,7 @@ class Baton:
     ``jitter`` (a random.Random, for determinism tests): the first rank to run, and the next
     rank at every hand-off, are drawn at random among those that may run, and each hand-off
     waits a random pause. Results must not change: reductions are ordered by rank, never by
-    arrival (spec/robustness.md, P8)."""
+    arrival (spec/determinism.md, P8)."""
 
     def __init__(self, n: int, timeout: float, jitter: random.Random | None = None):
         self.n = n
@@ -159,6 +159,8 @@ class VirtualCluster:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if jitter is not None and (not isinstance(jitter, int) or isinstance(jitter, bool)):
+            raise ValueError(f"jitter must be an integer seed or None, got {jitter!r}")
         self.n_ranks = n_ranks
         self.device = torch.device(device)
         self.timeout = timeout

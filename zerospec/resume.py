@@ -29,6 +29,9 @@ def check(cfg, state) -> None:
     if state.meta["data"] != data:
         raise ValueError(f"the checkpoint continues data stream {state.meta['data']}, the config "
                          f"asks for {data}: set seed and global_batch to match")
+    if state.meta["precision"] != cfg.precision:
+        raise ValueError(f"checkpoint holds {state.meta['precision']} training state; the config "
+                         f"asks for precision={cfg.precision!r}")
     if (state.meta["scaler"] is None) != (cfg.loss_scale is None):
         raise ValueError(f"the checkpoint has loss-scaler state {state.meta['scaler']} but the config "
                          f"has loss_scale={cfg.loss_scale}: both or neither")

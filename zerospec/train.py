@@ -47,7 +47,7 @@ class TrainConfig:
     device: str = "cpu"
     precision: str = "fp16"
     timeout: float = 120.0
-    # surviving real conditions (spec/robustness.md); the defaults are the plain paper step
+    # surviving real conditions (spec/loss_scaling.md … checkpoints.md); defaults: the plain step
     loss_scale: LossScale | None = None       # dynamic fp16 loss scaling
     clip_grad_norm: float | None = None       # global-norm clipping threshold
     grad_accum_steps: int = 1                 # micro-batches per optimizer step (G)
@@ -155,7 +155,7 @@ class Result:
         ends = [max(o.step_end[s] for o in self.ranks) for s in range(len(self.losses) + 1)]
         return (ends[-1] - ends[skip]) / (len(self.losses) - skip)
 
-    # -- robustness (spec/robustness.md): the same on every rank, so rank 0 speaks -----------------
+    # -- robustness (spec/loss_scaling.md, clipping.md): equal on every rank, so rank 0 speaks ---
     @property
     def grad_norms(self) -> list[float | None]:
         """Per step, the pre-clip global norm of the unscaled gradient (None without clipping)."""

@@ -62,7 +62,7 @@ def test_exact_accumulation_reduces_in_fp64_and_gathers_parameters_in_fp16(stage
 @pytest.mark.parametrize("stage", range(4), ids=stage_id)
 @pytest.mark.claim("P6")
 def test_model_states_do_not_grow_with_g(stage):
-    """G = 2 and G = 4 hold the same model states: 2Ψ parameters, 8Ψ exact gradients, 12Ψ Adam, sharded per stage."""
+    """G = 2 and 4 hold the same model states: 2Ψ params, 8Ψ exact gradients, 12Ψ Adam, sharded per stage."""
     n = 4
     for g in (2, 4):
         r = run(stage, n, steps=3, grad_accum_steps=g)
@@ -73,7 +73,7 @@ def test_model_states_do_not_grow_with_g(stage):
 
 @pytest.mark.claim("P6")
 def test_with_exact_sums_only_the_set_of_micro_batches_matters():
-    """Same 8 micro-batches per step spread as N×G = 4×2, 2×4, 1×8 or 8×1: bit-identical weights and losses."""
+    """The same 8 micro-batches spread as N×G = 4×2, 2×4, 1×8 or 8×1: bit-identical weights and losses."""
     base = run(3, 4, steps=3, global_batch=16, grad_accum_steps=2)
     for n, g in [(2, 4), (1, 8), (8, 1)]:
         other = run(3, n, steps=3, global_batch=16, grad_accum_steps=g, exact_grads=True)

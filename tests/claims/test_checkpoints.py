@@ -89,8 +89,9 @@ def test_continuing_on_m_ranks_from_the_files_equals_continuing_from_memory(orig
 @pytest.mark.parametrize("stage,m,g", [pytest.param(*c, id=f"stage{c[0]}/M={c[1]}/G={c[2]}")
                                        for c in CONTINUATIONS if c[1] * c[2] == N * G])
 @pytest.mark.claim("P7")
-def test_with_the_same_micro_batches_the_continuation_is_the_uninterrupted_run(original, saved, stage, m, g, claim_values):
-    """M·G = N·G_N (M = 4, 2, 8, 3): steps 3–4 after the load equal the uninterrupted 4-rank run bit for bit."""
+def test_with_the_same_micro_batches_the_continuation_is_the_uninterrupted_run(original, saved, stage, m, g,
+                                                                             claim_values):
+    """M·G = N·G_N (M = 4, 2, 8, 3): steps 3–4 after the load equal the uninterrupted run bit for bit."""
     c = _continue(saved, stage, m, g, True)
     assert c.losses == original.losses[SAVED:] and _delta(c, original) == 0.0
     assert c.loss_scales == original.loss_scales[SAVED:]

@@ -21,7 +21,7 @@ Costs, honestly booked: the gradient buffer holds 8 bytes per element instead of
 0/1, a 1/N shard in stages 2/3), and gradient reductions move fp64 — the same *elements* as the
 paper counts (C20), 4× the bytes. The same mixins run with G = 1 when ``exact_grads`` is set, which
 makes a trajectory depend only on the set of micro-batches, not on how they are spread over ranks
-and micro-steps (spec/robustness.md uses this to continue an N-rank checkpoint on M ranks).
+and micro-steps (spec/checkpoints.md uses this to continue an N-rank checkpoint on M ranks).
 """
 from __future__ import annotations
 

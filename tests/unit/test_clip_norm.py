@@ -1,0 +1,48 @@
+"""The exact global norm (integer bins per binade) and the clip coefficient."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from zerospec.clip import clip_coefficient, norm_from_bins, square_bins
+
+FP32 = arrays(np.float32, st.integers(1, 300),
+              elements=st.floats(width=32, min_value=-2.0 ** 60, max_value=2.0 ** 60))
+
+
+@settings(max_examples=80, deadline=None)
+@given(x=FP32, cut=st.integers(0, 300))
+def test_the_binned_norm_is_the_correctly_rounded_exact_norm_however_split(x, cut):
+    """norm_from_bins equals sqrt(math.fsum(squares)) exactly, for the whole array or any two parts."""
+    t = torch.from_numpy(x)
+    exact = math.sqrt(math.fsum(float(v) * float(v) for v in x))
+    assert norm_from_bins(square_bins(t)) == exact
+    assert norm_from_bins(square_bins(t[:cut]) + square_bins(t[cut:])) == exact
+
+
+def test_subnormals_and_extremes_are_binned_exactly():
+    """2^-149 (the smallest fp32), 65504 (the largest fp16) and 1e18 squared add up exactly."""
+    x = torch.tensor([2.0 ** -149, 65504.0, 1e18, -3.0, 0.0])
+    assert norm_from_bins(square_bins(x)) == math.sqrt(math.fsum(float(v) ** 2 for v in x))
+
+
+def test_a_non_finite_gradient_has_a_nan_norm():
+    """An inf or nan anywhere makes the norm nan (as torch's clip_grad_norm_ would not clip sensibly)."""
+    assert math.isnan(norm_from_bins(square_bins(torch.tensor([1.0, float("inf")]))))
+
+
+def test_the_coefficient_is_torchs_clip_grad_norm_coefficient():
+    """max_norm/(‖g‖ + 1e-6) when clipping, 1 otherwise — the factor torch applies, to fp32 precision."""
+    g = torch.linspace(-1, 2, 101)
+    for max_norm in (0.5, 1e3):
+        p = torch.nn.Parameter(torch.zeros(101))
+        p.grad = g.clone()
+        torch.nn.utils.clip_grad_norm_([p], max_norm)
+        theirs = float(p.grad[-1] / g[-1])
+        ours = clip_coefficient(norm_from_bins(square_bins(g)), max_norm)
+        assert abs(ours - theirs) <= 2.0 ** -23 * theirs
