@@ -41,7 +41,7 @@ def test_every_stage_is_bit_identical_to_data_parallelism(stage, n_d, model, var
     claim_values(f"max|Δloss| = 0, max|Δmaster| = 0 ({stage_id(stage)}, N={n_d})", "identical")
 
 
-@pytest.mark.parametrize("n_d,model", [(1, "small"), (4, "small"), (32, "small"), (4, "odd")])
+@pytest.mark.parametrize("n_d,model", [(1, "small"), (4, "small"), (8, "odd")])
 @pytest.mark.claim("P1")
 def test_data_parallelism_equals_single_process_training(n_d, model):
     """N ranks with a gradient mean equal one process on the global batch (fp32, tolerance derived above)."""
