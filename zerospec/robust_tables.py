@@ -89,5 +89,5 @@ def checkpoint_files_table(files: list[tuple[str, int]]) -> str:
 
 
 def determinism_table(rows: list[tuple[str, str, float, float]]) -> str:
-    return md(["run", "order ranks finished step 1", "max Δmaster vs first run", "max Δloss"],
+    return md(["config: schedule", "order ranks finished step 1", "max Δmaster vs first run", "max Δloss"],
               [[a, b, sig(c), sig(d)] for a, b, c, d in rows])

@@ -19,16 +19,20 @@ from zerospec import robust_tables
 from zerospec.cluster import VirtualCluster
 from zerospec.train import train
 
-# everything at once: loss scaling with an injected overflow, clipping, accumulation
-CFG = config(3, steps=3, grad_accum_steps=2, clip_grad_norm=CLIP, **INJECT)
+# everything at once (loss scaling with an injected overflow, clipping, exact accumulation: every
+# reduction is order-free by design), and the plain step with fp32 gradients, whose fp32 sums
+# round at almost every addition — where a reduction that followed arrival order would show (sums
+# of four fp16 gradients in fp32 are nearly always exact, so the fp16 policy would hide it)
+CFGS = {"P_os+g+p, all mechanisms": config(3, steps=3, grad_accum_steps=2, clip_grad_norm=CLIP, **INJECT),
+        "P_os, plain fp32 step": config(1, steps=3, precision="fp32")}
 SEEDS = (1, 2, 3)
 
 
 @functools.cache
-def _run(jitter: int | None, tag: int = 0):
+def _run(jitter: int | None, tag: int = 0, cfg: str = "P_os+g+p, all mechanisms"):
     """(result, the order in which ranks finished step 1); ``tag`` makes a repeat a new run."""
     order = []
-    r = train(CFG, cluster=VirtualCluster(CFG.n_d, jitter=jitter),
+    r = train(CFGS[cfg], cluster=VirtualCluster(4, jitter=jitter),
               on_step=lambda step, stage: order.append(stage.ctx.rank) if step == 1 else None)
     return r, tuple(order)
 
@@ -39,18 +43,20 @@ def _same(a, b) -> bool:
             and [f"{x!r}" for x in a.grad_norms] == [f"{x!r}" for x in b.grad_norms])
 
 
+@pytest.mark.parametrize("cfg", CFGS)
 @pytest.mark.claim("P8")
-def test_repeated_runs_are_bit_identical():
-    """The same config twice (scaler, overflow, clipping, G = 2, stage 3): the same bits."""
-    assert _same(_run(None)[0], _run(None, tag=1)[0])
+def test_repeated_runs_are_bit_identical(cfg):
+    """The same config twice (all mechanisms on; the plain fp32 step): the same bits."""
+    assert _same(_run(None, cfg=cfg)[0], _run(None, tag=1, cfg=cfg)[0])
 
 
+@pytest.mark.parametrize("cfg", CFGS)
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.claim("P8")
-def test_a_random_schedule_with_random_pauses_changes_nothing(seed, claim_values):
+def test_a_random_schedule_with_random_pauses_changes_nothing(seed, cfg, claim_values):
     """Random rank order and pauses at every hand-off: losses, weights, norms and scales unchanged."""
-    assert _same(_run(None)[0], _run(seed)[0])
-    claim_values(f"Δ = 0 under schedule {_run(seed)[1]}", "schedule-independent")
+    assert _same(_run(None, cfg=cfg)[0], _run(seed, cfg=cfg)[0])
+    claim_values(f"Δ = 0 under schedule {_run(seed, cfg=cfg)[1]}", "schedule-independent")
 
 
 def test_the_jitter_really_changes_the_schedule():
@@ -61,11 +67,14 @@ def test_the_jitter_really_changes_the_schedule():
 
 
 def test_determinism_table(md_snapshot):
-    """spec/determinism.md's table: each run against the first."""
-    ref = _run(None)[0]
+    """spec/determinism.md's table: each run against the first run of its config."""
     rows = []
-    for label, (r, order) in [("plain", _run(None)), ("plain, again", _run(None, tag=1))] + [
-            (f"jitter seed {s}", _run(s)) for s in SEEDS]:
-        rows.append((label, " ".join(map(str, order)), robust_tables.max_delta(r.master, ref.master),
-                     max(abs(a - b) for a, b in zip(r.losses, ref.losses))))
+    for cfg in CFGS:
+        ref = _run(None, cfg=cfg)[0]
+        runs = [("fixed order", _run(None, cfg=cfg)), ("fixed order, again", _run(None, tag=1, cfg=cfg))] + [
+            (f"jitter seed {s}", _run(s, cfg=cfg)) for s in SEEDS]
+        for label, (r, order) in runs:
+            rows.append((f"{cfg}: {label}", " ".join(map(str, order)),
+                         robust_tables.max_delta(r.master, ref.master),
+                         max(abs(a - b) for a, b in zip(r.losses, ref.losses))))
     assert robust_tables.determinism_table(rows) == md_snapshot
