@@ -18,10 +18,12 @@ import pathlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from zerospec import checkpoint, robust_tables
 from zerospec.loss_scale import LossScale
-from zerospec.model import ODD
+from zerospec.model import ODD, GPTConfig
 from zerospec.train import TrainConfig, train
 
 N, G, BATCH, SAVED, STEPS = 4, 6, 24, 2, 4
@@ -138,3 +140,21 @@ def test_checkpoint_files_table(md_snapshot, saved, original):
     rows = [(f["name"], sum(b - a for _, a, b in f["pieces"])) for f in m["files"]]
     assert sum(n for _, n in rows) == original.psi          # padding is never written
     assert robust_tables.checkpoint_files_table(rows) == md_snapshot
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.sampled_from([1, 2, 3, 4, 6]), m=st.sampled_from([1, 2, 3, 4, 6]), stage=st.integers(0, 3),
+       d=st.sampled_from([(6, 2), (8, 4), (9, 3)]), vocab=st.integers(5, 40), block=st.integers(2, 9))
+@pytest.mark.claim("P7")
+def test_any_n_to_any_m_for_any_unit_sizes_continues_the_uninterrupted_run(tmp_path, n, m, stage, d, vocab,
+                                                                            block):
+    """Random model shapes (so random unit sizes and padding), N, M | 12 micro-batches: 1 step at N,
+    save, load at M, 1 more step = the uninterrupted 2-step N run, bit for bit."""
+    model = GPTConfig(vocab_size=vocab, block_size=block, n_layer=1, n_embd=d[0], n_head=d[1])
+    kw = {"model": model, "global_batch": 12, "exact_grads": True, "clip_grad_norm": 0.5}
+    path = tmp_path / f"n{n}-m{m}-s{stage}-{vocab}-{block}-{d[0]}"
+    whole = train(TrainConfig(stage=stage, n_d=n, steps=2, grad_accum_steps=12 // n, **kw), save={1: path})
+    after = train(TrainConfig(stage=3 - stage, n_d=m, steps=2, grad_accum_steps=12 // m, **kw),
+                  resume=checkpoint.load(path, n_ranks=m, model=model))
+    assert after.losses == whole.losses[1:] and _delta(after, whole) == 0.0
