@@ -229,7 +229,7 @@ def _train_rank(ctx, cfgs) -> list[dict]:
         ctx = ctx if k == 0 else new_context()
         units = cfg.units()
         t0 = time.perf_counter()
-        out = train._rank_main(ctx, cfg, units, train._init_flat(cfg, units), train._batches(cfg))
+        out = train.rank_main(ctx, cfg, units, train.initial_weights(cfg, units), train.make_batches(cfg))
         outs.append({"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
                      "timeline": ctx.timeline.events, "seconds": time.perf_counter() - t0})
     return outs
@@ -250,7 +250,7 @@ def assemble(cfg, per_rank: list[dict]):
             total += o.losses[s].to(torch.float64)
         losses.append(float(total / cfg.n_d))
     return train.Result(cfg, units, losses, [o.losses for o in outs],
-                        train._gather_master(units, outs, cfg), [x["memory"] for x in per_rank],
+                        train.gather_master(units, outs, cfg), [x["memory"] for x in per_rank],
                         comm, outs, max(x["seconds"] for x in per_rank),
                         [x["timeline"] for x in per_rank])
 

@@ -237,12 +237,12 @@ PHASE_GROUP = {"forward": "forward", "backward": "backward", "grad_sync": "backw
 
 
 def _zerospec_rank(ctx, cfg, *, count: bool, weights: bool) -> dict:
-    """zerospec's own per-rank run (train._rank_main), with per-step weights, counts and times."""
+    """zerospec's own per-rank run (train.rank_main), with per-step weights, counts and times."""
     from torch.distributed.tensor.debug import CommDebugMode
 
     from . import train
     units = cfg.units()
-    init, batches = train._init_flat(cfg, units), train._batches(cfg)
+    init, batches = train.initial_weights(cfg, units), train.make_batches(cfg)
     rec = {"weights": [], "stamps": []}
 
     mode = CommDebugMode()
@@ -259,7 +259,7 @@ def _zerospec_rank(ctx, cfg, *, count: bool, weights: bool) -> dict:
     if count and cfg.steps == 1:
         mode.__enter__()
     t0 = time.perf_counter()
-    out = train._rank_main(ctx, cfg, units, init, batches, on_step)
+    out = train.rank_main(ctx, cfg, units, init, batches, on_step)
     stamps = [t0] + rec.pop("stamps")
     rec["seconds"] = [b - a for a, b in zip(stamps, stamps[1:])]   # step 1 includes setup
     rec["records"] = ctx.comm.ledger.records(ctx.rank)
@@ -310,7 +310,7 @@ def compare(cfg, stages=(0, 1, 2, 3), *, count: bool = True, weights: bool = Tru
                "peers": {}}
         if weights:
             units = scfg.units()
-            row["weights"] = [train._gather_master(
+            row["weights"] = [train.gather_master(
                 units, [SimpleNamespace(master=z["weights"][s]) for z in zs], scfg)
                 for s in range(cfg.steps)]
         for o in optimizers:

@@ -11,7 +11,7 @@ padding. So ranks are grouped into *classes* with the same number of real elemen
 shard; a class is an interval of ranks, cut where some unit's shard turns from all-real to partly
 padding to all padding. Typically: ranks 0..N−2, and the padded last rank N−1; plus, for a unit
 smaller than N (a LayerNorm at N = 1024), the ranks whose shard is padding only. One rank per class
-(its first) runs the unchanged per-rank step :func:`zerospec.train._rank_main`, alone, against a
+(its first) runs the unchanged per-rank step :func:`zerospec.train.rank_main`, alone, against a
 :class:`~zerospec.comm.meta.MetaBackend` (no rendezvous) and a :class:`CommLedger` for the true N.
 Stage 0 partitions nothing, so it has one class.
 
@@ -48,7 +48,7 @@ from .errors import RankError
 from .memory import MemoryLedger
 from .model import GPTConfig
 from .partition import Unit, psi, psi_padded
-from .train import RankOutput, TrainConfig, _batches, _init_flat, _rank_main
+from .train import RankOutput, TrainConfig, initial_weights, make_batches, rank_main
 
 
 # -- which ranks run -------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     cfg = TrainConfig(stage=stage, n_d=n_d, model=model, global_batch=micro_batch * n_d, steps=1,
                       zero1_comm=zero1_comm, precision=precision, device="meta")
     units = cfg.units()
-    init, batches = _init_flat(cfg, units), _batches(cfg)
+    init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(n_d), MetaBackend(n_d)
     t0 = time.perf_counter()
     classes = []
@@ -229,7 +229,7 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
 
 def _run_rank(ctx, cfg, units, init, batches) -> RankOutput | None:
     try:
-        return _rank_main(ctx, cfg, units, init, batches)
+        return rank_main(ctx, cfg, units, init, batches)
     except _SetupDone:
         return None
     except Exception as exc:

@@ -6,30 +6,26 @@ were held or moved. Everything tests, spec/ and the report need is in the one :c
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from . import checkpoint
 from . import model as gpt
 from .cluster import VirtualCluster
 from .comm.ledger import CommLedger
 from .data import BigramData
-from .loss_scale import LossScale, LossScaler, poison
+from .loss_scale import LossScale
 from .memory import MemoryLedger
 from .optim import AdamConfig
 from .partition import Unit, psi, psi_padded
 from .precision import POLICIES, Precision, policy
-from .resume import check as resume_check, meta as resume_meta
-from .update import Updater, check_config
+from .resume import check as resume_check
+from .step import RankOutput, rank_main
+from .update import check_config
 from .zero import STAGES, ZERO1_COMM
-from .zero.accumulate import accumulating
-from .zero.fetch import ParamFetcher
 
-PHASES = ("forward", "backward", "grad_sync", "step", "param_sync")
 DEVICES = ("cpu", "meta")
 
 
@@ -104,20 +100,6 @@ class TrainConfig:
 
 
 @dataclasses.dataclass
-class RankOutput:
-    losses: list[torch.Tensor]
-    master: list[tuple[slice, torch.Tensor]]
-    model_states: int                       # bytes right after setup
-    flops: list[dict[str, int]]             # per step: forward, backward
-    optim_elements: list[int]               # per step
-    seconds: dict[str, float]               # per phase, summed over steps (own compute + collectives)
-    step_end: list[float] = dataclasses.field(default_factory=list)  # perf_counter: setup, step 1, …
-    micro_losses: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)  # [step][k]
-    reports: list = dataclasses.field(default_factory=list)  # per step: update.StepReport
-    state: dict | None = None               # train(keep_state=True): this rank's checkpoint pieces
-
-
-@dataclasses.dataclass
 class Result:
     config: TrainConfig
     units: tuple[Unit, ...]
@@ -180,98 +162,14 @@ class Result:
                                    where="run state")
 
 
-def _flops(enabled: bool):
-    return FlopCounterMode(display=False) if enabled else contextlib.nullcontext()
-
-
-def _rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=None, save=None,
-               keep_state=False) -> RankOutput:
-    """One rank's run. ``on_step(step, stage)``, if given, is called after each step (the
-    engine tests snapshot weights there to compare them with torch's own implementations);
-    ``resume``: a checkpoint.TrainState to start from; ``save``: {step: directory}."""
-    cls = STAGES[cfg.stage]
-    kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
-    if cfg.exact:
-        cls, kwargs = accumulating(cls), {**kwargs, "grad_accum_steps": cfg.grad_accum_steps}
-    with ctx.phase("setup"):
-        stage = cls(ctx, units, init, cfg.adam, cfg.policy, **kwargs)
-        if resume is not None:
-            resume.restore(stage)
-    meta = resume.meta if resume is not None else {}
-    scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
-    updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0))
-    out = RankOutput([], stage.owned_master(), ctx.memory.model_states(), [], [],
-                     {p: 0.0 for p in PHASES})
-    fetcher = ParamFetcher(stage, cfg.compute_dtype)
-    out.step_end.append(time.perf_counter())
-    G = cfg.grad_accum_steps
-
-    @contextlib.contextmanager
-    def phase(name):
-        t0 = time.perf_counter()
-        with ctx.phase(name):
-            yield
-        out.seconds[name] += time.perf_counter() - t0
-
-    for step in range(meta.get("step", 0) + 1, cfg.steps + 1):
-        ctx.step = step
-        idx, tgt = (b.to(ctx.device) for b in batches[step - 1])
-        stage.zero_grad()
-        flops, micro = {"forward": 0, "backward": 0}, []
-        for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
-            fetcher.begin_step()
-            fetcher.grad_scale = updater.scale
-            fetcher.grad_fault = poison() if k == 0 and (step, ctx.rank) in cfg.inject_overflow else None
-            with phase("forward"), _flops(cfg.count_flops) as fc:
-                with fetcher.hooks():
-                    loss = gpt.forward(cfg.model, _micro(idx, ctx.rank, cfg.n_d, k, G),
-                                       _micro(tgt, ctx.rank, cfg.n_d, k, G), fetcher.fetch)
-                fetcher.end_forward()
-            flops["forward"] += fc.get_total_flops() if fc else 0
-            with phase("backward"), _flops(cfg.count_flops) as fc:
-                loss.backward()
-                fetcher.check_complete()
-            flops["backward"] += fc.get_total_flops() if fc else 0
-            micro.append(loss.detach())
-        with phase("grad_sync"):
-            stage.reduce_gradients()
-        with phase("step"):
-            report = updater.step()
-        with phase("param_sync"):
-            if not report.skipped:   # skipped: the parameters did not change
-                stage.sync_params()
-        out.losses.append(micro[0] if G == 1 else torch.stack(micro).mean())
-        out.micro_losses.append(micro)
-        out.reports.append(report)
-        out.flops.append(flops)
-        out.optim_elements.append(stage.optim_elements if not report.skipped else 0)
-        out.step_end.append(time.perf_counter())
-        if save and step in save:
-            checkpoint.save_from_rank(ctx, stage, save[step], cfg.model.unit_spec(),
-                                      resume_meta(cfg, step, updater))
-        if on_step is not None:
-            on_step(step, stage)
-    if keep_state:
-        out.state = {"pieces": checkpoint.rank_pieces(stage), "meta": resume_meta(cfg, ctx.step, updater)}
-    return out
-
-
-def _micro(batch: torch.Tensor, rank: int, n_d: int, k: int, g: int) -> torch.Tensor:
-    """Rank ``rank``'s k-th micro-batch: the global micro-batch index is k·N + rank, so the set of
-    micro-batches of a step depends only on N·G (G = 1: BigramData.shard's rows)."""
-    mb = batch.shape[0] // (n_d * g)
-    m = k * n_d + rank
-    return batch[m * mb:(m + 1) * mb]
-
-
-def _init_flat(cfg: TrainConfig, units) -> list[torch.Tensor]:
+def initial_weights(cfg: TrainConfig, units) -> list[torch.Tensor]:
     if cfg.device == "meta":
         return [torch.empty(u.padded, device="meta") for u in units]
     params = gpt.init_params(cfg.model, cfg.seed)
     return [u.flatten(params[u.name]) for u in units]
 
 
-def _batches(cfg: TrainConfig):
+def make_batches(cfg: TrainConfig):
     T = cfg.model.block_size
     if cfg.device == "meta":
         # inputs and targets are two tensors, as on a real device: the loss saves the targets
@@ -298,9 +196,9 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
         raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says n_d={cfg.n_d}")
     if resume is not None:
         resume_check(cfg, resume)
-    init, batches = _init_flat(cfg, units), _batches(cfg)
+    init, batches = initial_weights(cfg, units), make_batches(cfg)
     t0 = time.perf_counter()
-    outs = cluster.run(_rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
+    outs = cluster.run(rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
     wall = time.perf_counter() - t0
     losses = []
     for s in range(len(outs[0].losses)):
@@ -312,12 +210,12 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
             for o in outs:
                 total += o.micro_losses[s][k].to(torch.float64)
         losses.append(float(total / (cfg.n_d * cfg.grad_accum_steps)))
-    return Result(cfg, units, losses, [o.losses for o in outs], _gather_master(units, outs, cfg),
+    return Result(cfg, units, losses, [o.losses for o in outs], gather_master(units, outs, cfg),
                   cluster.memory, cluster.comm_ledger, outs, wall,
                   [ctx.timeline.events for ctx in cluster.contexts])
 
 
-def _gather_master(units, outs: list[RankOutput], cfg: TrainConfig) -> dict[str, torch.Tensor]:
+def gather_master(units, outs: list[RankOutput], cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """Reassemble full fp32 masters from the ranks' shards (host side: no collective, no bytes)."""
     out = {}
     for i, u in enumerate(units):

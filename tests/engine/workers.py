@@ -65,7 +65,7 @@ def gloo_orders(ctx) -> dict:
 
 def _run(ctx, cfg, on_step):
     units = cfg.units()
-    return tr._rank_main(ctx, cfg, units, tr._init_flat(cfg, units), tr._batches(cfg), on_step)
+    return tr.rank_main(ctx, cfg, units, tr.initial_weights(cfg, units), tr.make_batches(cfg), on_step)
 
 
 def raise_at(ctx, cfg, bad_rank: int, step: int):
@@ -96,7 +96,7 @@ def gpu_memory(ctx, cfg) -> dict:
     """On a CUDA device: what the ledger says the stage holds vs what the CUDA allocator holds."""
     from zerospec.zero import STAGES
     units = cfg.units()
-    init = tr._init_flat(cfg, units)
+    init = tr.initial_weights(cfg, units)
     kw = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -110,7 +110,7 @@ def gpu_memory(ctx, cfg) -> dict:
     run_ctx = new_context()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    out = tr._rank_main(run_ctx, cfg, units, init, tr._batches(cfg))
+    out = tr.rank_main(run_ctx, cfg, units, init, tr.make_batches(cfg))
     torch.cuda.synchronize()
     return {"ledger_model_states": ctx.memory.model_states(), "ledger_total": ctx.memory.total,
             "allocated": held, "storages": sizes,

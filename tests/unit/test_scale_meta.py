@@ -159,7 +159,7 @@ def test_a_failing_rank_is_named_with_its_phase(monkeypatch):
     def broken(ctx, *args, **kwargs):
         with ctx.phase("forward"):
             raise RuntimeError("boom")
-    monkeypatch.setattr(scale_mod, "_rank_main", broken)
+    monkeypatch.setattr(scale_mod, "rank_main", broken)
     with pytest.raises(RankError, match=r"meta rank 0 of 4 failed in phase 'forward' .*boom"):
         measure(ODD, 0, 4)
 

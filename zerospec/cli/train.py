@@ -102,7 +102,7 @@ def _run_torchrun(args) -> int:
         ctx = rank_context(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu",
                            store=dist.distributed_c10d._get_default_store())
         units = cfg.units()
-        out = tr._rank_main(ctx, cfg, units, tr._init_flat(cfg, units), tr._batches(cfg))
+        out = tr.rank_main(ctx, cfg, units, tr.initial_weights(cfg, units), tr.make_batches(cfg))
         mine = {"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
                 "timeline": ctx.timeline.events, "seconds": sum(out.seconds.values())}
         # reporting only: gathered outside the Interconnect, so the ledger does not count it
