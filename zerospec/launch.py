@@ -242,13 +242,8 @@ def assemble(cfg, per_rank: list[dict]):
     outs = [x["out"] for x in per_rank]
     comm = CommLedger(cfg.n_d)
     for r, x in enumerate(per_rank):   # each process booked only its own rank's records
-        comm._records[r] = list(x["records"])
-    losses = []
-    for s in range(cfg.steps):
-        total = torch.zeros((), dtype=torch.float64)
-        for o in outs:   # rank order, as train() does
-            total += o.losses[s].to(torch.float64)
-        losses.append(float(total / cfg.n_d))
+        comm.adopt(r, x["records"])
+    losses = train.global_losses(outs, cfg)
     return train.Result(cfg, units, losses, [o.losses for o in outs],
                         train.gather_master(units, outs, cfg), [x["memory"] for x in per_rank],
                         comm, outs, max(x["seconds"] for x in per_rank),

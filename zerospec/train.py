@@ -200,19 +200,26 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     t0 = time.perf_counter()
     outs = cluster.run(rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
     wall = time.perf_counter() - t0
+    losses = global_losses(outs, cfg)
+    return Result(cfg, units, losses, [o.losses for o in outs], gather_master(units, outs, cfg),
+                  cluster.memory, cluster.comm_ledger, outs, wall,
+                  [ctx.timeline.events for ctx in cluster.contexts])
+
+
+def global_losses(outs: list[RankOutput], cfg: TrainConfig) -> list[float]:
+    """Per step, the mean loss over every rank's micro-batches, summed in fp64 in the global
+    micro-batch order k·N + r (deterministic); NaN on meta, where there are no values."""
     losses = []
     for s in range(len(outs[0].losses)):
         if cfg.device == "meta":
             losses.append(float("nan"))
             continue
         total = torch.zeros((), dtype=torch.float64)
-        for k in range(cfg.grad_accum_steps):  # global micro-batch order k·N + r: deterministic
+        for k in range(cfg.grad_accum_steps):
             for o in outs:
                 total += o.micro_losses[s][k].to(torch.float64)
         losses.append(float(total / (cfg.n_d * cfg.grad_accum_steps)))
-    return Result(cfg, units, losses, [o.losses for o in outs], gather_master(units, outs, cfg),
-                  cluster.memory, cluster.comm_ledger, outs, wall,
-                  [ctx.timeline.events for ctx in cluster.contexts])
+    return losses
 
 
 def gather_master(units, outs: list[RankOutput], cfg: TrainConfig) -> dict[str, torch.Tensor]:

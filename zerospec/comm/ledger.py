@@ -84,6 +84,14 @@ class CommLedger:
         self._records[rank].append(rec)
         return rec
 
+    def adopt(self, rank: int, records: list[CommRecord]) -> None:
+        """Take over ``rank``'s records booked by another ledger (each process of the
+        torch.distributed engine books its own rank; the launcher merges them here)."""
+        if any(r.rank != rank for r in records):
+            raise ValueError(f"records of rank(s) {sorted({r.rank for r in records} - {rank})} "
+                             f"cannot be adopted as rank {rank}'s")
+        self._records[rank] = list(records)
+
     def records(self, rank: int | None = None, *, phase: str | None = None,
                 step: int | None = None, op: str | None = None) -> list[CommRecord]:
         ranks = range(self.n_ranks) if rank is None else [rank]
