@@ -78,7 +78,7 @@ def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> flo
 def equivalence_table(m: Measurements) -> Table:
     steps = m.config.steps
     ref = next((r for r in m.runs if r.stage == 0), None)
-    t = Table("equivalence", "Equivalence: same seed, same data, every stage (P: ZeRO is exact DP)",
+    t = Table("equivalence", "Equivalence: same seed, same data, every stage (P1: ZeRO is exact DP)",
               ["Stage"] + [f"Loss @ step {s}" for s in range(1, steps + 1)]
               + ["Max |Δloss| vs ZeRO-0", "Max |Δmaster| vs ZeRO-0", "Bit-identical"],
               fmt={**{i: (lambda v: f"{v:.6f}") for i in range(1, steps + 1)},
