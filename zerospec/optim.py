@@ -38,17 +38,23 @@ def adam_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.T
                 grad: torch.Tensor, step: int, cfg: AdamConfig, grad_mul: float = 1.0) -> None:
     """One Adam step in place on fp32 ``master``/``exp_avg``/``exp_avg_sq`` from ``grad`` (any dtype,
     cast up) times ``grad_mul`` (1/loss scale × clip coefficient). ``step`` counts from 1."""
-    g = grad.to(torch.float32)
+    # Two scratch buffers, reused in place: the same elementwise operations in the same order as
+    # the expressions in the comments, without a fresh multi-MB allocation (and its page faults)
+    # per operation. copy=True: an fp32 gradient must not be modified through ``g``.
+    g = grad.to(torch.float32, copy=True)
     if grad_mul != 1.0:   # one correctly rounded multiply; skipped at 1 so unscaled runs keep their bits
-        g = g * grad_mul
+        g.mul_(grad_mul)
     if cfg.weight_decay:
-        g = g + master * cfg.weight_decay
-    exp_avg.mul_(cfg.beta1).add_(g * (1.0 - cfg.beta1))
-    exp_avg_sq.mul_(cfg.beta2).add_((g * g) * (1.0 - cfg.beta2))
+        g.add_(master * cfg.weight_decay)
+    tmp = g * (1.0 - cfg.beta1)
+    exp_avg.mul_(cfg.beta1).add_(tmp)                          # m = β1·m + (1−β1)·g
+    torch.mul(g, g, out=tmp).mul_(1.0 - cfg.beta2)
+    exp_avg_sq.mul_(cfg.beta2).add_(tmp)                       # v = β2·v + (g·g)·(1−β2)
     bias1 = 1.0 - cfg.beta1 ** step
     bias2 = 1.0 - cfg.beta2 ** step
-    denom = (exp_avg_sq / bias2).sqrt().add_(cfg.eps)
-    master.sub_((exp_avg / denom) * (cfg.lr / bias1))
+    torch.div(exp_avg_sq, bias2, out=tmp).sqrt_().add_(cfg.eps)  # denom = sqrt(v/bias2) + eps
+    torch.div(exp_avg, tmp, out=g).mul_(cfg.lr / bias1)
+    master.sub_(g)                                             # w -= (m/denom)·(lr/bias1)
 
 
 def reference_optimizer(params, cfg: AdamConfig) -> torch.optim.Adam:

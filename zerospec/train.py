@@ -125,17 +125,13 @@ class Result:
 
     @property
     def step_seconds(self) -> list[float]:
-        """Wall time of each step on this machine: ranks run one at a time, so a step ends when
-        the last rank ends it. Ranks that run ahead start the next step early, so a single
-        step's figure is skewed by up to one rank's share; average several (see
-        ``mean_step_seconds``). zerospec.timeline replays the ranks as if side by side."""
+        """Wall time between the ends of consecutive steps on this machine: ranks run one at a
+        time, so a step ends when the last rank ends it. Ranks that run ahead start the next step
+        early (with stages 0/1 most of it: their first collective comes after backward), so
+        these figures understate a step; the difference of two runs' ``wall_seconds`` does not.
+        zerospec.timeline replays the ranks as if side by side."""
         ends = [max(o.step_end[s] for o in self.ranks) for s in range(len(self.losses) + 1)]
         return [b - a for a, b in zip(ends, ends[1:])]
-
-    def mean_step_seconds(self, skip: int = 1) -> float:
-        """Mean wall time per step after the first ``skip`` steps (which warm caches)."""
-        ends = [max(o.step_end[s] for o in self.ranks) for s in range(len(self.losses) + 1)]
-        return (ends[-1] - ends[skip]) / (len(self.losses) - skip)
 
     # -- robustness (spec/loss_scaling.md, clipping.md): equal on every rank, so rank 0 speaks ---
     @property

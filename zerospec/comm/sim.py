@@ -114,17 +114,17 @@ class SimBackend:
             for c in calls:
                 c.out.copy_(acc)
         elif op == "reduce_scatter":
-            flat = [c.inp.reshape(-1) for c in calls]
-            size = flat[0].numel() // n
+            # the whole reduction once, then each rank its chunk: the same elementwise operations
+            # in the same order as reducing chunk by chunk, in N + 1 kernels instead of N², and
+            # every input is read before any output (which may alias an input) is written
+            acc = reduce_in_rank_order([c.inp.reshape(-1) for c in calls], calls[0].reduce_op)
+            size = acc.numel() // n
             for r, c in enumerate(calls):
-                chunk = reduce_in_rank_order([f[r * size:(r + 1) * size] for f in flat], c.reduce_op)
-                c.out.view(-1).copy_(chunk)
+                c.out.view(-1).copy_(acc[r * size:(r + 1) * size])
         elif op == "all_gather":
-            size = calls[0].inp.numel()
+            gathered = torch.cat([c.inp.reshape(-1) for c in calls])   # read all before writing
             for c in calls:
-                out = c.out.view(-1)
-                for k, src in enumerate(calls):
-                    out[k * size:(k + 1) * size].copy_(src.inp.reshape(-1))
+                c.out.view(-1).copy_(gathered)
         elif op == "broadcast":
             src = calls[calls[0].src].inp
             for r, c in enumerate(calls):
