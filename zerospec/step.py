@@ -122,7 +122,11 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
 
 def micro_batch(batch: torch.Tensor, rank: int, n_d: int, k: int, g: int) -> torch.Tensor:
     """Rank ``rank``'s k-th micro-batch: the global micro-batch index is k·N + rank, so the set of
-    micro-batches of a step depends only on N·G (G = 1: BigramData.shard's rows)."""
+    micro-batches of a step depends only on N·G (G = 1: BigramData.shard's rows).
+
+    A copy, not a view: a rank holds only its own tokens. (A view would keep the whole global
+    batch's storage alive, and the activation ledger, which counts storages, would charge every
+    rank for every rank's token ids.)"""
     mb = batch.shape[0] // (n_d * g)
     m = k * n_d + rank
-    return batch[m * mb:(m + 1) * mb]
+    return batch[m * mb:(m + 1) * mb].clone()

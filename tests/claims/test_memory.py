@@ -75,6 +75,12 @@ def test_activation_memory_is_the_same_in_every_stage(n_d):
 
 
 @pytest.mark.claim("P3")
+def test_activation_memory_per_rank_does_not_depend_on_n_d():
+    """Each rank saves activations for its own micro-batch only: the same bytes at N = 1 and 32."""
+    assert run(0, 1).memory[0].peak["activations"] == run(0, 32).memory[0].peak["activations"]
+
+
+@pytest.mark.claim("P3")
 def test_by_stage3_activations_outweigh_model_states():
     """The seed's observation: at N = 32 the activations dominate what ZeRO-3 leaves per GPU."""
     r = run(3, 32)
