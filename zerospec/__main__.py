@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .cli import SUBCOMMANDS, UsageError
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return SUBCOMMANDS[args.command].run(args) or 0
     except (UsageError, ValueError) as exc:
+        # bad input is one line; ZEROSPEC_DEBUG=1 shows the traceback (a ValueError from deep
+        # inside a run would otherwise look like a usage error)
+        if os.environ.get("ZEROSPEC_DEBUG"):
+            raise
         print(f"zerospec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

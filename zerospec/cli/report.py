@@ -62,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = ReportConfig(ranks=args.ranks, variants=tuple(args.stages), steps=args.steps, model=model,
                        micro_batch=args.micro_batch, scale_params=args.scale_params,
                        gpu_bytes=args.gpu_mem, bandwidth=args.bandwidth, unit=args.units)
+    if not args.no_figures:   # before the minute of measuring: a bad --out fails at once
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--out {args.out}: cannot create that directory ({exc.strerror})") from None
     m = measure(cfg, quiet=args.quiet)
     tables = build_tables(m, args.tables)
     meta = {"ranks": cfg.ranks, "steps": cfg.steps, "stages": list(cfg.variants),
@@ -71,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(text)
     if not args.no_figures:
         from ..report_figures import write_figures
-        args.out.mkdir(parents=True, exist_ok=True)
         ext = {"markdown": "md", "json": "json", "csv": "csv"}[args.format]
         (args.out / f"report.{ext}").write_text(text)
         figs = write_figures(m, args.out)
