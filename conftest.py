@@ -1,7 +1,7 @@
 """Project-wide pytest setup: spec/*.md examples (Sybil), the `claim` marker, the claims summary.
 
 Every test that checks a paper claim carries ``@pytest.mark.claim("C9")`` (ids from
-../shared/paper/claims.md; ``P1``… are properties of ZeRO the paper relies on without numbering
+docs/claims.md; ``P1``… are properties of ZeRO the paper relies on without numbering
 them, listed in spec/README.md). A test may record what it measured and what the paper says with
 the ``claim_values`` fixture; at the end of the run pytest prints one line per claim id, grouped by
 section of the paper, like the paper's own tables.
@@ -87,7 +87,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not rows:
         return
     tw = terminalreporter
-    tw.section("claims summary (ids from ../shared/paper/claims.md)")
+    tw.section("claims summary (ids from docs/claims.md)")
     by_section = defaultdict(list)
     for cid in sorted(rows, key=_key):
         by_section[section_of(cid)].append(cid)

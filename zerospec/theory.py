@@ -1,4 +1,4 @@
-"""The paper's closed forms, each once, with its claim id (../shared/paper/claims.md).
+"""The paper's closed forms, each once, with its claim id (docs/claims.md).
 
 Notation as in the paper: ``psi`` (Ψ) parameters, ``k`` (K) optimizer-state bytes per parameter,
 ``n_d`` (N_d) data-parallel degree, ``n_m`` (N_m) model-parallel degree. Memory is in bytes,
