@@ -30,7 +30,7 @@ def test_model_states_per_rank_equal_the_stage_formula(stage, n_d, model, claim_
     r = run(stage, n_d, model)
     expected = theory.model_state_bytes(stage, _psi_for(r), n_d)
     measured = [r.model_states(k) for k in range(n_d)]
-    claim_values(f"{measured[0]:,} B", f"{expected} B ({CLAIM[stage]})", f"{stage_id(stage)}, N={n_d}")
+    claim_values(f"{measured[0]:,} B", f"{int(expected):,} B ({CLAIM[stage]})", f"{stage_id(stage)}, N={n_d}")
     assert measured == [expected] * n_d
 
 

@@ -44,7 +44,7 @@ def within_last_digit(printed: str, exact: Fraction) -> bool:
 def test_figure1_7_5b_on_64_gpus(claim_values):
     """Ψ = 7.5B, N_d = 64: 120 GB → 31.4 → 16.6 → 1.9 GB per device (C14)."""
     gb = [theory.model_state_bytes(s, Fraction(75, 10) * GB, 64) / GB for s in range(4)]
-    claim_values(" / ".join(f"{float(x):g}" for x in gb), "120 / 31.4 / 16.6 / 1.9 GB (C14)")
+    claim_values(" / ".join(f"{float(x):.4g}" for x in gb) + " GB", "120 / 31.4 / 16.6 / 1.9 GB (C14)")
     assert gb == [120, Fraction(3140625, 100000), Fraction(16640625, 1000000), Fraction(1875, 1000)]
     assert [within_last_digit(p, x) for p, x in zip(["120", "31.4", "16.6", "1.9"], gb)] == [True] * 4
 
