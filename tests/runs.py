@@ -20,5 +20,13 @@ def run(stage: int, n_d: int, model: str = "small", steps: int = STEPS, **kw) ->
     return train(TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=steps, **kw))
 
 
+def stage_cases(claims: dict[int, str]) -> list:
+    """stage × N_d × model parameters with readable ids (``P_os+g/nd=32/small``), each marked
+    with its stage's claim id; the default model last, so its N = 32 row speaks in the summary."""
+    import pytest
+    return [pytest.param(s, n, m, id=f"{stage_id(s)}/nd={n}/{m}", marks=pytest.mark.claim(claims[s]))
+            for m in reversed(list(MODELS)) for n in N_DS for s in range(4)]
+
+
 def stage_id(stage: int) -> str:
     return {0: "DP", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}[stage]

@@ -40,16 +40,12 @@ def _label(r) -> str:
     return f"{r.config.label}{extra}"
 
 
-def _psi(r) -> int:
-    return r.psi if r.config.stage == 0 else r.psi_padded
-
-
 def memory_table(results) -> str:
     """Per-rank model states per stage: measured (ledger), the paper's formula, their ratio."""
     rows = []
     for r in results:
         s, n = r.config.stage, r.config.n_d
-        formula = theory.model_state_bytes(s, _psi(r), n)
+        formula = theory.model_state_bytes(s, r.psi_held, n)
         rows.append([_label(r), PARTITIONED[s], f"{r.model_states(0):,}",
                      f"{FORMULA[s]} = {int(formula):,} ({CLAIM[s]})",
                      sig(Fraction(r.model_states(0)) / formula),
@@ -62,7 +58,7 @@ def comm_table(results, step: int = 2) -> str:
     """Elements each rank sends per step, in Ψ units and split by collective, and the count."""
     rows = []
     for r in results:
-        psi = _psi(r)
+        psi = r.psi_held
         by_op = r.comm.by_op(0, step=step)
         split = ", ".join(f"{op} {sig(Fraction(v, psi))}Ψ" for op, v in sorted(by_op.items()))
         expected = theory.comm_elements(r.config.stage, psi, r.config.n_d, r.config.zero1_comm)

@@ -120,6 +120,12 @@ class Result:
     def psi_padded(self) -> int:
         return psi_padded(self.units)
 
+    @property
+    def psi_held(self) -> int:
+        """The Ψ the paper's formulas take for this run: Ψ at stage 0 (nothing is partitioned,
+        units unpadded), Ψ_p at stages 1–3 (every unit padded to a multiple of N_d)."""
+        return self.psi if self.config.stage == 0 else self.psi_padded
+
     def model_states(self, rank: int = 0) -> int:
         return self.ranks[rank].model_states
 

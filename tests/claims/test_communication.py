@@ -10,26 +10,22 @@ from fractions import Fraction
 
 import pytest
 
-from tests.runs import MODELS, N_DS, run, stage_id
+from tests.runs import MODELS, run, stage_cases, stage_id
 from zerospec import theory
 
 STEP = 2  # any step: every step moves the same bytes
 CLAIM = {0: "C21", 1: "C23", 2: "C22", 3: "C24"}
-CASES = [pytest.param(s, n, m, id=f"{stage_id(s)}/nd={n}/{m}", marks=pytest.mark.claim(CLAIM[s]))
-         for m in reversed(list(MODELS)) for n in N_DS for s in range(4)]
+CASES = stage_cases(CLAIM)
 
-
-def _psi(r):
-    return r.psi if r.config.stage == 0 else r.psi_padded
 
 
 @pytest.mark.parametrize("stage,n_d,model", CASES)
 def test_elements_per_rank_per_step_follow_the_ring_model(stage, n_d, model, claim_values):
     """DP, P_os, P_os+g move 2Ψ(N−1)/N per rank per step; P_os+g+p moves 3Ψ(N−1)/N (C21–C24)."""
     r = run(stage, n_d, model)
-    expected = theory.comm_elements(stage, _psi(r), n_d)
-    claim_values(f"{float(r.comm.mean_elements(step=STEP) / _psi(r)):.4f}Ψ",
-                 f"{float(expected / _psi(r)):.4f}Ψ = {theory.comm_in_psi(stage)}Ψ·(N−1)/N "
+    expected = theory.comm_elements(stage, r.psi_held, n_d)
+    claim_values(f"{float(r.comm.mean_elements(step=STEP) / r.psi_held):.4f}Ψ",
+                 f"{float(expected / r.psi_held):.4f}Ψ = {theory.comm_in_psi(stage)}Ψ·(N−1)/N "
                  f"({CLAIM[stage]})", f"{stage_id(stage)}, N={n_d}")
     assert r.comm.mean_elements(step=STEP) == expected
     if stage or all(u.numel % n_d == 0 for u in r.units):

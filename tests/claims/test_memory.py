@@ -9,26 +9,22 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.runs import MODELS, N_DS, run, stage_id
+from tests.runs import run, stage_cases, stage_id
 from zerospec import VirtualCluster, theory
 from zerospec.model import GPTConfig, init_params
 from zerospec.optim import AdamConfig
 from zerospec.zero import STAGES
 
 CLAIM = {0: "C6", 1: "C7", 2: "C8", 3: "C9"}
-CASES = [pytest.param(s, n, m, id=f"{stage_id(s)}/nd={n}/{m}", marks=pytest.mark.claim(CLAIM[s]))
-         for m in reversed(list(MODELS)) for n in N_DS for s in range(4)]
+CASES = stage_cases(CLAIM)
 
-
-def _psi_for(result):
-    return result.psi if result.config.stage == 0 else result.psi_padded
 
 
 @pytest.mark.parametrize("stage,n_d,model", CASES)
 def test_model_states_per_rank_equal_the_stage_formula(stage, n_d, model, claim_values):
     """16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N bytes per rank, exactly, on every rank (C6–C9)."""
     r = run(stage, n_d, model)
-    expected = theory.model_state_bytes(stage, _psi_for(r), n_d)
+    expected = theory.model_state_bytes(stage, r.psi_held, n_d)
     measured = [r.model_states(k) for k in range(n_d)]
     claim_values(f"{measured[0]:,} B", f"{int(expected):,} B ({CLAIM[stage]})", f"{stage_id(stage)}, N={n_d}")
     assert measured == [expected] * n_d
@@ -92,7 +88,7 @@ def test_by_stage3_activations_outweigh_model_states():
 def test_precision_policies_follow_the_generalised_formula(stage, precision, p, k):
     """bf16 keeps the paper's 2+2+12 layout; fp32 has no master copy: 4+4+8 bytes, K = 8."""
     r = run(stage, 4, "odd", steps=1, precision=precision)
-    psi = r.psi if stage == 0 else r.psi_padded
+    psi = r.psi_held
     assert r.model_states(0) == theory.model_state_bytes(stage, psi, 4, k=k, p=p)
 
 
