@@ -10,10 +10,11 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..train import TrainConfig, train
+    configs = [TrainConfig(stage=stage, n_d=args.ranks, steps=args.steps) for stage in range(4)]
     print("| stage | model states /GPU (B) | comm /step /GPU (elements) | collectives /step | loss |")
     print("|---|---|---|---|---|")
-    for stage in range(4):
-        r = train(TrainConfig(stage=stage, n_d=args.ranks, steps=args.steps))
+    for cfg in configs:
+        r = train(cfg)
         s = args.steps
         print(f"| {r.config.label} | {r.model_states(0):,} | {r.comm.elements(0, step=s):,} | "
               f"{r.comm.count(0, step=s)} | {r.losses[-1]:.6f} |")

@@ -13,7 +13,7 @@ def _usage(message: str) -> Exception:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("scale", help="measure per-GPU model states and traffic of a paper-size "
+    p = sub.add_parser("scale", description=__doc__.splitlines()[0].replace("``", ""), help="measure per-GPU model states and traffic of a paper-size "
                                      "model on meta tensors (no memory needed)")
     p.add_argument("--preset", default=None, help="a model from zerospec.presets (see --list); "
                                                   "default 7.5B unless --layers/--hidden are given")

@@ -21,7 +21,7 @@ MODELS = ("small", "odd")
 def add_parser(sub) -> None:
     from ..precision import POLICIES
     from ..zero import ZERO1_COMM
-    p = sub.add_parser("train", help="train one ZeRO stage on the simulator or on real processes "
+    p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help="train one ZeRO stage on the simulator or on real processes "
                                      "(torch.distributed), and print losses and traffic")
     p.add_argument("--backend", choices=BACKENDS, default="sim",
                    help="sim: virtual GPUs as threads; torch: real processes (default sim)")
