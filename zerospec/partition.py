@@ -62,7 +62,10 @@ class Unit:
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Parameter-shaped views of a flat (possibly padded) unit tensor."""
-        parts = torch.split(flat[: self.numel], self.split_sizes())
+        # no slice when there is no padding: in autograd a slice's backward zero-fills and copies
+        # the whole unit, two passes over it per use for nothing (the fetcher's leaf is unpadded)
+        real = flat if flat.numel() == self.numel else flat[: self.numel]
+        parts = torch.split(real, self.split_sizes())
         return {p.name: t.view(p.shape) for p, t in zip(self.params, parts)}
 
     def flatten(self, tensors: dict[str, torch.Tensor], dtype=torch.float32) -> torch.Tensor:

@@ -67,6 +67,27 @@ def test_all_gather_concatenates_in_rank_order_and_broadcast_copies_src():
         assert out == [0, 0, 1, 1, 2, 2] and b == [2, 2, 2]
 
 
+def test_in_place_all_gather_gives_every_rank_the_rank_order_concatenation():
+    """An input that is its own rank's chunk of the output (stage 1's in-place gather) works."""
+    def fn(ctx):
+        out = torch.full((6,), -1.0)
+        out[2 * ctx.rank:2 * ctx.rank + 2] = float(ctx.rank)
+        ctx.comm.all_gather(out, out[2 * ctx.rank:2 * ctx.rank + 2])
+        return out.tolist()
+    assert VirtualCluster(3).run(fn) == [[0, 0, 1, 1, 2, 2]] * 3
+
+
+def test_all_gather_reads_every_input_before_writing_when_ranks_share_a_tensor():
+    """Rank 1's input lives in rank 0's output: it is read before rank 0's output is written."""
+    shared = torch.tensor([10.0, 11.0, 20.0, 21.0])
+
+    def fn(ctx):
+        if ctx.rank == 0:
+            return ctx.comm.all_gather(shared, shared[2:4].clone()).tolist()
+        return ctx.comm.all_gather(torch.empty(4), shared[0:2]).tolist()
+    assert VirtualCluster(2).run(fn) == [[20, 21, 10, 11]] * 2
+
+
 def test_max_reduction():
     """all_reduce(max) — what an overflow vote needs — returns the elementwise maximum."""
     res = VirtualCluster(3).run(lambda ctx: ctx.comm.all_reduce(torch.tensor([ctx.rank, -ctx.rank]), "max"))

@@ -111,8 +111,10 @@ class SimBackend:
         n = self.n
         if op == "all_reduce":
             acc = reduce_in_rank_order([c.inp for c in calls], calls[0].reduce_op)
-            for c in calls:
-                c.out.copy_(acc)
+            first = calls[0].out
+            first.copy_(acc)              # the one rounding to the tensor's dtype …
+            for c in calls[1:]:
+                c.out.copy_(first)        # … then plain copies (same bits, half the bytes read)
         elif op == "reduce_scatter":
             # the whole reduction once, then each rank its chunk: the same elementwise operations
             # in the same order as reducing chunk by chunk, in N + 1 kernels instead of N², and
@@ -122,14 +124,29 @@ class SimBackend:
             for r, c in enumerate(calls):
                 c.out.view(-1).copy_(acc[r * size:(r + 1) * size])
         elif op == "all_gather":
-            gathered = torch.cat([c.inp.reshape(-1) for c in calls])   # read all before writing
-            for c in calls:
-                c.out.view(-1).copy_(gathered)
+            # assemble in rank 0's output, then copy it to the others, without an intermediate
+            # buffer: an input may alias its own rank's output, but only at its own chunk, where
+            # the copy writes the same values; rank r ≥ 1's input is read before rank r is written
+            first = calls[0].out.view(-1)
+            size = calls[0].inp.numel()
+            if any(_shares_storage(c.inp, first) for c in calls[1:]):   # ranks sharing tensors
+                first.copy_(torch.cat([c.inp.reshape(-1) for c in calls]))  # read all first
+            else:
+                for r, c in enumerate(calls):
+                    dst, src = first[r * size:(r + 1) * size], c.inp.reshape(-1)
+                    if dst.data_ptr() != src.data_ptr():
+                        dst.copy_(src)
+            for c in calls[1:]:
+                c.out.view(-1).copy_(first)
         elif op == "broadcast":
             src = calls[calls[0].src].inp
             for r, c in enumerate(calls):
                 if r != calls[0].src:
                     c.out.copy_(src)
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _shapes(calls: list[Call], attr: str) -> str:

@@ -9,10 +9,14 @@ leaf, and yields parameter-shaped views of it. Two autograd mechanisms then do t
   stage for the unit again in backward (stage 3: the re-gather of C24/C57, in reverse order) and
   rebuilds the view. Every other saved tensor is an activation: counted in the memory ledger,
   deduplicated by storage, released when backward has consumed it.
-* ``register_post_accumulate_grad_hook`` on each leaf: once every forward use of a unit has its
-  gradient (the embedding unit is used twice: lookup and tied LM head), the summed gradient is
-  written as fp16 into the slot the stage provides and handed to it (stage 2/3 reduce-scatter it
-  right there, inside backward: C8).
+* a custom autograd Function, :class:`_UnitViews`, makes the parameter views: autograd calls its
+  backward once per use, when the gradients of all of that use's parameters are complete (None
+  for a parameter the use left out: the LM head uses wte, not wpe). Once every forward use of a
+  unit has its gradient (the embedding unit is used twice: lookup and tied LM head), the summed
+  gradient is written as fp16 into the slot the stage provides and handed to it (stage 2/3
+  reduce-scatter it right there, inside backward: C8). Writing each parameter's gradient straight
+  into the slot saves what ``torch.split``'s backward would do: concatenate them into an fp32
+  copy of the unit first.
 
 Because the autograd graph, the kernels and the summation order are identical in every stage, the
 stages are bit-identical (design property 3). The fp32 leaf is a CPU compute cast: not counted,
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 
 import torch
 
@@ -80,9 +83,9 @@ class ParamFetcher:
         use = _Use(i, leaf)
         self._uses[storage_key(leaf)] = use
         self._n_uses[i] += 1
-        leaf.register_post_accumulate_grad_hook(functools.partial(self._on_grad, use))
         try:
-            yield unit.views(leaf)
+            views = _UnitViews.apply(leaf, self, use)
+            yield {p.name: v for p, v in zip(unit.params, views)}
         finally:
             leaf.untyped_storage().resize_(0)
             if last:
@@ -138,20 +141,33 @@ class ParamFetcher:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
     # -- gradients -------------------------------------------------------------------------------
-    def _on_grad(self, use: _Use, leaf: torch.Tensor) -> None:
+    def _on_grads(self, use: _Use, grads: tuple[torch.Tensor | None, ...]) -> None:
+        """One use's parameter gradients (fp32, None: not used), from _UnitViews.backward.
+
+        Per parameter, the same fp32 additions in the same order as summing whole-unit vectors;
+        a parameter a use left out adds nothing rather than +0 (which could only turn a −0 into
+        +0). A parameter no use touched gets 0 in the slot, which may hold last step's values."""
         i = use.unit
-        g, leaf.grad = leaf.grad, None
-        self._acc[i] = g if self._acc[i] is None else self._acc[i] + g
+        acc = self._acc[i]
+        if acc is None:
+            acc = list(grads)
+        else:   # an earlier use's sum + this use's, per parameter: the unit-level sum, elementwise
+            acc = [a if g is None else g if a is None else a + g for a, g in zip(acc, grads)]
         self._n_grads[i] += 1
-        if self._n_grads[i] == self._n_uses[i]:
-            acc, self._acc[i] = self._acc[i], None
-            if self.grad_scale != 1.0:
-                acc = acc * self.grad_scale
-            if self.grad_fault is not None:
-                self.grad_fault(i, acc)
-            slot = self.stage.grad_slot(i)
-            slot[:self.units[i].numel].copy_(acc)
-            self.stage.grad_ready(i, slot)
+        if self._n_grads[i] < self._n_uses[i]:
+            self._acc[i] = acc
+            return
+        self._acc[i] = None
+        unit, slot = self.units[i], self.stage.grad_slot(i)
+        for p, g in zip(unit.params, acc):
+            dst = slot[p.offset:p.offset + p.numel].view(p.shape)
+            if g is None:
+                dst.zero_()
+            else:
+                dst.copy_(g * self.grad_scale if self.grad_scale != 1.0 else g)
+        if self.grad_fault is not None:
+            self.grad_fault(i, slot[:unit.numel])
+        self.stage.grad_ready(i, slot)
 
     def check_complete(self) -> None:
         """After backward: every use got its gradient and every saved tensor was consumed."""
@@ -162,3 +178,21 @@ class ParamFetcher:
         for key, (count, t) in list(self._acts.items()):  # saved but never unpacked
             self.memory.free(t)
         self._acts.clear()
+
+
+class _UnitViews(torch.autograd.Function):
+    """Parameter-shaped views of a unit's fp32 leaf; backward hands their gradients to the fetcher.
+
+    It returns no gradient for the leaf: the gradients go to the stage's fp16 slot, never into an
+    fp32 copy of the whole unit (what ``torch.split``'s backward would concatenate)."""
+
+    @staticmethod
+    def forward(ctx, flat, fetcher, use):
+        ctx.set_materialize_grads(False)     # None for a parameter this use left out
+        ctx.fetcher, ctx.use = fetcher, use
+        return tuple(v for v in fetcher.units[use.unit].views(flat).values())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.fetcher._on_grads(ctx.use, grads)
+        return None, None, None
