@@ -69,11 +69,13 @@ class Baton:
         self._go[rank].set()
 
     def next_rank(self, after: int, skip: Callable[[int], bool]) -> int | None:
-        ready = [r for r in ((after + k) % self.n for k in range(1, self.n + 1))
-                 if not self.finished[r] and not skip(r)]
-        if not ready:
-            return None
-        return self.jitter.choice(ready) if self.jitter is not None else ready[0]
+        """The next rank after ``after`` (cyclically) that has not finished and is not skipped;
+        with jitter, a random one of them. None if there is none."""
+        order = (r % self.n for r in range(after + 1, after + self.n + 1))
+        if self.jitter is None:   # the first one, without listing the others (once per hand-off)
+            return next((r for r in order if not self.finished[r] and not skip(r)), None)
+        ready = [r for r in order if not self.finished[r] and not skip(r)]
+        return self.jitter.choice(ready) if ready else None
 
     def abort(self, rank: int, error: BaseException) -> None:
         """Record the first failure and wake every rank so none waits forever."""

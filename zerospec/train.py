@@ -132,9 +132,10 @@ class Result:
     @property
     def step_seconds(self) -> list[float]:
         """Wall time between the ends of consecutive steps on this machine: ranks run one at a
-        time, so a step ends when the last rank ends it. Ranks that run ahead start the next step
-        early (with stages 0/1 most of it: their first collective comes after backward), so
-        these figures understate a step; the difference of two runs' ``wall_seconds`` does not.
+        time, so a step ends when the last rank ends it. Ranks run ahead into the next step until
+        its first collective (with stages 0/1 all of forward and backward), so the first figure
+        also holds part of step 2 and the last lacks it; every figure in between is exactly one
+        cycle of all ranks' work, i.e. one step (benchmarks/test_step_bench.py uses those).
         zerospec.timeline replays the ranks as if side by side."""
         ends = [max(o.step_end[s] for o in self.ranks) for s in range(len(self.losses) + 1)]
         return [b - a for a, b in zip(ends, ends[1:])]

@@ -13,6 +13,8 @@ from zerospec.zero.fetch import ParamFetcher
 class _Stage:
     """The fetcher's view of a stage: resident fp16 parameters, persistent (stale) gradient slots."""
 
+    resident = True
+
     def __init__(self):
         self.units = make_units([("u", [("a", (3,)), ("b", (2,))])], n_d=1, pad=False)
         self.ctx = types.SimpleNamespace(memory=MemoryLedger())

@@ -32,10 +32,19 @@ class Call:
     seconds: float = 0.0   # time the backend spent moving data for this collective (set by it)
 
     def describe(self) -> str:
-        shape = tuple(self.inp.shape) if self.inp is not None else ()
-        dtype = str(self.inp.dtype).replace("torch.", "") if self.inp is not None else "-"
-        extra = f", op={self.reduce_op}" if self.reduce_op else ""
-        return f"{self.op}({shape}, {dtype}{extra})"
+        return _describe(*self.summary())
+
+    def summary(self) -> tuple:
+        """What describe() prints, without formatting it (and without holding the tensors)."""
+        inp = self.inp
+        return self.op, inp.shape if inp is not None else None, \
+            inp.dtype if inp is not None else None, self.reduce_op
+
+
+def _describe(op: str, shape, dtype, reduce_op) -> str:
+    dtype = str(dtype).replace("torch.", "") if dtype is not None else "-"
+    extra = f", op={reduce_op}" if reduce_op else ""
+    return f"{op}({tuple(shape) if shape is not None else ()}, {dtype}{extra})"
 
 
 class Backend(Protocol):
@@ -55,7 +64,12 @@ class Interconnect:
         self.ctx = ctx
         self.backend = backend
         self.ledger = ledger
-        self.last_op: str | None = None
+        self._last: tuple | None = None   # (seq, Call.summary()) of the last collective
+
+    @property
+    def last_op(self) -> str | None:
+        """The last collective this rank issued, for error messages ("#seq op(shape, dtype)")."""
+        return None if self._last is None else f"#{self._last[0]} {_describe(*self._last[1])}"
 
     @property
     def rank(self) -> int:
@@ -68,8 +82,7 @@ class Interconnect:
     def _run(self, call: Call, numel: int) -> None:
         if call.reduce_op is not None and call.reduce_op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {call.reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
-        seq = len(self.ledger.records(self.rank))
-        self.last_op = f"#{seq} {call.describe()}"
+        self._last = (self.ledger.next_seq(self.rank), call.summary())  # formatted on error only
         self.ctx.timeline.mark_compute()
         self.backend.collective(self.rank, call)
         self.ctx.timeline.add(call.op, call.seconds)

@@ -41,10 +41,11 @@ class CommRecord:
     wire_elements_sent: int  # what the backend really sends; differs from the model for gloo RS
 
 
-def chunk_sizes(numel: int, n: int) -> list[int]:
-    """Near-equal split of ``numel`` into ``n`` chunks, the first ``numel % n`` one larger."""
+def chunk_size(numel: int, n: int, rank: int) -> int:
+    """Rank ``rank``'s chunk in the near-equal split of ``numel`` into ``n`` chunks, the first
+    ``numel % n`` of them one larger."""
     base, extra = divmod(numel, n)
-    return [base + (1 if r < extra else 0) for r in range(n)]
+    return base + (1 if rank < extra else 0)
 
 
 def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple[int, int]:
@@ -52,7 +53,7 @@ def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple
     if n == 1 or op == "barrier":
         return 0, 0
     if op == "all_reduce":
-        moved = 2 * (numel - chunk_sizes(numel, n)[rank])
+        moved = 2 * (numel - chunk_size(numel, n, rank))
         return moved, moved
     if op in ("reduce_scatter", "all_gather"):
         if numel % n:
@@ -76,13 +77,17 @@ class CommLedger:
     def book(self, rank: int, op: str, dtype, numel: int, phase: str, step: int,
              *, src: int = 0, wire_factor: int = 1) -> CommRecord:
         sent, recv = ring_elements(op, numel, self.n_ranks, rank, src)
-        size = torch.empty((), dtype=dtype).element_size() if dtype is not None else 0
+        size = dtype.itemsize if dtype is not None else 0
         rec = CommRecord(rank=rank, seq=len(self._records[rank]), op=op, dtype=dtype, numel=numel,
                          elements_sent=sent, elements_recv=recv, bytes_sent=sent * size,
                          bytes_recv=recv * size, phase=phase, step=step,
                          wire_elements_sent=sent * wire_factor)
         self._records[rank].append(rec)
         return rec
+
+    def next_seq(self, rank: int) -> int:
+        """The sequence number ``rank``'s next collective will get."""
+        return len(self._records[rank])
 
     def adopt(self, rank: int, records: list[CommRecord]) -> None:
         """Take over ``rank``'s records booked by another ledger (each process of the

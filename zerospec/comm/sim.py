@@ -49,8 +49,8 @@ class SimBackend:
 
     def collective(self, rank: int, call: Call) -> None:
         with self._lock:
-            finished = [r for r in range(self.n) if self.baton.finished[r]]
-            if finished:
+            if any(self.baton.finished):
+                finished = [r for r in range(self.n) if self.baton.finished[r]]
                 err = CollectiveError(f"rank {rank} called {call.describe()} (collective #{self._seq}) "
                                       f"but rank(s) {finished} already returned")
                 self._fail(rank, err)

@@ -20,6 +20,7 @@ class DataParallel:
     stage = 0
     label = "DP"
     pad = False   # stage 0 partitions nothing, so it needs no padding
+    resident = True   # every rank keeps the full fp16 parameters between uses (stages 0–2)
 
     def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig,
                  precision: Precision | None = None):

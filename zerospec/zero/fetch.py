@@ -5,9 +5,10 @@ stages 0–2, an all-gather just in time in stage 3), casts it up to the compute
 leaf, and yields parameter-shaped views of it. Two autograd mechanisms then do the rest:
 
 * ``saved_tensors_hooks``: when autograd saves a view of a parameter for backward, the pack hook
-  stores a *reference* (unit, size, stride, offset) instead of the data; the unpack hook asks the
-  stage for the unit again in backward (stage 3: the re-gather of C24/C57, in reverse order) and
-  rebuilds the view. Every other saved tensor is an activation: counted in the memory ledger,
+  stores a *reference* (unit, size, stride, offset) instead of the data; in stage 3 the unpack
+  hook asks the stage for the unit again in backward (the re-gather of C24/C57, in reverse order),
+  casts it again and rebuilds the view; stages 0–2 keep every unit resident, so their backward
+  reuses the forward's cast (same bits, one pass over the unit fewer). Every other saved tensor is an activation: counted in the memory ledger,
   deduplicated by storage, released when backward has consumed it.
 * a custom autograd Function, :class:`_UnitViews`, makes the parameter views: autograd calls its
   backward once per use, when the gradients of all of that use's parameters are complete (None
@@ -19,8 +20,9 @@ leaf, and yields parameter-shaped views of it. Two autograd mechanisms then do t
   copy of the unit first.
 
 Because the autograd graph, the kernels and the summation order are identical in every stage, the
-stages are bit-identical (design property 3). The fp32 leaf is a CPU compute cast: not counted,
-and its storage is dropped as soon as the forward use ends.
+stages are bit-identical (design property 3). The fp32 leaf is a CPU compute cast, not counted
+(a GPU computes from the fp16 values directly); in stage 3 its storage is dropped as soon as the
+forward use ends, so backward cannot compute from anything it did not gather again.
 """
 from __future__ import annotations
 
@@ -87,7 +89,12 @@ class ParamFetcher:
             views = _UnitViews.apply(leaf, self, use)
             yield {p.name: v for p, v in zip(unit.params, views)}
         finally:
-            leaf.untyped_storage().resize_(0)
+            if self.stage.resident and use.refs:
+                # the stage keeps the unit anyway (stages 0–2): backward gets this use's compute
+                # copy rather than a second cast of the same fp16 values (the same bits)
+                use.upcast = leaf.detach()
+            else:   # stage 3 frees the unit: backward must gather it again and cast it again
+                leaf.untyped_storage().resize_(0)
             if last:
                 use.full16 = full16
                 self._kept.append(use)
@@ -133,7 +140,8 @@ class ParamFetcher:
         view = use.upcast.as_strided(packed.size, packed.stride, packed.offset)
         use.refs -= 1
         if use.refs == 0:
-            self.stage.release(use.unit, use.full16)
+            if use.full16 is not None:
+                self.stage.release(use.unit, use.full16)
             use.full16 = use.upcast = None
         return view
 

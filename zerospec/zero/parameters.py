@@ -21,6 +21,7 @@ from .gradients import Gradients
 class Parameters(Gradients):
     stage = 3
     label = "P_os+g+p"
+    resident = False   # a unit exists in full only between acquire and release
 
     def _allocate_params(self, init) -> None:
         self.param16 = [self._alloc("param16", u.chunk, self.dtype) for u in self.units]
