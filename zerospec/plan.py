@@ -78,15 +78,20 @@ def parse_list(text: str, parse, what: str) -> list:
     return [parse(t) for t in items]
 
 
-def parse_gpus(text: str) -> int:
-    """A data-parallel degree N_d: an integer >= 1."""
+def parse_gpus(text: str, what: str = "GPU count N_d") -> int:
+    """A data-parallel degree N_d (or, named by ``what``, another degree): an integer >= 1."""
     try:
         n = int(str(text).strip())
     except ValueError:
-        raise ValueError(f"cannot read GPU count {text!r}; accepted: an integer >= 1") from None
+        raise ValueError(f"cannot read {what} {text!r}; accepted: an integer >= 1") from None
     if n < 1:
-        raise ValueError(f"GPU count N_d must be >= 1, got {text!r}")
+        raise ValueError(f"{what} must be >= 1, got {text!r}")
     return n
+
+
+def parse_mp(text: str) -> int:
+    """A model-parallel degree N_m (Table 2's MP column): an integer >= 1."""
+    return parse_gpus(text, "model-parallel degree N_m")
 
 
 def parse_stage(text: str) -> int:

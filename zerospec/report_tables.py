@@ -14,7 +14,7 @@ from . import theory
 from .estimators import estimators
 from .plan import PARTITIONED, plan_table
 from .report import Measurements, Run
-from .report_format import (Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds)
+from .report_format import (Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, sig)
 
 TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "scaled")
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -161,7 +161,7 @@ def activations_table(m: Measurements) -> Table:
     t = Table("activations", "Activation memory next to model states (per GPU, peak over the run)",
               ["Stage", "Model states", "Activations (peak)", "Gathered params (peak)",
                "Activations / model states"],
-              fmt={1: fmt_mb, 2: fmt_mb, 3: fmt_mb, 4: fmt_ratio})
+              fmt={1: fmt_mb, 2: fmt_mb, 3: fmt_mb, 4: sig})   # a proportion: 3 digits say it
     for run in m.runs:
         states = _states(run)
         acts = max(mem.peak["activations"] for mem in run.result.memory)

@@ -34,11 +34,29 @@ def test_sim_and_local_processes_print_the_same_losses_and_traffic(capsys):
     (["--steps", "0"], "--steps must be >= 1, got 0"),
     (["--ranks", "0"], "--ranks must be >= 1, got 0"),
     (["--backend", "mpi"], "invalid choice: 'mpi'"),
+    (["--loss-scale", "0"], "--loss-scale: expected a finite number > 0, got '0'"),
+    (["--clip-grad-norm", "inf"], "--clip-grad-norm: expected a finite number > 0, got 'inf'"),
+    (["--grad-accum", "0"], "--grad-accum: expected an integer >= 1, got '0'"),
+    (["--precision", "bf16", "--grad-accum", "2"], "need precision='fp16', got 'bf16'"),
 ])
 def test_bad_arguments_are_one_line_errors(capsys, bad, message):
     """Exit code 2 and a message naming the bad value."""
     assert main(["train", *bad]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_robustness_flags_reach_the_run_and_its_table(capsys):
+    """--loss-scale/--clip-grad-norm/--grad-accum give train()'s run, with their columns."""
+    from zerospec.loss_scale import LossScale
+    from zerospec.model import ODD
+    from zerospec.train import TrainConfig, train
+    assert main([*ARGS, "--loss-scale", "1024", "--clip-grad-norm", "0.01", "--grad-accum", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 micro-batches per step" in out and "| loss scale | skipped | grad norm |" in out
+    res = train(TrainConfig(stage=3, n_d=2, steps=2, model=ODD, loss_scale=LossScale(1024.0),
+                            clip_grad_norm=0.01, grad_accum_steps=2))
+    assert [r[1] for r in _rows(out)] == [f"{x:.6f}" for x in res.losses]
+    assert [r[5:] for r in _rows(out)] == [["1024", "no", f"{n:.6g}"] for n in res.grad_norms]
 
 
 @pytest.mark.slow

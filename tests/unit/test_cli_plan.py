@@ -88,6 +88,7 @@ def test_plan_estimators_side_by_side(capsys):
     (["plan", "--params", "0"], "'0'"),
     (["plan", "--gpus", "0"], "'0'"),
     (["plan", "--gpus", "two"], "'two'"),
+    (["plan", "--table2", "--mp", "0"], "model-parallel degree N_m must be >= 1, got '0'"),
     (["plan", "--gpu-mem", "32"], "'32'"),
     (["plan", "--gpu-mem", "-1GB"], "'-1GB'"),
     (["plan", "--bandwidth", "0GB/s"], "'0GB/s'"),

@@ -72,7 +72,8 @@ def test_report_csv_without_stage0_has_no_equivalence_reference(capsys):
     (["report", "--steps", "-1"], "'-1'"),
     (["report", "--stages", "0,9"], "'9'"),
     (["report", "--tables", "speed"], "'speed'"),
-    (["report", "--embd", "130"], "n_embd=130"),
+    (["report", "--embd", "130"], "--embd 130 must be divisible by --heads 4"),
+    (["report", "--heads", "3"], "--embd 128 must be divisible by --heads 3"),
     (["report", "--format", "xml"], "'xml'"),
     (["report", "--gpu-mem", "lots"], "'lots'"),
 ])

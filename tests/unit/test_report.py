@@ -95,6 +95,12 @@ def test_activations_are_the_same_in_every_stage_and_only_zero3_gathers(tables):
     assert len(set(acts)) == 1 and acts[0] > 0
     assert column(t, "Gathered params (peak)")[:4] == [0, 0, 0, 0]
     assert column(t, "Gathered params (peak)")[4] > 0
+    # the proportion is exact underneath (a Fraction) and shown to 3 significant digits at most
+    i = t.columns.index("Activations / model states")
+    for row in t.rows:
+        text = t.cell_text(i, row[i])
+        assert row[i] == Fraction(row[2], row[1]), text
+        assert sum(c.isdigit() for c in text.lstrip("0.")) <= 3, text
 
 
 def test_wallclock_replay_is_never_slower_than_the_serial_run(m, tables):

@@ -211,6 +211,8 @@ def test_cli_scale_lists_presets_with_their_exact_psi(capsys):
     (["--preset", "9B"], "unknown preset '9B'; accepted: 1.5B"),
     (["--preset", "1T", "--layers", "2"], "give either --preset or --layers"),
     (["--hidden", "64"], "a custom model needs at least --layers and --hidden"),
+    (["--layers", "2", "--hidden", "128", "--heads", "3"], "--hidden 128 must be divisible by --heads 3"),
+    (["--layers", "2", "--hidden", "1000"], "--hidden 1000 must be divisible by heads (default"),
 ])
 def test_cli_scale_names_bad_input(argv, message, capsys):
     from zerospec.__main__ import main

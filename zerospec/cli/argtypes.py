@@ -46,6 +46,17 @@ def positive_int(text: str) -> int:
     return n
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0 (a loss scale, a norm threshold)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (x > 0 and x != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return x
+
+
 def list_of(parse, what: str):
     return _wrap(lambda text: plan.parse_list(text, parse, what))
 

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
                         "(default 0: not counted)")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
     p.add_argument("--table2", action="store_true", help="print the paper's Table 2 layout (C17)")
-    p.add_argument("--mp", type=T.list_of(T.plan.parse_gpus, "MP degree"), default=None,
+    p.add_argument("--mp", type=T.list_of(T.plan.parse_mp, "MP degree"), default=None,
                    help="model-parallel degrees for --table2 (default 1,2,4,8,16)")
     p.add_argument("--max-model", action="store_true", help="the largest Ψ that fits, per stage")
     p.add_argument("--units", choices=("GB", "GiB"), default="GB", help="GB = 10^9 B (default), GiB = 2^30 B")

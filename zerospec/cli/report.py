@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from ..report import ReportConfig, measure
     from ..report_format import render
     from ..report_tables import build_tables, header
+    if args.embd % args.heads:   # in the flags' names, not GPTConfig's n_embd/n_head
+        raise ValueError(f"--embd {args.embd} must be divisible by --heads {args.heads}: every "
+                         f"head gets --embd/--heads dimensions")
     model = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.layers,
                       n_head=args.heads, n_embd=args.embd)
     cfg = ReportConfig(ranks=args.ranks, variants=tuple(args.stages), steps=args.steps, model=model,

@@ -49,6 +49,10 @@ def _model(args):
         if args.layers is None or args.hidden is None:
             raise _usage("a custom model needs at least --layers and --hidden")
         heads = args.heads or max(1, args.hidden // 128)
+        if args.hidden % heads:
+            given = "--heads" if args.heads else "heads (default: --hidden/128, GPT-2's head width)"
+            raise _usage(f"--hidden {args.hidden} must be divisible by {given} {heads}: every head "
+                         f"gets --hidden/heads dimensions")
         model = GPTConfig(vocab_size=args.vocab or GPT2_VOCAB, block_size=args.seq or GPT2_CONTEXT,
                           n_layer=args.layers, n_head=heads, n_embd=args.hidden)
         return f"custom {args.layers}×{args.hidden}", model

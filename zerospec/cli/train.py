@@ -19,6 +19,7 @@ MODELS = ("small", "odd")
 
 
 def add_parser(sub) -> None:
+    from . import argtypes as T
     from ..precision import POLICIES
     from ..zero import ZERO1_COMM
     p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help="train one ZeRO stage on the simulator or on real processes "
@@ -36,29 +37,50 @@ def add_parser(sub) -> None:
                    help="stage 1 gradient sync (default reduce_scatter)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds a collective may wait before every rank fails, default 120")
+    r = p.add_argument_group("surviving real conditions (spec/loss_scaling.md, clipping.md, "
+                             "accumulation.md)")
+    r.add_argument("--loss-scale", type=T.positive_float, default=None, metavar="INIT",
+                   help="dynamic fp16 loss scaling from this initial scale, e.g. 65536 "
+                        "(GradScaler's rules; default off)")
+    r.add_argument("--clip-grad-norm", type=T.positive_float, default=None, metavar="MAX",
+                   help="clip the global gradient norm to MAX (default off)")
+    r.add_argument("--grad-accum", type=T.positive_int, default=1, metavar="G",
+                   help="micro-batches per optimizer step, summed exactly (default 1)")
 
 
 def _config(args, n_d: int):
     from .. import model as gpt
+    from ..loss_scale import LossScale
     from ..train import TrainConfig
+    scale = LossScale(init_scale=args.loss_scale) if args.loss_scale is not None else None
     return TrainConfig(stage=args.stage, n_d=n_d, model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
                        steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
-                       precision=args.precision, timeout=args.timeout)
+                       precision=args.precision, timeout=args.timeout, loss_scale=scale,
+                       clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum)
 
 
 def summary(result, backend: str) -> str:
     """The table both backends print: per step, mean loss and rank 0's traffic."""
     cfg, comm = result.config, result.comm
+    extra = []   # the robustness columns, only for the options that are on
+    if cfg.loss_scale is not None:
+        extra += [("loss scale", lambda s: f"{result.loss_scales[s]:g}"),
+                  ("skipped", lambda s: "yes" if result.skipped[s] else "no")]
+    if cfg.clip_grad_norm is not None:
+        extra += [("grad norm", lambda s: f"{result.grad_norms[s]:.6g}")]
+    head = ["step", "loss", "collectives", "elements sent (rank 0)", "wire elements (rank 0)",
+            *(name for name, _ in extra)]
     lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}, Ψ = {result.psi:,}, "
-             f"{cfg.precision}, backend {backend}",
+             f"{cfg.precision}, backend {backend}"
+             + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else ""),
              f"model states on rank 0: {result.model_states(0):,} B", "",
-             "| step | loss | collectives | elements sent (rank 0) | wire elements (rank 0) |",
-             "|---|---|---|---|---|"]
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in range(1, cfg.steps + 1):
         recs = comm.records(0, step=s)
-        lines.append(f"| {s} | {result.losses[s - 1]:.6f} | {len(recs)} | "
-                     f"{sum(r.elements_sent for r in recs):,} | "
-                     f"{sum(r.wire_elements_sent for r in recs):,} |")
+        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(len(recs)),
+                 f"{sum(r.elements_sent for r in recs):,}", f"{sum(r.wire_elements_sent for r in recs):,}",
+                 *(cell(s - 1) for _, cell in extra)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
