@@ -108,6 +108,15 @@ class Timeline:
         self.events.append((self.ctx.step, self.ctx.phase_name, kind, seconds))
         self._since = time.perf_counter()
 
+    def extend_last(self, seconds: float) -> None:
+        """Add ``seconds`` to the last collective event (the completion wait of a batch)."""
+        for k in range(len(self.events) - 1, -1, -1):
+            if self.events[k][2] != "compute":
+                step, phase, kind, sec = self.events[k]
+                self.events[k] = (step, phase, kind, sec + seconds)
+                break
+        self._since = time.perf_counter()
+
     def restart(self) -> None:
         self._since = time.perf_counter()
 

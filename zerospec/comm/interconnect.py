@@ -10,7 +10,9 @@ one sums in rank order, so all_reduce equals reduce_scatter followed by all_gath
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from typing import Protocol
 
 import torch
@@ -65,6 +67,7 @@ class Interconnect:
         self.backend = backend
         self.ledger = ledger
         self._last: tuple | None = None   # (seq, Call.summary()) of the last collective
+        self._batching = False
 
     @property
     def last_op(self) -> str | None:
@@ -89,6 +92,31 @@ class Interconnect:
         dtype = call.inp.dtype if call.inp is not None else None
         self.ledger.book(self.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
                          src=call.src, wire_factor=self.backend.wire_factor(call.op))
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Collectives issued inside may be in flight together and complete at the end of the block.
+
+        A backend that can overlap them does (torch.distributed's async ops: one rendezvous
+        latency instead of one per collective); the simulator completes each at once. So outputs
+        are valid only after the block, and no input may be an output of the same block. Each
+        collective is still booked as itself: counts, elements and bytes do not change. The wait
+        at the end is added to the last collective's time on the timeline."""
+        start = getattr(self.backend, "start_batch", None)
+        if start is None or self._batching:
+            yield
+            return
+        start()
+        self._batching, done = True, False
+        try:
+            yield
+            done = True
+        finally:
+            self._batching = False
+            t0 = time.perf_counter()
+            self.backend.finish_batch(wait=done)   # after an error: drop, do not wait on peers
+            if done:
+                self.ctx.timeline.extend_last(time.perf_counter() - t0)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place: every rank ends with the reduction of all ranks' ``tensor``."""

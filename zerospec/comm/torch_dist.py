@@ -25,6 +25,12 @@ collectives (no home-made transport). What it does beyond a plain ``dist.*`` cal
   ledger's ``wire_elements_sent`` shows it. The fp32 buffer also doubles the wire *bytes* of fp16
   and bf16 reductions (elements are unchanged); padding adds fewer than N elements per all-reduce.
 
+* **Batches** (:meth:`Interconnect.batch`): the per-unit collectives after backward (stages 0
+  and 1) and the parameter all-gathers after the step (stage 1) are issued as async ops and
+  waited for together, so a step pays one rendezvous latency per batch rather than one per unit.
+  Buffers, ops and the order gloo sees them in are the same, so are the bits; each collective is
+  booked as itself.
+
 A failure inside a collective is re-raised as :class:`~zerospec.errors.CollectiveError` naming this
 rank, the collective and, when a peer reported itself through the store (see
 :mod:`zerospec.launch`), the rank that failed first.
@@ -89,6 +95,7 @@ class TorchDistBackend:
         self.n = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.name = str(dist.get_backend(group))
+        self._batch: list | None = None   # (call, work, finish) in flight inside Interconnect.batch
 
     def wire_factor(self, op: str) -> int:
         """Wire elements per ring-model element: 2 for gloo's reduce_scatter (an all-reduce)."""
@@ -108,6 +115,31 @@ class TorchDistBackend:
             raise PeerFailure(self._explain(call, exc)) from exc
         call.seconds = time.perf_counter() - t0
 
+    # -- batches (Interconnect.batch) ---------------------------------------------------------------
+    def start_batch(self) -> None:
+        self._batch = []
+
+    def finish_batch(self, wait: bool = True) -> None:
+        """Wait for the batch's collectives in issue order and finish each (divide, copy out)."""
+        pending, self._batch = self._batch or [], None
+        if not wait:
+            return
+        for call, work, finish in pending:
+            try:
+                work.wait()
+            except Exception as exc:  # noqa: BLE001 - as in collective(): name the failure
+                raise PeerFailure(self._explain(call, exc)) from exc
+            finish()
+
+    def _issue(self, call: Call, start, finish) -> None:
+        """``start(async_op)`` the torch collective; ``finish()`` once its data has arrived: now,
+        or at the end of the batch if one is open. Same buffers and ops either way: same bits."""
+        work = start(self._batch is not None)
+        if work is None:
+            finish()
+        else:
+            self._batch.append((call, work, finish))
+
     # -- the collectives -------------------------------------------------------------------------
     def _buffer(self, t: torch.Tensor, length: int) -> torch.Tensor:
         buf = torch.zeros(length, dtype=_acc_dtype(t.dtype), device=t.device)
@@ -125,20 +157,23 @@ class TorchDistBackend:
     def _all_reduce(self, c: Call) -> None:
         numel = c.inp.numel()
         buf = self._buffer(c.inp, -(-numel // self.n) * self.n)   # padded: same order as an RS
-        dist.all_reduce(buf, op=self._op(c.reduce_op), group=self.group)
-        c.out.copy_(self._finish(buf, c.reduce_op)[:numel].view(c.out.shape))
+        self._issue(c, lambda a: dist.all_reduce(buf, op=self._op(c.reduce_op), group=self.group,
+                                                 async_op=a),
+                    lambda: c.out.copy_(self._finish(buf, c.reduce_op)[:numel].view(c.out.shape)))
 
     def _reduce_scatter(self, c: Call) -> None:
         buf = self._buffer(c.inp, c.inp.numel())      # also breaks any aliasing of out with inp
         out = torch.empty(c.out.numel(), dtype=buf.dtype, device=buf.device)
-        _reduce_scatter(out, buf, op=self._op(c.reduce_op), group=self.group)
-        c.out.copy_(self._finish(out, c.reduce_op).view(c.out.shape))
+        self._issue(c, lambda a: _reduce_scatter(out, buf, op=self._op(c.reduce_op), group=self.group,
+                                                 async_op=a),
+                    lambda: c.out.copy_(self._finish(out, c.reduce_op).view(c.out.shape)))
 
     def _all_gather(self, c: Call) -> None:
         inp = c.inp.reshape(-1)
         if _overlaps(inp, c.out):       # stage 1 gathers its own chunk of the output buffer
             inp = inp.clone()
-        _all_gather(c.out.view(-1), inp, group=self.group)
+        self._issue(c, lambda a: _all_gather(c.out.view(-1), inp, group=self.group, async_op=a),
+                    lambda: None)
 
     def _broadcast(self, c: Call) -> None:
         dist.broadcast(c.out, src=dist.get_global_rank(self.group, c.src) if self.group else c.src,

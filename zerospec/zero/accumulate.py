@@ -64,11 +64,12 @@ class FullAccumulation(_Exact):
         self.memory.free(slot)
 
     def reduce_gradients(self) -> None:
-        for u, a in zip(self.units, self.grad_acc):
-            if self.stage == 0 or self.zero1_comm == "all_reduce":
-                self.comm.all_reduce(a, "sum")
-            else:
-                self.comm.reduce_scatter(a[u.shard(self.ctx.rank)], a, "sum")
+        with self.comm.batch():
+            for u, a in zip(self.units, self.grad_acc):
+                if self.stage == 0 or self.zero1_comm == "all_reduce":
+                    self.comm.all_reduce(a, "sum")
+                else:
+                    self.comm.reduce_scatter(a[u.shard(self.ctx.rank)], a, "sum")
         self._average()
 
     def _grad_for_step(self, i: int) -> torch.Tensor:

@@ -91,8 +91,9 @@ class DataParallel:
 
     # -- after backward ---------------------------------------------------------------------------
     def reduce_gradients(self) -> None:
-        for g in self.grad16:
-            self.comm.all_reduce(g, "mean")
+        with self.comm.batch():   # one unit after another; a real backend overlaps them
+            for g in self.grad16:
+                self.comm.all_reduce(g, "mean")
 
     def _grad_for_step(self, i: int) -> torch.Tensor:
         return self.grad16[i][self._owned(self.units[i])]

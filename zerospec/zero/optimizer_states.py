@@ -36,13 +36,15 @@ class OptimizerStates(DataParallel):
         return u.shard(self.ctx.rank)
 
     def reduce_gradients(self) -> None:
-        for u, g in zip(self.units, self.grad16):
-            if self.zero1_comm == "all_reduce":
-                self.comm.all_reduce(g, "mean")
-            else:  # the mean of my chunk lands in my chunk of the (still resident) buffer
-                self.comm.reduce_scatter(g[u.shard(self.ctx.rank)], g, "mean")
+        with self.comm.batch():
+            for u, g in zip(self.units, self.grad16):
+                if self.zero1_comm == "all_reduce":
+                    self.comm.all_reduce(g, "mean")
+                else:  # the mean of my chunk lands in my chunk of the (still resident) buffer
+                    self.comm.reduce_scatter(g[u.shard(self.ctx.rank)], g, "mean")
 
     def sync_params(self) -> None:
         super().sync_params()
-        for i, u in enumerate(self.units):
-            self.comm.all_gather(self.param16[i], self._param_chunk(i))
+        with self.comm.batch():
+            for i, u in enumerate(self.units):
+                self.comm.all_gather(self.param16[i], self._param_chunk(i))
