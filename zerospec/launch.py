@@ -220,7 +220,7 @@ def _rank_error(reports: list[dict]) -> RankError:
 
 
 # -- training on processes ------------------------------------------------------------------------
-def _train_rank(ctx, cfgs) -> list[dict]:
+def _train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
     from . import train
     outs = []
     for k, cfg in enumerate(cfgs):
@@ -229,7 +229,8 @@ def _train_rank(ctx, cfgs) -> list[dict]:
         ctx = ctx if k == 0 else new_context()
         units = cfg.units()
         t0 = time.perf_counter()
-        out = train.rank_main(ctx, cfg, units, train.initial_weights(cfg, units), train.make_batches(cfg))
+        out = train.rank_main(ctx, cfg, units, train.initial_weights(cfg, units), train.make_batches(cfg),
+                              resume=resume, save=save)
         outs.append({"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
                      "timeline": ctx.timeline.events, "seconds": time.perf_counter() - t0})
     return outs
@@ -250,19 +251,27 @@ def assemble(cfg, per_rank: list[dict]):
                         [x["timeline"] for x in per_rank])
 
 
-def train_processes(cfgs, *, backend: str = "gloo", **launch_kw):
+def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | None = None,
+                    **launch_kw):
     """``train(cfg)`` on ``cfg.n_d`` real processes: a Result, or a list for a list of configs
-    (run one after another in the same processes, which saves the start-up)."""
+    (run one after another in the same processes, which saves the start-up). ``resume`` and
+    ``save`` are ``train()``'s (a checkpoint to continue from; ``{step: directory}`` to write),
+    for a single config: a checkpoint written here resumes on the simulator and vice versa."""
     single = not isinstance(cfgs, (list, tuple))
     cfgs = [cfgs] if single else list(cfgs)
     if not cfgs or len({c.n_d for c in cfgs}) != 1:
         raise ValueError(f"configs must share one n_d, got {[c.n_d for c in cfgs]}")
+    if (resume is not None or save) and len(cfgs) != 1:
+        raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
+    if resume is not None:
+        from .resume import check
+        check(cfgs[0], resume)     # here, not in every process: one clear error
     if any(c.device != "cpu" for c in cfgs):
         raise ValueError(f"train_processes runs real tensors: device must be 'cpu' "
                          f"(the process's own device is chosen by the backend), got "
                          f"{[c.device for c in cfgs]}")
     launch_kw.setdefault("timeout", max(c.timeout for c in cfgs))
-    per_rank = launch(_train_rank, cfgs[0].n_d, cfgs, backend=backend, **launch_kw)
+    per_rank = launch(_train_rank, cfgs[0].n_d, cfgs, resume, save, backend=backend, **launch_kw)
     results = [assemble(cfg, [per_rank[r][k] for r in range(cfg.n_d)]) for k, cfg in enumerate(cfgs)]
     return results[0] if single else results
 

@@ -8,12 +8,14 @@ included (spec/accumulation.md, spec/clipping.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
 import torch
 
 from tests.runs import stage_id
+from zerospec import checkpoint
 from zerospec.launch import train_processes
 from zerospec.loss_scale import LossScale
 from zerospec.model import ODD
@@ -37,3 +39,29 @@ def test_exact_sums_make_four_gloo_processes_equal_the_simulator(stage):
     assert all(torch.equal(ours.master[k], sim.master[k]) for k in sim.master)
     assert ours.losses == sim.losses and ours.skipped == sim.skipped == [False, True, False]
     assert [repr(x) for x in ours.grad_norms] == [repr(x) for x in sim.grad_norms]
+
+
+def test_a_checkpoint_moves_between_processes_and_the_simulator(tmp_path):
+    """Saved by 4 gloo processes after step 2, the run continues on the simulator, and back: the
+    same bits as the uninterrupted run (exact sums make gloo's order irrelevant)."""
+    cfg = TrainConfig(stage=3, n_d=4, model=ODD, steps=4, exact_grads=True, timeout=60)
+    first = dataclasses.replace(cfg, steps=2)
+    whole = train(cfg)
+    train_processes(first, save={2: tmp_path / "gloo"})
+    train(first, save={2: tmp_path / "sim"})
+    on_sim = train(cfg, resume=checkpoint.load(tmp_path / "gloo", n_ranks=4, model=ODD))
+    on_gloo = train_processes(cfg, resume=checkpoint.load(tmp_path / "sim", n_ranks=4, model=ODD))
+    for after in (on_sim, on_gloo):
+        assert after.losses == whole.losses[2:]
+        assert all(torch.equal(after.master[k], whole.master[k]) for k in whole.master)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda c: train_processes([c, dataclasses.replace(c, n_d=2)]), "configs must share one n_d"),
+    (lambda c: train_processes([c, c], save={1: "x"}), "resume and save take a single config"),
+    (lambda c: train_processes(dataclasses.replace(c, device="meta")), "device must be 'cpu'"),
+])
+def test_train_processes_refuses_what_it_cannot_run_before_starting_any(call, message):
+    """Bad arguments are named before a process starts."""
+    with pytest.raises(ValueError, match=message):
+        call(TrainConfig(stage=0, n_d=4, model=ODD, steps=1))
