@@ -82,7 +82,9 @@ def _child(rank, n, port, backend, timeout, threads, fn, args, kwargs, outdir) -
             except Exception:  # noqa: BLE001 - the launcher is gone; nobody left to tell
                 pass
         report = {"ok": False, "primary": primary, "error": message,
-                  "phase": ctx.phase_name if ctx else "setup", "step": ctx.step if ctx else 0,
+                  # the innermost phase the exception left (phase_name is the outer one by now)
+                  "phase": (ctx.failed_phase or ctx.phase_name) if ctx else "setup",
+                  "step": ctx.step if ctx else 0,
                   "last_op": (ctx.comm.last_op if ctx else None) or "no collective yet",
                   "traceback": traceback.format_exc()}
     tmp = os.path.join(outdir, f"rank{rank}.pt.tmp")

@@ -72,3 +72,9 @@ def test_bad_launch_arguments_name_the_value_and_what_is_accepted():
         launch(workers.collectives, 2, backend="mpi")
     with pytest.raises(ValueError, match=r"timeout must be > 0 seconds, got -1"):
         launch(workers.collectives, 2, timeout=-1)
+
+
+def test_the_failure_names_the_phase_the_exception_left():
+    """Not the outer phase the context is back in by the time the launcher's report is written."""
+    err, _ = _fail(workers.raise_in_phase, 2, 1, "grad_sync")
+    assert err.rank == 1 and "phase 'grad_sync'" in str(err), str(err)

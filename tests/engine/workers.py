@@ -129,3 +129,11 @@ def _live_tensors(stage):
                 seen.add(key)
                 out.append(t)
     return out
+
+
+def raise_in_phase(ctx, rank: int, phase: str) -> None:
+    """``rank`` raises inside ``ctx.phase(phase)``; the others wait at a barrier for it."""
+    if ctx.rank == rank:
+        with ctx.phase(phase):
+            raise ValueError(f"injected failure in {phase}")
+    ctx.comm.barrier()

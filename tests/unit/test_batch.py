@@ -95,3 +95,13 @@ def test_on_the_simulator_a_batch_changes_nothing():
             inside = x.tolist()
         return inside, x.tolist()
     assert VirtualCluster(2).run(fn) == [([3.0] * 3, [3.0] * 3)] * 2
+
+
+def test_a_batch_that_issues_nothing_adds_no_time_to_an_earlier_collective():
+    """The wait belongs to the batch's own collectives; with none, earlier events are left alone."""
+    ctx = _ctx(_Deferred())
+    ctx.comm.all_reduce(torch.ones(4))
+    before = list(ctx.timeline.events)
+    with ctx.comm.batch():
+        pass
+    assert ctx.timeline.events == before

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from zerospec.memory import MemoryLedger
@@ -35,15 +36,21 @@ class _Stage:
         self.ready.append(i)
 
 
-def _run(forward) -> _Stage:
+def _run(forward, resident: bool = True) -> _Stage:
     stage = _Stage()
-    fetcher = ParamFetcher(stage, torch.float32)
+    stage.resident = resident
+    stage.fetcher = fetcher = ParamFetcher(stage, torch.float32)
     with fetcher.hooks():
         loss = forward(fetcher.fetch)
     fetcher.end_forward()
     loss.backward()
     fetcher.check_complete()
     return stage
+
+
+def _square(fetch):
+    with fetch(0) as p:          # a * a saves a (twice) for backward
+        return (p["a"] * p["a"]).sum() + p["b"].sum()
 
 
 def test_gradients_of_every_use_of_a_unit_are_summed_into_its_slot_once():
@@ -65,3 +72,25 @@ def test_a_parameter_no_use_touches_gets_a_zero_gradient_not_last_steps():
         with fetch(0) as p:
             return (p["a"] * 2.0).sum()
     assert _run(forward).slots[0].tolist() == [2.0, 2.0, 2.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["stages0-2", "stage3"])
+def test_no_fp32_compute_copy_outlives_backward(resident):
+    """Stages 0–2 keep the forward's cast for backward, stage 3 casts again: both free it."""
+    stage = _run(_square, resident)
+    assert stage.slots[0].tolist() == [2.0, 4.0, 6.0, 1.0, 1.0]
+    for use in stage.fetcher._uses.values():
+        assert use.leaf.untyped_storage().nbytes() == 0 and use.upcast is None
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["stages0-2", "stage3"])
+def test_a_parameter_written_in_place_after_it_was_saved_is_refused(resident):
+    """As autograd refuses it for saved tensors: backward would otherwise differ between stages."""
+    def forward(fetch):
+        with fetch(0) as p:
+            y = (p["a"] * p["a"]).sum()
+            with torch.no_grad():
+                p["a"].mul_(10)
+        return y
+    with pytest.raises(RuntimeError, match="unit 'u' was modified in place after autograd saved it"):
+        _run(forward, resident)

@@ -107,6 +107,7 @@ class Interconnect:
             yield
             return
         start()
+        seq0 = self.ledger.next_seq(self.rank)
         self._batching, done = True, False
         try:
             yield
@@ -115,7 +116,7 @@ class Interconnect:
             self._batching = False
             t0 = time.perf_counter()
             self.backend.finish_batch(wait=done)   # after an error: drop, do not wait on peers
-            if done:
+            if done and self.ledger.next_seq(self.rank) > seq0:   # the block issued collectives
                 self.ctx.timeline.extend_last(time.perf_counter() - t0)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

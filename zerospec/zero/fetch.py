@@ -51,6 +51,7 @@ class _ParamRef:
     size: torch.Size
     stride: tuple[int, ...]
     offset: int
+    version: int      # the parameter's version counter when autograd saved it
 
 
 class ParamFetcher:
@@ -114,7 +115,7 @@ class ParamFetcher:
         use = self._uses.get(key)
         if use is not None:
             use.refs += 1
-            return _ParamRef(use, t.size(), t.stride(), t.storage_offset())
+            return _ParamRef(use, t.size(), t.stride(), t.storage_offset(), t._version)
         entry = self._acts.get(key)
         if entry is None:
             self._acts[key] = [1, t]
@@ -133,6 +134,13 @@ class ParamFetcher:
                 del self._acts[key]
             return packed
         use = packed.use
+        if use.leaf._version != packed.version:
+            # autograd's own check for saved tensors, which the reference bypasses: backward
+            # must not see (stages 0–2, which reuse the forward's cast) or miss (stage 3, which
+            # casts again) an in-place write made after the save
+            raise RuntimeError(f"a parameter of unit {self.units[use.unit].name!r} was modified in "
+                               f"place after autograd saved it for backward (version "
+                               f"{packed.version} -> {use.leaf._version})")
         if use.upcast is None:
             if use.full16 is None:
                 use.full16 = self.stage.acquire(use.unit)
@@ -155,6 +163,11 @@ class ParamFetcher:
         Per parameter, the same fp32 additions in the same order as summing whole-unit vectors;
         a parameter a use left out adds nothing rather than +0 (which could only turn a −0 into
         +0). A parameter no use touched gets 0 in the slot, which may hold last step's values."""
+        if use.refs == 0 and use.leaf.untyped_storage().nbytes():
+            # stages 0–2 kept the forward's cast for backward: every node that used it has run
+            # (each feeds this use's gradients, which only now are complete), so free it now
+            use.leaf.untyped_storage().resize_(0)
+            use.upcast = None
         i = use.unit
         acc = self._acc[i]
         if acc is None:
