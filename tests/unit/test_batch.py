@@ -10,29 +10,41 @@ from zerospec import VirtualCluster
 from zerospec.cluster import RankContext
 from zerospec.comm.interconnect import Interconnect
 from zerospec.comm.ledger import CommLedger
+from zerospec.errors import CollectiveError
 from zerospec.memory import MemoryLedger
 
 WAIT = 0.05
 
 
 class _Deferred:
-    """A backend that, like torch's async ops, completes a batch's collectives only at its end."""
+    """A backend that, like torch's async ops, completes a batch's collectives only at its end.
+    ``fail_first``: the first collective of a batch fails when waited for (a peer died)."""
 
-    def __init__(self):
+    def __init__(self, fail_first: bool = False):
         self.pending: list | None = None
+        self.pending_calls: list = []
         self.dropped = 0
+        self.fail_first = fail_first
 
     def wire_factor(self, op):
         return 1
 
     def collective(self, rank, call):
         def land():   # two ranks holding the same tensor: the sum is twice it
+            if self.fail_first and self.pending_calls and call is self.pending_calls[0]:
+                err = CollectiveError(f"peer gone during {call.describe()}")
+                err.call = call
+                raise err
             call.out.copy_(call.inp * 2)
         call.seconds = 0.0
-        land() if self.pending is None else self.pending.append(land)
+        if self.pending is None:
+            land()
+        else:
+            self.pending.append(land)
+            self.pending_calls.append(call)
 
     def start_batch(self):
-        self.pending = []
+        self.pending, self.pending_calls = [], []
 
     def finish_batch(self, wait=True):
         pending, self.pending = self.pending, None
@@ -105,3 +117,13 @@ def test_a_batch_that_issues_nothing_adds_no_time_to_an_earlier_collective():
     with ctx.comm.batch():
         pass
     assert ctx.timeline.events == before
+
+
+def test_a_failure_in_a_batch_is_reported_as_the_collective_that_failed():
+    """last_op (what a failing rank's report names) is the failed collective, not the last issued."""
+    ctx = _ctx(_Deferred(fail_first=True))
+    with pytest.raises(CollectiveError, match="peer gone"):
+        with ctx.comm.batch():
+            ctx.comm.all_reduce(torch.ones(4))
+            ctx.comm.all_reduce(torch.ones(2, 3))
+    assert ctx.comm.last_op == "#0 all_reduce((4,), float32, op=sum)"

@@ -68,6 +68,7 @@ class Interconnect:
         self.ledger = ledger
         self._last: tuple | None = None   # (seq, Call.summary()) of the last collective
         self._batching = False
+        self._issued: dict[int, tuple] = {}
 
     @property
     def last_op(self) -> str | None:
@@ -86,6 +87,8 @@ class Interconnect:
         if call.reduce_op is not None and call.reduce_op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {call.reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
         self._last = (self.ledger.next_seq(self.rank), call.summary())  # formatted on error only
+        if self._batching:
+            self._issued[id(call)] = self._last
         self.ctx.timeline.mark_compute()
         self.backend.collective(self.rank, call)
         self.ctx.timeline.add(call.op, call.seconds)
@@ -109,13 +112,21 @@ class Interconnect:
         start()
         seq0 = self.ledger.next_seq(self.rank)
         self._batching, done = True, False
+        self._issued: dict[int, tuple] = {}      # id(call) -> what last_op says of it
         try:
             yield
             done = True
         finally:
             self._batching = False
             t0 = time.perf_counter()
-            self.backend.finish_batch(wait=done)   # after an error: drop, do not wait on peers
+            try:
+                self.backend.finish_batch(wait=done)   # after an error: drop, do not wait on peers
+            except Exception as exc:
+                # the collective that failed, not the batch's last one issued, is "the last"
+                self._last = self._issued.get(id(getattr(exc, "call", None)), self._last)
+                raise
+            finally:
+                self._issued = {}
             if done and self.ledger.next_seq(self.rank) > seq0:   # the block issued collectives
                 self.ctx.timeline.extend_last(time.perf_counter() - t0)
 

@@ -128,7 +128,9 @@ class TorchDistBackend:
             try:
                 work.wait()
             except Exception as exc:  # noqa: BLE001 - as in collective(): name the failure
-                raise PeerFailure(self._explain(call, exc)) from exc
+                err = PeerFailure(self._explain(call, exc))
+                err.call = call      # which of the batch failed (Interconnect.batch reads it)
+                raise err from exc
             finish()
 
     def _issue(self, call: Call, start, finish) -> None:
