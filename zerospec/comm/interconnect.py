@@ -49,6 +49,11 @@ def _describe(op: str, shape, dtype, reduce_op) -> str:
     return f"{op}({tuple(shape) if shape is not None else ()}, {dtype}{extra})"
 
 
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` live in the same memory (a collective's input inside its output)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 class Backend(Protocol):
     """Moves data for one rank's side of a collective; raises CollectiveError on bad input."""
 
@@ -67,8 +72,7 @@ class Interconnect:
         self.backend = backend
         self.ledger = ledger
         self._last: tuple | None = None   # (seq, Call.summary()) of the last collective
-        self._batching = False
-        self._issued: dict[int, tuple] = {}
+        self._issued: dict[int, tuple] | None = None   # in a batch: id(call) -> its _last
 
     @property
     def last_op(self) -> str | None:
@@ -87,7 +91,7 @@ class Interconnect:
         if call.reduce_op is not None and call.reduce_op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {call.reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
         self._last = (self.ledger.next_seq(self.rank), call.summary())  # formatted on error only
-        if self._batching:
+        if self._issued is not None:
             self._issued[id(call)] = self._last
         self.ctx.timeline.mark_compute()
         self.backend.collective(self.rank, call)
@@ -106,28 +110,25 @@ class Interconnect:
         collective is still booked as itself: counts, elements and bytes do not change. The wait
         at the end is added to the last collective's time on the timeline."""
         start = getattr(self.backend, "start_batch", None)
-        if start is None or self._batching:
+        if start is None or self._issued is not None:   # nothing to overlap, or nested
             yield
             return
         start()
-        seq0 = self.ledger.next_seq(self.rank)
-        self._batching, done = True, False
-        self._issued: dict[int, tuple] = {}      # id(call) -> what last_op says of it
+        self._issued = issued = {}
+        done = False
         try:
             yield
             done = True
         finally:
-            self._batching = False
+            self._issued = None
             t0 = time.perf_counter()
             try:
                 self.backend.finish_batch(wait=done)   # after an error: drop, do not wait on peers
             except Exception as exc:
                 # the collective that failed, not the batch's last one issued, is "the last"
-                self._last = self._issued.get(id(getattr(exc, "call", None)), self._last)
+                self._last = issued.get(id(getattr(exc, "call", None)), self._last)
                 raise
-            finally:
-                self._issued = {}
-            if done and self.ledger.next_seq(self.rank) > seq0:   # the block issued collectives
+            if done and issued:
                 self.ctx.timeline.extend_last(time.perf_counter() - t0)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

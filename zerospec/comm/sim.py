@@ -13,7 +13,7 @@ import time
 import torch
 
 from ..errors import ClusterAborted, CollectiveError
-from .interconnect import Call
+from .interconnect import Call, shares_storage
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -129,7 +129,7 @@ class SimBackend:
             # the copy writes the same values; rank r ≥ 1's input is read before rank r is written
             first = calls[0].out.view(-1)
             size = calls[0].inp.numel()
-            if any(_shares_storage(c.inp, first) for c in calls[1:]):   # ranks sharing tensors
+            if any(shares_storage(c.inp, first) for c in calls[1:]):   # ranks sharing tensors
                 first.copy_(torch.cat([c.inp.reshape(-1) for c in calls]))  # read all first
             else:
                 for r, c in enumerate(calls):
@@ -143,10 +143,6 @@ class SimBackend:
             for r, c in enumerate(calls):
                 if r != calls[0].src:
                     c.out.copy_(src)
-
-
-def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _shapes(calls: list[Call], attr: str) -> str:

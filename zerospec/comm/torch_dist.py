@@ -46,7 +46,7 @@ import torch.distributed as dist
 from ..cluster import RankContext
 from ..errors import CollectiveError
 from ..memory import MemoryLedger
-from .interconnect import Call, Interconnect
+from .interconnect import Call, Interconnect, shares_storage
 from .ledger import CommLedger
 
 MIN_TORCH = (2, 9)
@@ -172,7 +172,7 @@ class TorchDistBackend:
 
     def _all_gather(self, c: Call) -> None:
         inp = c.inp.reshape(-1)
-        if _overlaps(inp, c.out):       # stage 1 gathers its own chunk of the output buffer
+        if shares_storage(inp, c.out):       # stage 1 gathers its own chunk of the output buffer
             inp = inp.clone()
         self._issue(c, lambda a: _all_gather(c.out.view(-1), inp, group=self.group, async_op=a),
                     lambda: None)
@@ -208,10 +208,6 @@ class TorchDistBackend:
         what = re.sub(r"^\[[^\]]*\]\s*", "", (str(exc).strip().splitlines() or [""])[0])
         return (f"rank {self.rank}: {call.describe()} on {self.name} failed"
                 f"{' because ' + cause if cause else ''} ({type(exc).__name__}: {what})")
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _check_local(c: Call, n: int) -> None:

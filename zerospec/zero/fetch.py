@@ -8,8 +8,9 @@ leaf, and yields parameter-shaped views of it. Two autograd mechanisms then do t
   stores a *reference* (unit, size, stride, offset) instead of the data; in stage 3 the unpack
   hook asks the stage for the unit again in backward (the re-gather of C24/C57, in reverse order),
   casts it again and rebuilds the view; stages 0–2 keep every unit resident, so their backward
-  reuses the forward's cast (same bits, one pass over the unit fewer). Every other saved tensor is an activation: counted in the memory ledger,
-  deduplicated by storage, released when backward has consumed it.
+  reuses the forward's cast (same bits, one pass over the unit fewer). Every other saved tensor
+  is an activation: counted in the memory ledger, deduplicated by storage, released when
+  backward has consumed it.
 * a custom autograd Function, :class:`_UnitViews`, makes the parameter views: autograd calls its
   backward once per use, when the gradients of all of that use's parameters are complete (None
   for a parameter the use left out: the LM head uses wte, not wpe). Once every forward use of a
