@@ -14,9 +14,9 @@ import statistics
 
 import pytest
 
-from zerospec.model import SMALL
-from zerospec.peers import PEERS, compare
-from zerospec.train import TrainConfig
+from zerospec.model.gpt import SMALL
+from zerospec.testing.oracles import PEERS, compare
+from zerospec.training.config import TrainConfig
 
 N, STEPS, TARGET = 4, 10, 1.5
 

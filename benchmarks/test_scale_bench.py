@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from zerospec.presets import preset
-from zerospec.scale import measure_stages
+from zerospec.model.presets import preset
+from zerospec.training.scale import measure_stages
 
 CASES = [("7.5B", 64, 10.0), ("1T", 1024, 60.0)]
 

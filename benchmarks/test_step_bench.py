@@ -17,11 +17,12 @@ import statistics
 import pytest
 import torch
 
-from zerospec import model as gpt
-from zerospec.data import BigramData
-from zerospec.optim import AdamConfig, reference_optimizer
-from zerospec.cluster import _torch_threads as torch_threads
-from zerospec.train import TrainConfig, train
+from zerospec.model import gpt
+from zerospec.model.data import BigramData
+from zerospec.optim.adam import AdamConfig, reference_optimizer
+from zerospec.cluster.threads import torch_threads
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 from conftest import best_of
 

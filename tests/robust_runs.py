@@ -7,9 +7,11 @@ import functools
 
 import torch
 
-from zerospec.loss_scale import LossScale
-from zerospec.model import ODD
-from zerospec.train import Result, TrainConfig, train
+from zerospec.optim.loss_scale import LossScale
+from zerospec.model.gpt import ODD
+from zerospec.training.result import Result
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 SCALER = LossScale(init_scale=2.0 ** 10, growth_interval=2)   # grows every 2 clean steps
 INJECT = {"loss_scale": SCALER, "inject_overflow": ((2, 0),)}  # rank 0's gradient overflows at step 2

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import functools
 
-from zerospec.model import ODD, SMALL
-from zerospec.train import Result, TrainConfig, train
+from zerospec.model.gpt import ODD, SMALL
+from zerospec.training.result import Result
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 MODELS = {"small": SMALL, "odd": ODD}
 N_DS = (1, 2, 4, 8, 32)

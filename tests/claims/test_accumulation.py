@@ -15,7 +15,8 @@ import torch
 
 from tests.robust_runs import assert_same_training, run
 from tests.runs import stage_id
-from zerospec import robust_tables, theory
+from zerospec.report import robust_tables
+from zerospec.paper import theory
 
 GS = (1, 2, 4)
 PASSES = {0: lambda g: 2, 1: lambda g: 2, 2: lambda g: g + 1, 3: lambda g: 3 * g}   # × Ψ(N−1)/N

@@ -21,10 +21,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerospec import checkpoint, robust_tables
-from zerospec.loss_scale import LossScale
-from zerospec.model import ODD, GPTConfig
-from zerospec.train import TrainConfig, train
+from zerospec.training import checkpoint
+from zerospec.report import robust_tables
+from zerospec.optim.loss_scale import LossScale
+from zerospec.model.gpt import ODD, GPTConfig
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 N, G, BATCH, SAVED, STEPS = 4, 6, 24, 2, 4
 BASE = {"model": ODD, "global_batch": BATCH, "clip_grad_norm": 0.5,

@@ -1,7 +1,7 @@
 """Global-norm clipping from shards: every stage computes the same pre-clip norm, bit for bit, and
 it is the exact norm of the whole, unsharded gradient, rounded once (P5).
 
-No tolerance anywhere: zerospec/clip.py sums the squares exactly (integer bins per binade), so the
+No tolerance anywhere: zerospec/optim/clip.py sums the squares exactly (integer bins per binade), so the
 oracle is ``math.fsum`` over the full gradient's squares (each square of an fp32 number is exact
 in fp64; fsum returns the correctly rounded exact sum), compared with ``==``.
 """
@@ -14,8 +14,8 @@ import torch
 
 from tests.robust_runs import CLIP, assert_same_training, config, run
 from tests.runs import stage_id
-from zerospec import robust_tables
-from zerospec.train import train
+from zerospec.report import robust_tables
+from zerospec.training.run import train
 
 
 @pytest.mark.parametrize("stage,n_d", [pytest.param(s, n, id=f"{stage_id(s)}/nd={n}")

@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 
 from tests.runs import MODELS, run, stage_cases, stage_id
-from zerospec import theory
+from zerospec.paper import theory
 
 STEP = 2  # any step: every step moves the same bytes
 CLAIM = {0: "C21", 1: "C23", 2: "C22", 3: "C24"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.runs import run, stage_id
-from zerospec import theory
+from zerospec.paper import theory
 
 CASES = [pytest.param(n, m, id=f"nd={n}/{m}") for n, m in [(8, "small"), (4, "odd")]]
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from tests.robust_runs import CLIP, INJECT, config
-from zerospec import robust_tables
-from zerospec.cluster import VirtualCluster
-from zerospec.train import train
+from zerospec.report import robust_tables
+from zerospec.cluster.threads import VirtualCluster
+from zerospec.training.run import train
 
 # everything at once (loss scaling with an injected overflow, clipping, exact accumulation: every
 # reduction is order-free by design), and the plain step with fp32 gradients, whose fp32 sums

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.runs import MODELS, N_DS, run, stage_id
-from zerospec.reference import reference_train
+from zerospec.testing.reference import reference_train
 
 CASES = [pytest.param(s, n, m, v, id=f"{stage_id(s)}{'-allreduce' if v == 'all_reduce' else ''}/nd={n}/{m}")
          for m in MODELS for n in N_DS for s, v in [(1, "reduce_scatter"), (2, None), (3, None)]
@@ -61,7 +61,8 @@ def test_losses_fall_so_the_comparison_is_not_vacuous():
 
 def test_repeated_runs_are_bit_identical():
     """Determinism: the same config twice gives the same bits (the baton fixes the schedule)."""
-    from zerospec.train import TrainConfig, train
+    from zerospec.training.config import TrainConfig
+    from zerospec.training.run import train
     cfg = TrainConfig(stage=3, n_d=4, model=MODELS["odd"], steps=2)
     a, b = train(cfg), train(cfg)
     assert all(torch.equal(a.master[k], b.master[k]) for k in a.master) and a.losses == b.losses

@@ -17,9 +17,9 @@ import torch
 
 from tests.robust_runs import INJECT, SCALER, assert_same_training, config, run
 from tests.runs import stage_id
-from zerospec import robust_tables
-from zerospec.loss_scale import LossScale
-from zerospec.train import train
+from zerospec.report import robust_tables
+from zerospec.optim.loss_scale import LossScale
+from zerospec.training.run import train
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3], ids=stage_id)

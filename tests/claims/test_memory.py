@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.runs import run, stage_cases, stage_id
-from zerospec import VirtualCluster, theory
-from zerospec.model import GPTConfig, init_params
-from zerospec.optim import AdamConfig
+from zerospec import VirtualCluster
+from zerospec.paper import theory
+from zerospec.model.gpt import GPTConfig, init_params
+from zerospec.optim.adam import AdamConfig
 from zerospec.zero import STAGES
 
 CLAIM = {0: "C6", 1: "C7", 2: "C8", 3: "C9"}

@@ -1,8 +1,8 @@
 """The paper's own model sizes, measured: 7.5B, 128B, 1T on up to 1024 GPUs, on meta tensors.
 
 Every number here comes from the ledgers of the unchanged stage code run on ``meta`` tensors
-(:mod:`zerospec.scale`; exact for all N ranks, see tests/unit/test_scale_meta.py). The presets' exact Ψ
-(:mod:`zerospec.presets`): 7.5B = 7,499,274,240; 128B = 128,480,755,712; 1T = 1,007,988,403,200;
+(:mod:`zerospec.training.scale`; exact for all N ranks, see tests/unit/test_scale_meta.py). The presets' exact Ψ
+(:mod:`zerospec.model.presets`): 7.5B = 7,499,274,240; 128B = 128,480,755,712; 1T = 1,007,988,403,200;
 GPT-2 1.5B = 1,557,611,200. Their widths are multiples of 1024, so no unit needs padding at any N_d
 of Table 1 (Ψ_p = Ψ); the tests still use Ψ_p, which is what the formulas hold exactly with.
 
@@ -20,9 +20,9 @@ from fractions import Fraction
 
 import pytest
 
-from zerospec import theory
-from zerospec.presets import TABLE4, preset
-from zerospec.scale import measure
+from zerospec.paper import theory
+from zerospec.model.presets import TABLE4, preset
+from zerospec.training.scale import measure
 from zerospec.zero import LABELS
 
 GB = theory.GB

@@ -10,7 +10,7 @@ import pathlib
 
 from tests.runs import run
 from tools import specsync
-from zerospec import tables
+from zerospec.report import spec_tables as tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEED = [(0, {}), (1, {}), (1, {"zero1_comm": "all_reduce"}), (2, {}), (3, {})]
@@ -59,7 +59,7 @@ def test_spec_pages_show_the_snapshots_verbatim():
 def test_scale_7_5b_on_64_gpus(md_snapshot):
     """Figure 1 measured: one step of every stage for the 7.5B preset on 64 meta GPUs."""
     from tests.claims.test_scale import one_step
-    from zerospec.scale import markdown
+    from zerospec.training.scale import markdown
     assert markdown({s: one_step("7.5B", s, 64) for s in range(4)}) + "\n" == md_snapshot
 
 

@@ -11,8 +11,8 @@ from fractions import Fraction
 
 import pytest
 
-from zerospec import theory
-from zerospec.theory import GB, TABLE1_ND, V100_BYTES
+from zerospec.paper import theory
+from zerospec.paper.theory import GB, TABLE1_ND, V100_BYTES
 
 # Table 1 as printed (C15/C16): N_d -> model -> (P_os, P_os+g, P_os+g+p), GB
 TABLE1 = {

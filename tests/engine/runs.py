@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 
 from tests.runs import MODELS, STEPS
-from zerospec.launch import train_processes
-from zerospec.train import TrainConfig
+from zerospec.training.run import train_processes
+from zerospec.training.config import TrainConfig
 
 
 def gloo(n_d: int, model: str = "small", precision: str = "fp16") -> tuple:
@@ -28,7 +28,7 @@ THREADS = 1   # the launcher's default torch threads per rank process
 def sim_matched(stage: int, n_d: int, model: str, precision: str):
     """The simulator with the rank processes' intra-op thread count: CPU kernels split their
     reductions by thread, so bit-equality across engines needs the same count (spec/engine.md)."""
-    from zerospec.cluster import VirtualCluster
-    from zerospec.train import train
+    from zerospec.cluster.threads import VirtualCluster
+    from zerospec.training.run import train
     cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=STEPS, precision=precision)
     return train(cfg, cluster=VirtualCluster(n_d, torch_threads=THREADS))

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tests.engine import workers
-from zerospec.cluster import VirtualCluster
+from zerospec.cluster.threads import VirtualCluster
 from zerospec.comm.torch_dist import check_torch_version
-from zerospec.launch import launch
+from zerospec.cluster.processes import launch
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"nd={n}")

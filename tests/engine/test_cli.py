@@ -47,9 +47,10 @@ def test_bad_arguments_are_one_line_errors(capsys, bad, message):
 
 def test_robustness_flags_reach_the_run_and_its_table(capsys):
     """--loss-scale/--clip-grad-norm/--grad-accum give train()'s run, with their columns."""
-    from zerospec.loss_scale import LossScale
-    from zerospec.model import ODD
-    from zerospec.train import TrainConfig, train
+    from zerospec.optim.loss_scale import LossScale
+    from zerospec.model.gpt import ODD
+    from zerospec.training.config import TrainConfig
+    from zerospec.training.run import train
     assert main([*ARGS, "--loss-scale", "1024", "--clip-grad-norm", "0.01", "--grad-accum", "2"]) == 0
     out = capsys.readouterr().out
     assert "2 micro-batches per step" in out and "| loss scale | skipped | grad norm |" in out

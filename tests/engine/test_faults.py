@@ -7,9 +7,9 @@ import pytest
 
 from tests.engine import workers
 from tests.runs import MODELS
-from zerospec.errors import RankError
-from zerospec.launch import launch
-from zerospec.train import TrainConfig
+from zerospec.runtime.errors import RankError
+from zerospec.cluster.processes import launch
+from zerospec.training.config import TrainConfig
 
 TIMEOUT = 20.0   # the process group's timeout: no rank may wait longer than this
 

@@ -6,8 +6,8 @@ import torch
 
 from tests.engine import workers
 from tests.runs import MODELS, run, stage_id
-from zerospec.launch import launch
-from zerospec.train import TrainConfig
+from zerospec.cluster.processes import launch
+from zerospec.training.config import TrainConfig
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (NCCL)")]

@@ -1,8 +1,8 @@
 """torch's own engines as oracles: each zerospec stage trains like its peer, step for step (fp32).
 
-Peers (zerospec.peers): stage 0 ↔ DDP + Adam, 1 ↔ ZeroRedundancyOptimizer(Adam), 2 ↔ FSDP2
+Peers (zerospec.testing.oracles): stage 0 ↔ DDP + Adam, 1 ↔ ZeroRedundancyOptimizer(Adam), 2 ↔ FSDP2
 fully_shard(reshard_after_forward=False), 3 ↔ FSDP2 fully_shard(reshard_after_forward=True); same
-model (zerospec.model's math as an nn.Module), initial weights, data and Adam hyper-parameters.
+model (zerospec.model.gpt's math as an nn.Module), initial weights, data and Adam hyper-parameters.
 
 Tolerances, derived (spec/engine.md, "How close the peers must be"):
 
@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from tests.runs import MODELS, STEPS, stage_id
-from zerospec.peers import PEERS, compare
-from zerospec.train import TrainConfig
+from zerospec.testing.oracles import PEERS, compare
+from zerospec.training.config import TrainConfig
 
 STAGES = (0, 1, 2, 3)
 

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from tests.runs import stage_id
-from zerospec import checkpoint
-from zerospec.launch import train_processes
-from zerospec.loss_scale import LossScale
-from zerospec.model import ODD
-from zerospec.train import TrainConfig, train
+from zerospec.training import checkpoint
+from zerospec.training.run import train_processes
+from zerospec.optim.loss_scale import LossScale
+from zerospec.model.gpt import ODD
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 CFGS = [TrainConfig(stage=s, n_d=4, model=ODD, steps=3, exact_grads=True, clip_grad_norm=0.5,
                     loss_scale=LossScale(init_scale=2.0 ** 10, growth_interval=2),

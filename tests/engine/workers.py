@@ -8,7 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from zerospec import train as tr
+from zerospec.training import run as tr
 
 
 def collectives(ctx) -> dict:
@@ -106,7 +106,7 @@ def gpu_memory(ctx, cfg) -> dict:
     sizes = [t.untyped_storage().nbytes() for t in _live_tensors(stage)]
     del stage
     # a whole training run on a fresh context: the ledger's peak against the allocator's
-    from zerospec.launch import new_context
+    from zerospec.cluster.processes import new_context
     run_ctx = new_context()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()

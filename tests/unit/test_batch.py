@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from zerospec import VirtualCluster
-from zerospec.cluster import RankContext
+from zerospec.runtime.context import RankContext
 from zerospec.comm.interconnect import Interconnect
 from zerospec.comm.ledger import CommLedger
-from zerospec.errors import CollectiveError
-from zerospec.memory import MemoryLedger
+from zerospec.runtime.errors import CollectiveError
+from zerospec.runtime.memory import MemoryLedger
 
 WAIT = 0.05
 

@@ -10,13 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerospec import checkpoint
-from zerospec.checkpoint import CheckpointError, TrainState
-from zerospec.errors import RankError
-from zerospec.loss_scale import LossScale
-from zerospec.model import ODD, SMALL
-from zerospec.partition import make_units
-from zerospec.train import TrainConfig, train
+from zerospec.training import checkpoint
+from zerospec.training.checkpoint import CheckpointError, TrainState
+from zerospec.runtime.errors import RankError
+from zerospec.optim.loss_scale import LossScale
+from zerospec.model.gpt import ODD, SMALL
+from zerospec.model.units import make_units
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 META = {"step": 3, "optim_step": 3, "stage": 2, "n_ranks": 1, "precision": "fp16", "scaler": None,
         "data": {"seed": 0, "global_batch": 8}}

@@ -86,8 +86,8 @@ def test_bad_report_input_is_one_line_and_exit_code_2(capsys, argv, named):
 
 def test_an_unwritable_out_directory_fails_before_measuring(capsys, tmp_path, monkeypatch):
     """--out that cannot be created: exit 2 with one line, and no training was started."""
-    import zerospec.report
-    monkeypatch.setattr(zerospec.report, "measure", lambda *a, **k: pytest.fail("measured before --out"))
+    import zerospec.report.measure
+    monkeypatch.setattr(zerospec.report.measure, "measure", lambda *a, **k: pytest.fail("measured before --out"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     rc, out, err = run_cli(capsys, *SMALL_RUN, "--quiet", "--out", str(blocker / "sub"))

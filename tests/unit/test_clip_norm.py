@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from zerospec.clip import clip_coefficient, norm_from_bins, square_bins
+from zerospec.optim.clip import clip_coefficient, norm_from_bins, square_bins
 
 FP32 = arrays(np.float32, st.integers(1, 300),
               elements=st.floats(width=32, min_value=-2.0 ** 60, max_value=2.0 ** 60))

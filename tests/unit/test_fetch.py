@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from zerospec.memory import MemoryLedger
-from zerospec.partition import make_units
+from zerospec.runtime.memory import MemoryLedger
+from zerospec.model.units import make_units
 from zerospec.zero.fetch import ParamFetcher
 
 

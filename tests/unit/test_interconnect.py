@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from zerospec import VirtualCluster
-from zerospec.theory import ring_factor
+from zerospec.paper.theory import ring_factor
 
 DTYPES = st.sampled_from([torch.float16, torch.bfloat16, torch.float32])
 

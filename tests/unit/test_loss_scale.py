@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerospec.loss_scale import LossScale, LossScaler, poison
+from zerospec.optim.loss_scale import LossScale, LossScaler, poison
 
 
 @settings(max_examples=60, deadline=None)

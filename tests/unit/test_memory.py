@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerospec.memory import MemoryLedger
+from zerospec.runtime.memory import MemoryLedger
 
 
 def test_alloc_counts_numel_times_element_size_and_free_returns_it():

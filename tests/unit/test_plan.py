@@ -1,4 +1,4 @@
-"""zerospec.plan and zerospec.estimators: the paper's tables, its Figure 1 example and the other tools'
+"""zerospec.report.plan and zerospec.paper.estimators: the paper's tables, its Figure 1 example and the other tools'
 accountings, checked against printed values (the paper's, DeepSpeed's docs, Megatron's table)."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from zerospec import plan, theory
-from zerospec.estimators import estimators
+from zerospec.report import plan
+from zerospec.paper import theory
+from zerospec.paper.estimators import estimators
 
 GB, GIB = 10**9, 2**30
 
@@ -132,7 +133,7 @@ def test_seed_scaled_table_at_32_gpus_with_the_exact_ring_factor():
 # -- estimators ----------------------------------------------------------------------------------
 def test_deepspeed_zero3_matches_its_documented_printout():
     """DeepSpeed docs (memory.rst, 2851M params, 32M largest layer, 8 GPUs): 6.09 / 0.78 / 0.12 GiB."""
-    from zerospec.estimators import deepspeed_bytes
+    from zerospec.paper.estimators import deepspeed_bytes
     psi, layer = 2851 * 10**6, 32 * 10**6
     printed = {(False, False): "6.09", (True, False): "0.78", (True, True): "0.12"}
     for (opt, params), gib in printed.items():
@@ -144,7 +145,7 @@ def test_deepspeed_zero2_is_2psi_plus_18psi_over_n_and_2psi_offloaded():
     """ZeRO-2 at 2851M params on 8 GPUs: 5.31 GiB offloaded (docs); 2Ψ + 18Ψ/8 = 12,116,750,000 B."""
     est = estimators()["deepspeed"]
     assert est.model_state_bytes(2, 2851 * 10**6, 8) == 12_116_750_000
-    from zerospec.estimators import deepspeed_bytes
+    from zerospec.paper.estimators import deepspeed_bytes
     assert abs(Fraction(deepspeed_bytes(2, 2851 * 10**6, 8, offload_optimizer=True), GIB)
                - Fraction("5.31")) <= Fraction(5, 1000)
     assert est.model_state_bytes(0, 10**9, 8) is None     # DeepSpeed has no stage-0 estimator

@@ -1,4 +1,4 @@
-"""zerospec.report: the numbers in the report's tables are this run's measurements, and they agree
+"""zerospec.report.measure: the numbers in the report's tables are this run's measurements, and they agree
 with the paper's closed forms (theory.py) where the paper makes a claim."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from fractions import Fraction
 
 import pytest
 
-from zerospec import theory
-from zerospec.report import VARIANTS, ReportConfig, measure, setup_model_states
-from zerospec.report_tables import TABLES, build_tables
+from zerospec.paper import theory
+from zerospec.report.measure import VARIANTS, ReportConfig, measure, setup_model_states
+from zerospec.report.tables import TABLES, build_tables
 
 N = 4
 

@@ -6,10 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerospec import checkpoint
-from zerospec.cluster import VirtualCluster
-from zerospec.loss_scale import LossScale
-from zerospec.train import TrainConfig
+from zerospec.training import checkpoint
+from zerospec.cluster.threads import VirtualCluster
+from zerospec.optim.loss_scale import LossScale
+from zerospec.training.config import TrainConfig
 
 
 @pytest.mark.parametrize("kwargs,match", [

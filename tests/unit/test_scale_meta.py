@@ -1,4 +1,4 @@
-"""zerospec.scale: a few representative ranks on meta tensors stand exactly for all N.
+"""zerospec.training.scale: a few representative ranks on meta tensors stand exactly for all N.
 
 The central check is ``test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads``: the
 same step run for every one of 64 ranks through the ordinary VirtualCluster (thread rendezvous)
@@ -11,15 +11,16 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from zerospec import scale as scale_mod
+from zerospec.training import scale as scale_mod
 from zerospec.comm.interconnect import Call
 from zerospec.comm.meta import MetaBackend
-from zerospec.errors import CollectiveError, RankError
-from zerospec.model import GPTConfig
-from zerospec.partition import make_units
-from zerospec.presets import PAPER, PRESETS, preset
-from zerospec.scale import measure, rank_classes
-from zerospec.train import TrainConfig, train
+from zerospec.runtime.errors import CollectiveError, RankError
+from zerospec.model.gpt import GPTConfig
+from zerospec.model.units import make_units
+from zerospec.model.presets import PAPER, PRESETS, preset
+from zerospec.training.scale import measure, rank_classes
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=3, n_embd=15)  # units 735, 2895 ×2, 30
 ONE_LAYER = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=3, n_embd=15)

@@ -1,10 +1,11 @@
-"""zerospec.timeline: one step's measured events replayed on N parallel clocks."""
+"""zerospec.report.replay: one step's measured events replayed on N parallel clocks."""
 from __future__ import annotations
 
 import pytest
 
-from zerospec.timeline import parallel_time
-from zerospec.train import TrainConfig, train
+from zerospec.report.replay import parallel_time
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 # Two ranks, one all-reduce: rank 1 computes longer, so rank 0 waits 2 s at the rendezvous.
 TWO_RANKS = [

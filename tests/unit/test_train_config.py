@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from zerospec.model import GPTConfig
-from zerospec.optim import AdamConfig
-from zerospec.train import TrainConfig
+from zerospec.model.gpt import GPTConfig
+from zerospec.optim.adam import AdamConfig
+from zerospec.training.config import TrainConfig
 
 
 @pytest.mark.parametrize("kwargs,match", [

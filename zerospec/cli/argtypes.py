@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from .. import plan
+from ..report import plan
 
 
 def _wrap(parse):

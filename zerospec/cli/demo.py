@@ -9,7 +9,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..train import TrainConfig, train
+    from ..training.config import TrainConfig
+    from ..training.run import train
     configs = [TrainConfig(stage=stage, n_d=args.ranks, steps=args.steps) for stage in range(4)]
     print("| stage | model states /GPU (B) | comm /step /GPU (elements) | collectives /step | loss |")
     print("|---|---|---|---|---|")

@@ -8,8 +8,8 @@ from . import argtypes as T
 
 
 def add_parser(sub) -> None:
-    from ..estimators import ESTIMATOR_NAMES
-    from ..report_format import FORMATS
+    from ..paper.estimators import ESTIMATOR_NAMES
+    from ..report.format import FORMATS
     p = sub.add_parser("plan", help="per-GPU model states, fit, comm and time per stage for any Ψ and N; "
                                     "the paper's Table 1 and 2",
                        description=__doc__.splitlines()[0])
@@ -42,8 +42,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import plan, theory
-    from ..report_format import render
+    from ..report import plan
+    from ..paper import theory
+    from ..report.format import render
     tables = []
     largest = args.largest_layer or 0
     if args.table1:

@@ -10,10 +10,10 @@ from . import argtypes as T
 
 
 def add_parser(sub) -> None:
-    from ..model import SMALL
-    from ..report import VARIANTS
-    from ..report_format import FORMATS
-    from ..report_tables import TABLES
+    from ..model.gpt import SMALL
+    from ..report.measure import VARIANTS
+    from ..report.format import FORMATS
+    from ..report.tables import TABLES
     p = sub.add_parser("report", help="run every stage on N virtual GPUs; print the measured tables, "
                                       "write figures",
                        description=__doc__.splitlines()[0])
@@ -53,10 +53,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model import GPTConfig
-    from ..report import ReportConfig, measure
-    from ..report_format import render
-    from ..report_tables import build_tables, header
+    from ..model.gpt import GPTConfig
+    from ..report.measure import ReportConfig, measure
+    from ..report.format import render
+    from ..report.tables import build_tables, header
     if args.embd % args.heads:   # in the flags' names, not GPTConfig's n_embd/n_head
         raise ValueError(f"--embd {args.embd} must be divisible by --heads {args.heads}: every "
                          f"head gets --embd/--heads dimensions")
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     text = render(tables, args.format, header=header(m), meta=meta)
     sys.stdout.write(text)
     if not args.no_figures:
-        from ..report_figures import write_figures
+        from ..report.figures import write_figures
         ext = {"markdown": "md", "json": "json", "csv": "csv"}[args.format]
         (args.out / f"report.{ext}").write_text(text)
         figs = write_figures(m, args.out)

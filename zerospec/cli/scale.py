@@ -15,7 +15,7 @@ def _usage(message: str) -> Exception:
 def add_parser(sub) -> None:
     p = sub.add_parser("scale", description=__doc__.splitlines()[0].replace("``", ""), help="measure per-GPU model states and traffic of a paper-size "
                                      "model on meta tensors (no memory needed)")
-    p.add_argument("--preset", default=None, help="a model from zerospec.presets (see --list); "
+    p.add_argument("--preset", default=None, help="a model from zerospec.model.presets (see --list); "
                                                   "default 7.5B unless --layers/--hidden are given")
     p.add_argument("--gpus", type=int, default=64, help="data-parallel degree N_d, default 64")
     p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages, default 0,1,2,3")
@@ -40,8 +40,8 @@ def _stages(text: str) -> tuple[int, ...]:
 
 
 def _model(args):
-    from ..model import GPTConfig
-    from ..presets import GPT2_CONTEXT, GPT2_VOCAB, preset
+    from ..model.gpt import GPTConfig
+    from ..model.presets import GPT2_CONTEXT, GPT2_VOCAB, preset
     custom = [args.layers, args.hidden, args.heads, args.vocab, args.seq]
     if any(v is not None for v in custom):
         if args.preset is not None:
@@ -61,8 +61,8 @@ def _model(args):
 
 
 def run(args) -> int:
-    from ..presets import PRESETS
-    from ..scale import markdown, measure_stages
+    from ..model.presets import PRESETS
+    from ..training.scale import markdown, measure_stages
     if args.list:
         print("| preset | layers | hidden | heads | Ψ | source |\n|---|---|---|---|---|---|")
         for p in PRESETS.values():

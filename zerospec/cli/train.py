@@ -20,7 +20,7 @@ MODELS = ("small", "odd")
 
 def add_parser(sub) -> None:
     from . import argtypes as T
-    from ..precision import POLICIES
+    from ..optim.precision import POLICIES
     from ..zero import ZERO1_COMM
     p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help="train one ZeRO stage on the simulator or on real processes "
                                      "(torch.distributed), and print losses and traffic")
@@ -49,9 +49,9 @@ def add_parser(sub) -> None:
 
 
 def _config(args, n_d: int):
-    from .. import model as gpt
-    from ..loss_scale import LossScale
-    from ..train import TrainConfig
+    from ..model import gpt
+    from ..optim.loss_scale import LossScale
+    from ..training.config import TrainConfig
     scale = LossScale(init_scale=args.loss_scale) if args.loss_scale is not None else None
     return TrainConfig(stage=args.stage, n_d=n_d, model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
                        steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
@@ -91,12 +91,12 @@ def run(args) -> int:
     if args.ranks is not None and args.ranks < 1:
         raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
     if args.backend == "sim":
-        from ..train import train
+        from ..training.run import train
         print(summary(train(_config(args, args.ranks or 4)), "sim"))
         return 0
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _run_torchrun(args)
-    from ..launch import train_processes
+    from ..training.run import train_processes
     print(summary(train_processes(_config(args, args.ranks or 4)), "torch (gloo, local processes)"))
     return 0
 
@@ -107,9 +107,8 @@ def _run_torchrun(args) -> int:
     import torch.distributed as dist
 
     from . import UsageError
-    from .. import train as tr
+    from ..training import run as tr
     from ..comm.torch_dist import check_torch_version, rank_context
-    from ..launch import assemble
     check_torch_version()
     world = int(os.environ["WORLD_SIZE"])
     if args.ranks is not None and args.ranks != world:
@@ -123,17 +122,14 @@ def _run_torchrun(args) -> int:
         cfg = _config(args, world)
         ctx = rank_context(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu",
                            store=dist.distributed_c10d._get_default_store())
-        units = cfg.units()
-        out = tr.rank_main(ctx, cfg, units, tr.initial_weights(cfg, units), tr.make_batches(cfg))
-        mine = {"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
-                "timeline": ctx.timeline.events, "seconds": sum(out.seconds.values())}
+        mine, = tr.train_rank(ctx, [cfg])
         # reporting only: gathered outside the Interconnect, so the ledger does not count it
         mine = _to_cpu(mine)
         every = [None] * world
         dist.gather_object(mine, every if ctx.rank == 0 else None, dst=0)
         if ctx.rank == 0:
             backend = f"torch ({dist.get_backend()}, torchrun)"
-            print(summary(assemble(cfg, every), backend))
+            print(summary(tr.assemble(cfg, every), backend))
     finally:
         dist.destroy_process_group()
     return 0

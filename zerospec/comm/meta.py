@@ -1,6 +1,6 @@
 """Meta backend: one rank's side of every collective, with no peers and no data.
 
-Used by :mod:`zerospec.scale` to run paper-size models on ``meta`` tensors (shapes and dtypes, no
+Used by :mod:`zerospec.training.scale` to run paper-size models on ``meta`` tensors (shapes and dtypes, no
 storage). A meta tensor has no values to move, so a collective needs no rendezvous: the caller has
 already allocated its output with the shape the collective defines, and all that is left is to
 check that the shapes fit the true world size N. The
@@ -10,13 +10,13 @@ the ring-model traffic of a rank does not depend on how many ranks actually ran.
 
 The backend also keeps, per rank, the ``src`` of each collective in order: the ledger's records do
 not carry it, and a broadcast's per-rank traffic depends on it (C21's ring model), so
-:class:`zerospec.scale.ScaleResult` needs it to book the same trace for another rank.
+:class:`zerospec.training.scale.ScaleResult` needs it to book the same trace for another rank.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ..errors import CollectiveError
+from ..runtime.errors import CollectiveError
 from .interconnect import Call
 from .sim import _validate
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ..errors import ClusterAborted, CollectiveError
+from ..runtime.errors import ClusterAborted, CollectiveError
 from .interconnect import Call, shares_storage
 
 
@@ -34,7 +34,7 @@ def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
 
 
 class SimBackend:
-    """Thread rendezvous on a :class:`~zerospec.cluster.Baton`; one collective in flight at a time."""
+    """Thread rendezvous on a :class:`~zerospec.cluster.threads.Baton`; one collective in flight at a time."""
 
     def __init__(self, baton):
         self.baton = baton

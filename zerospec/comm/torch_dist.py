@@ -31,9 +31,9 @@ collectives (no home-made transport). What it does beyond a plain ``dist.*`` cal
   Buffers, ops and the order gloo sees them in are the same, so are the bits; each collective is
   booked as itself.
 
-A failure inside a collective is re-raised as :class:`~zerospec.errors.CollectiveError` naming this
+A failure inside a collective is re-raised as :class:`~zerospec.runtime.errors.CollectiveError` naming this
 rank, the collective and, when a peer reported itself through the store (see
-:mod:`zerospec.launch`), the rank that failed first.
+:mod:`zerospec.cluster.processes`), the rank that failed first.
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..cluster import RankContext
-from ..errors import CollectiveError
-from ..memory import MemoryLedger
+from ..runtime.context import RankContext
+from ..runtime.errors import CollectiveError
+from ..runtime.memory import MemoryLedger
 from .interconnect import Call, Interconnect, shares_storage
 from .ledger import CommLedger
 
@@ -88,7 +88,7 @@ class TorchDistBackend:
         check_torch_version()
         if not dist.is_initialized():
             raise RuntimeError("TorchDistBackend needs torch.distributed to be initialised "
-                               "(dist.init_process_group, torchrun, or zerospec.launch)")
+                               "(dist.init_process_group, torchrun, or zerospec.cluster.processes)")
         self.group = group
         self.store = store                 # where peers report failures; None: no attribution
         self.failure_wait = failure_wait   # seconds to wait for a peer's report after an error
@@ -229,7 +229,7 @@ def _check_local(c: Call, n: int) -> None:
 def rank_context(device: str | torch.device = "cpu", *, group=None, store=None,
                  failure_wait: float = 5.0) -> RankContext:
     """This process's RankContext on an initialised process group: its own memory and comm ledgers
-    (only its own rank's records are filled; :mod:`zerospec.launch` merges them)."""
+    (only its own rank's records are filled; :mod:`zerospec.cluster.processes` merges them)."""
     backend = TorchDistBackend(group, store, failure_wait)
     ctx = RankContext(backend.rank, backend.n, MemoryLedger(device), None)
     ctx.comm = Interconnect(ctx, backend, CommLedger(backend.n))

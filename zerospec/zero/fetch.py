@@ -32,7 +32,7 @@ import dataclasses
 
 import torch
 
-from ..memory import storage_key
+from ..runtime.memory import storage_key
 
 
 @dataclasses.dataclass

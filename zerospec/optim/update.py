@@ -3,9 +3,9 @@
 Order matters and is the same in every stage:
 
 1. with loss scaling, every rank checks the gradient it owns for inf/nan and the flags are
-   all-reduced (``max``): all ranks skip the same steps (zerospec/loss_scale.py);
+   all-reduced (``max``): all ranks skip the same steps (zerospec/optim/loss_scale.py);
 2. with clipping, the pre-clip global norm is assembled from per-chunk partial sums in one fixed
-   order (zerospec/clip.py) and the clip coefficient follows from it;
+   order (zerospec/optim/clip.py) and the clip coefficient follows from it;
 3. Adam runs on the owned elements with ``grad_mul = coefficient / scale``: unscaling and clipping
    in one correctly rounded multiply (the scale is a power of two by default, so unscaling alone
    is exact).
@@ -20,7 +20,6 @@ import math
 
 from .clip import clip_coefficient, global_norm
 from .loss_scale import LossScale, LossScaler, found_overflow
-from .zero.accumulate import MAX_TERMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,29 +57,3 @@ class Updater:
         if self.scaler is not None:
             self.scaler.update(found_inf=False)
         return StepReport(False, scale, norm)
-
-
-def check_config(cfg) -> None:
-    """TrainConfig's robustness fields: ValueError naming the value and what is accepted."""
-    if cfg.loss_scale is not None and not isinstance(cfg.loss_scale, LossScale):
-        raise ValueError(f"loss_scale must be a LossScale or None, got {cfg.loss_scale!r}")
-    c = cfg.clip_grad_norm
-    if c is not None and not (isinstance(c, (int, float)) and 0 < c < float("inf")):
-        raise ValueError(f"clip_grad_norm must be a finite number > 0 or None, got {c!r}")
-    if cfg.exact and cfg.precision != "fp16":
-        raise ValueError(f"exact gradient sums (grad_accum_steps > 1 or exact_grads) need "
-                         f"precision='fp16', got {cfg.precision!r}: only fp16 values add "
-                         f"up exactly in fp64 (zerospec/zero/accumulate.py)")
-    if cfg.exact and cfg.n_d * cfg.grad_accum_steps > MAX_TERMS:
-        raise ValueError(f"n_d × grad_accum_steps = {cfg.n_d * cfg.grad_accum_steps} exceeds "
-                         f"{MAX_TERMS}, the most fp16 gradients fp64 sums exactly")
-    if (cfg.loss_scale or c or cfg.inject_overflow) and cfg.device == "meta":
-        raise ValueError("loss scaling, clipping and overflow injection need real values; "
-                         "device='meta' has none")
-    for pair in cfg.inject_overflow:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and 1 <= pair[0] <= cfg.steps
-                and 0 <= pair[1] < cfg.n_d):
-            raise ValueError(f"inject_overflow entries must be (step in 1..{cfg.steps}, rank in "
-                             f"0..{cfg.n_d - 1}), got {pair!r}")
-    if cfg.inject_overflow and cfg.loss_scale is None:
-        raise ValueError("inject_overflow needs loss_scale: without a scaler nothing detects it")

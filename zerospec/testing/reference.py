@@ -13,13 +13,13 @@ import contextlib
 
 import torch
 
-from . import model as gpt
-from .data import BigramData
+from ..model import gpt
+from ..model.data import BigramData
 
 
 def reference_train(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train ``cfg.model`` for ``cfg.steps`` steps on one process in fp32 → (losses, weights)."""
-    from .optim import reference_optimizer
+    from ..optim.adam import reference_optimizer
 
     init = gpt.init_params(cfg.model, cfg.seed)
     params = {u: {n: torch.nn.Parameter(t.clone()) for n, t in ps.items()} for u, ps in init.items()}

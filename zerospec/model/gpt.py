@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .partition import Unit, make_units
+from .units import Unit, make_units
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import theory
-from .report import Measurements
-from .memory import MODEL_STATES
+from ..paper import theory
+from .measure import Measurements
+from ..runtime.memory import MODEL_STATES
 
 MB = 1e6
 BUFFER_LABELS = {"param16": "fp16 parameters", "grad16": "fp16 gradients", "master32": "fp32 master",
@@ -78,7 +78,7 @@ def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
 
 
 def comm_per_stage(m: Measurements, out: Path) -> list[Path]:
-    from .report_tables import OPS, _mean_by_op
+    from .tables import OPS, _mean_by_op
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5))
     step = m.config.steps

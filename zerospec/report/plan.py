@@ -1,7 +1,7 @@
 """Will it fit, and what will it cost on the wire? The paper's closed forms for any Ψ, N_d and GPU.
 
-Every number here comes from :mod:`zerospec.theory` (memory C6–C9, communication C21–C24, maximum
-model size C17) or from the named estimators of :mod:`zerospec.estimators`; nothing is re-derived.
+Every number here comes from :mod:`zerospec.paper.theory` (memory C6–C9, communication C21–C24, maximum
+model size C17) or from the named estimators of :mod:`zerospec.paper.estimators`; nothing is re-derived.
 Model states only: activations, temporary buffers and fragmentation (C1's residual states) are not in
 these figures, which is why the paper's measured maxima are ~0.82 of the theoretical ones (C18).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from . import theory
-from .estimators import ESTIMATOR_NAMES, estimators
-from .report_format import (Table, fmt_bytes, fmt_count, fmt_psi, fmt_seconds, sig)
+from ..paper import theory
+from ..paper.estimators import ESTIMATOR_NAMES, estimators
+from .format import Table, fmt_bytes, fmt_count, fmt_psi, fmt_seconds, sig
 
 STAGE_NAMES = {0: "ZeRO-0 (DP)", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 (P_os+g+p)"}
 PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}

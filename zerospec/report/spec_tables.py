@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import torch
 
-from . import theory
+from ..paper import theory
 
 PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}
 FORMULA = {0: "16Ψ", 1: "4Ψ+12Ψ/N", 2: "2Ψ+14Ψ/N", 3: "16Ψ/N"}

@@ -1,7 +1,7 @@
 """Replay one step's measured events as if the ranks ran side by side: the honest step time on N GPUs.
 
-The virtual cluster runs one rank at a time (the baton, see :mod:`zerospec.cluster`), so a step's wall
-time is the *sum* of every rank's work. Each rank's :class:`~zerospec.cluster.Timeline` records what
+The virtual cluster runs one rank at a time (the baton, see :mod:`zerospec.cluster.threads`), so a step's wall
+time is the *sum* of every rank's work. Each rank's :class:`~zerospec.runtime.context.Timeline` records what
 it did while it held the CPU — ``(step, phase, "compute", seconds)`` — and, for every collective,
 ``(step, phase, op, seconds)`` with the data-movement time. :func:`parallel_time` replays those events
 on N independent clocks:

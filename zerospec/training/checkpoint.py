@@ -35,7 +35,7 @@ import shutil
 
 import torch
 
-from .partition import make_units
+from ..model.units import make_units
 
 FORMAT, VERSION = "zerospec-checkpoint", 1
 KINDS = ("param16", "master", "exp_avg", "exp_avg_sq")

@@ -1,7 +1,7 @@
 """Paper-scale models measured, not extrapolated: the stage code on ``meta`` tensors, a few ranks.
 
 ``measure(model, stage, n_d)`` runs one training step of ZeRO stage ``stage`` for a GPT of any size
-(7.5B, 1T: :mod:`zerospec.presets`) with ``device="meta"``: tensors carry shapes and dtypes but no
+(7.5B, 1T: :mod:`zerospec.model.presets`) with ``device="meta"``: tensors carry shapes and dtypes but no
 storage, so the memory ledger counts exactly the bytes a real run would hold and the interconnect
 books exactly the traffic it would move, while nothing is allocated and no arithmetic is done.
 
@@ -11,7 +11,7 @@ padding. So ranks are grouped into *classes* with the same number of real elemen
 shard; a class is an interval of ranks, cut where some unit's shard turns from all-real to partly
 padding to all padding. Typically: ranks 0..N−2, and the padded last rank N−1; plus, for a unit
 smaller than N (a LayerNorm at N = 1024), the ranks whose shard is padding only. One rank per class
-(its first) runs the unchanged per-rank step :func:`zerospec.train.rank_main`, alone, against a
+(its first) runs the unchanged per-rank step :func:`zerospec.training.run.rank_main`, alone, against a
 :class:`~zerospec.comm.meta.MetaBackend` (no rendezvous) and a :class:`CommLedger` for the true N.
 Stage 0 partitions nothing, so it has one class.
 
@@ -21,7 +21,7 @@ a :class:`CommLedger` of N ranks — the ledger's ring model is where ranks legi
 (an all-reduce of a size that N does not divide sends uneven chunks).
 ``tests/unit/test_scale_meta.py`` checks that this gives ledgers equal (``==``, record by record
 and snapshot by snapshot) to running all N ranks as threads through
-:class:`~zerospec.cluster.VirtualCluster`.
+:class:`~zerospec.cluster.threads.VirtualCluster`.
 
 **Speed.** PyTorch implements many meta kernels in Python (layer norm backward: ~2 ms a call),
 and a 1T model makes the same few hundred calls per layer with the same shapes.
@@ -40,15 +40,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .cluster import RankContext
-from .comm.interconnect import Interconnect
-from .comm.ledger import CommLedger
-from .comm.meta import MetaBackend
-from .errors import RankError
-from .memory import MemoryLedger
-from .model import GPTConfig
-from .partition import Unit, psi, psi_padded
-from .train import RankOutput, TrainConfig, initial_weights, make_batches, rank_main
+from ..runtime.context import RankContext
+from ..comm.interconnect import Interconnect
+from ..comm.ledger import CommLedger
+from ..comm.meta import MetaBackend
+from ..runtime.errors import RankError
+from ..runtime.memory import MemoryLedger
+from ..model.gpt import GPTConfig
+from ..model.units import Unit, psi, psi_padded
+from .step import RankOutput, rank_main
+from .config import TrainConfig
+from .run import initial_weights, make_batches
 
 
 # -- which ranks run -------------------------------------------------------------------------------
@@ -246,7 +248,7 @@ def measure_stages(model: GPTConfig, n_d: int, stages=(0, 1, 2, 3), **kw) -> dic
 # -- rendering --------------------------------------------------------------------------------------
 def markdown(results: dict[int, ScaleResult]) -> str:
     """Rank 0's model states, peak activations, comm per step (in Ψ = real parameters), collectives."""
-    from .zero import LABELS
+    from ..zero import LABELS
     rows = ["| stage | Ψ_padded | model states /GPU (B) | GB | activations /GPU (B) "
             "| comm /step /GPU (elements) | comm in Ψ | collectives /step | ranks run |",
             "|---|---|---|---|---|---|---|---|---|"]

@@ -1,8 +1,8 @@
 """``zerospec report``: run every ZeRO stage on N virtual GPUs and measure what the seed write-up shows.
 
-:func:`measure` trains each stage variant with :func:`zerospec.train.train` (real tensors, FLOP
-counting on) and sweeps N for the memory-vs-N figure; :mod:`zerospec.report_tables` turns the
-measurements into tables, :mod:`zerospec.report_figures` into figures. Every number printed is read
+:func:`measure` trains each stage variant with :func:`zerospec.training.run.train` (real tensors, FLOP
+counting on) and sweeps N for the memory-vs-N figure; :mod:`zerospec.report.tables` turns the
+measurements into tables, :mod:`zerospec.report.figures` into figures. Every number printed is read
 from this run's ledgers; paper values appear only as the expected side, labelled with their claim id.
 """
 from __future__ import annotations
@@ -13,10 +13,12 @@ import time
 
 import torch
 
-from .model import SMALL, GPTConfig
-from .theory import GB, V100_BYTES
-from .timeline import StepReplay, parallel_time
-from .train import Result, TrainConfig, train
+from ..model.gpt import SMALL, GPTConfig
+from ..paper.theory import GB, V100_BYTES
+from .replay import StepReplay, parallel_time
+from ..training.result import Result
+from ..training.config import TrainConfig
+from ..training.run import train
 
 # key -> (stage, ZeRO-1 gradient sync, label). "1" is the paper's 2Ψ ZeRO-1 (C22); "1ar" the
 # all-reduce ZeRO-1 of the seed and of DeepSpeed's first version, 3Ψ (C23).
@@ -92,9 +94,9 @@ class Measurements:
 def setup_model_states(stage: int, n_d: int, model: GPTConfig = SMALL, zero1_comm: str = "reduce_scatter",
                        ranks=None) -> dict[int, int]:
     """Per-rank model-state bytes right after set-up, measured on ``meta`` tensors by
-    :func:`zerospec.scale.measure` (the unchanged per-rank step, one rank per padding class).
+    :func:`zerospec.training.scale.measure` (the unchanged per-rank step, one rank per padding class).
     Default ranks: rank 0 and the last rank."""
-    from .scale import measure
+    from ..training.scale import measure
     r = measure(model, stage, n_d, zero1_comm=zero1_comm, setup_only=True)
     return {k: r.model_states(k) for k in (ranks if ranks is not None else sorted({0, n_d - 1}))}
 

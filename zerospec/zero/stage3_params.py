@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .gradients import Gradients
+from .stage2_grads import Gradients
 
 
 class Parameters(Gradients):

@@ -15,16 +15,16 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from . import checkpoint
-from . import model as gpt
-from .loss_scale import LossScaler, poison
+from ..model import gpt
+from ..optim.loss_scale import LossScaler, poison
 from .resume import meta as resume_meta
-from .update import Updater
-from .zero import STAGES
-from .zero.accumulate import accumulating
-from .zero.fetch import ParamFetcher
+from ..optim.update import Updater
+from ..zero import STAGES
+from ..zero.exact import accumulating
+from ..zero.fetch import ParamFetcher
 
 if TYPE_CHECKING:
-    from .train import TrainConfig
+    from .config import TrainConfig
 
 PHASES = ("forward", "backward", "grad_sync", "step", "param_sync")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..optim import AdamConfig, adam_update
-from ..precision import POLICIES, Precision
+from ..optim.adam import AdamConfig, adam_update
+from ..optim.precision import POLICIES, Precision
 
 
 class DataParallel:
@@ -87,7 +87,7 @@ class DataParallel:
 
     def zero_grad(self) -> None:
         """Start a step: nothing to clear while each backward overwrites the gradient buffers
-        (accumulating stages, zerospec/zero/accumulate.py, zero their sums here)."""
+        (accumulating stages, zerospec/zero/exact.py, zero their sums here)."""
 
     # -- after backward ---------------------------------------------------------------------------
     def reduce_gradients(self) -> None:
@@ -99,7 +99,7 @@ class DataParallel:
         return self.grad16[i][self._owned(self.units[i])]
 
     def optimizer_step(self, step: int, grad_mul: float = 1.0) -> None:
-        """Adam on the owned elements; ``grad_mul`` unscales and clips (zerospec/update.py)."""
+        """Adam on the owned elements; ``grad_mul`` unscales and clips (zerospec/optim/update.py)."""
         self.optim_elements = 0
         for i in range(len(self.units)):
             adam_update(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self._grad_for_step(i),

@@ -24,11 +24,12 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import ClusterAborted, ClusterError, CollectiveTimeout, RankError
-from .comm.interconnect import Interconnect
-from .comm.ledger import CommLedger
-from .comm.sim import SimBackend
-from .memory import MemoryLedger
+from ..runtime.errors import ClusterAborted, ClusterError, CollectiveTimeout, RankError
+from ..comm.interconnect import Interconnect
+from ..runtime.context import RankContext
+from ..comm.ledger import CommLedger
+from ..comm.sim import SimBackend
+from ..runtime.memory import MemoryLedger
 
 
 JITTER_SECONDS = 0.002   # longest random pause before a hand-off when jitter is on
@@ -84,75 +85,6 @@ class Baton:
                 self.error, self.failed_rank = error, rank
         for ev in self._go:
             ev.set()
-
-
-class Timeline:
-    """One rank's events: own compute between collectives, and the collectives' data movement.
-
-    With the baton only one rank runs at a time, so a rank's wall time while it holds the baton is
-    its own work. Event: (step, phase, kind, seconds), kind "compute" or the collective's op.
-    :func:`zerospec.timeline.parallel_time` replays these as if the ranks ran side by side.
-    """
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-        self.events: list[tuple[int, str, str, float]] = []
-        self._since = time.perf_counter()
-
-    def mark_compute(self) -> None:
-        now = time.perf_counter()
-        self.events.append((self.ctx.step, self.ctx.phase_name, "compute", now - self._since))
-        self._since = now
-
-    def add(self, kind: str, seconds: float) -> None:
-        self.events.append((self.ctx.step, self.ctx.phase_name, kind, seconds))
-        self._since = time.perf_counter()
-
-    def extend_last(self, seconds: float) -> None:
-        """Add ``seconds`` to the last collective event (the completion wait of a batch)."""
-        for k in range(len(self.events) - 1, -1, -1):
-            if self.events[k][2] != "compute":
-                step, phase, kind, sec = self.events[k]
-                self.events[k] = (step, phase, kind, sec + seconds)
-                break
-        self._since = time.perf_counter()
-
-    def restart(self) -> None:
-        self._since = time.perf_counter()
-
-
-class RankContext:
-    """What a rank's code sees: its rank, the world size, its device ledger and interconnect."""
-
-    def __init__(self, rank: int, n_ranks: int, memory: MemoryLedger, comm: Interconnect):
-        self.rank = rank
-        self.n_ranks = n_ranks
-        self.memory = memory
-        self.comm = comm
-        self.phase_name = "setup"
-        self.failed_phase: str | None = None   # the innermost phase an exception left
-        self.step = 0
-        self.timeline = Timeline(self)
-
-    @property
-    def device(self) -> torch.device:
-        return self.memory.device
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        """Mark a phase: collectives inside are booked under it; memory is snapshotted at its end."""
-        outer = self.phase_name
-        self.timeline.mark_compute()
-        self.phase_name = name
-        try:
-            yield
-        except BaseException:
-            self.failed_phase = self.failed_phase or name
-            raise
-        finally:
-            self.timeline.mark_compute()
-            self.memory.snapshot(f"{name}@{self.step}")
-            self.phase_name = outer
 
 
 class VirtualCluster:
@@ -221,7 +153,7 @@ class VirtualCluster:
 
         threads = [threading.Thread(target=body, args=(ctx,), name=f"zerospec-rank{ctx.rank}",
                                     daemon=True) for ctx in self.contexts]
-        with _torch_threads(self.torch_threads):
+        with torch_threads(self.torch_threads):
             for t in threads:
                 t.start()
             all_done.wait()
@@ -238,7 +170,7 @@ class VirtualCluster:
 
 
 @contextlib.contextmanager
-def _torch_threads(n: int | None):
+def torch_threads(n: int | None):
     if n is None:
         yield
         return

@@ -1,8 +1,8 @@
-"""The seed write-up's tables, filled from one report run's measurements (:mod:`zerospec.report`).
+"""The seed write-up's tables, filled from one report run's measurements (:mod:`zerospec.report.measure`).
 
 Measured values come from the run's ledgers (memory, comm, FLOPs, timelines); the expected side comes
-from :mod:`zerospec.theory` and is labelled with its claim id. Tables are data
-(:class:`~zerospec.report_format.Table`), rendered as Markdown, CSV or JSON.
+from :mod:`zerospec.paper.theory` and is labelled with its claim id. Tables are data
+(:class:`~zerospec.report.format.Table`), rendered as Markdown, CSV or JSON.
 """
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from fractions import Fraction
 
 import torch
 
-from . import theory
-from .estimators import estimators
+from ..paper import theory
+from ..paper.estimators import estimators
 from .plan import PARTITIONED, plan_table
-from .report import Measurements, Run
-from .report_format import (Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, sig)
+from .measure import Measurements, Run
+from .format import Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, sig
 
 TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "scaled")
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -149,7 +149,7 @@ def wallclock_table(m: Measurements) -> Table:
               sum(rp.wait) / len(rp.wait), max(rp.compute), run.result.wall_seconds)
     t.notes.append(f"Serial: the {m.config.ranks} virtual GPUs take turns on this machine's CPU, so a "
                    f"step costs the sum of every rank's work; parallel: the same measured events "
-                   f"replayed as if each rank had its own device (zerospec.timeline.parallel_time). "
+                   f"replayed as if each rank had its own device (zerospec.report.replay.parallel_time). "
                    f"Collectives: the simulator's data movement, one thread copying all "
                    f"{m.config.ranks} ranks' buffers, so pessimistic for a real interconnect. "
                    f"Threads are not GPUs: this shows synchronisation structure, not throughput — "

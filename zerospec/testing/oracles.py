@@ -1,6 +1,6 @@
 """torch's own data-parallel engines as oracles: DDP, ZeroRedundancyOptimizer and FSDP2.
 
-:class:`GPT` is :mod:`zerospec.model` as an ``nn.Module``, with the same math: each block's forward
+:class:`GPT` is :mod:`zerospec.model.gpt` as an ``nn.Module``, with the same math: each block's forward
 *is* ``model.block`` called on the module's own parameters, and the rest repeats ``model.forward``
 op for op. Module boundaries follow zerospec's sharding units, so FSDP2 shards the same groups:
 the root holds the embedding unit (wte, wpe) — the LM head is tied to wte and used outside any
@@ -34,9 +34,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import model as gpt
-from .data import BigramData
-from .optim import adam_update, reference_optimizer
+from ..model import gpt
+from ..model.data import BigramData
+from ..optim.adam import adam_update, reference_optimizer
 
 PEERS = {0: "DDP", 1: "ZeroRedundancyOptimizer", 2: "FSDP2(reshard_after_forward=False)",
          3: "FSDP2(reshard_after_forward=True)"}
@@ -240,7 +240,7 @@ def _zerospec_rank(ctx, cfg, *, count: bool, weights: bool) -> dict:
     """zerospec's own per-rank run (train.rank_main), with per-step weights, counts and times."""
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from . import train
+    from ..training import run as train
     units = cfg.units()
     init, batches = train.initial_weights(cfg, units), train.make_batches(cfg)
     rec = {"weights": [], "stamps": []}
@@ -277,7 +277,7 @@ def _zerospec_rank(ctx, cfg, *, count: bool, weights: bool) -> dict:
 def compare_rank(ctx, cfg, stages, *, count: bool = True, weights: bool = True,
                  optimizers=("torch",)) -> list[dict]:
     """For each stage: zerospec's run, then its peer's with each optimizer (see :func:`build`)."""
-    from .launch import new_context
+    from ..cluster.processes import new_context
     out = []
     for k, stage in enumerate(stages):
         c = dataclasses.replace(cfg, stage=stage)
@@ -296,8 +296,9 @@ def compare(cfg, stages=(0, 1, 2, 3), *, count: bool = True, weights: bool = Tru
     """Launch ``cfg.n_d`` gloo processes; one row per stage with zerospec's and each peer's losses
     (mean over ranks, rank order), weights after every step ("unit/param" → tensor), per-step
     collective counts of the last step by phase, and step times (rank 0's)."""
-    from . import train
-    from .launch import launch
+    from ..training.result import gather_master
+    from ..training import run as train
+    from ..cluster.processes import launch
     per_rank = launch(compare_rank, cfg.n_d, cfg, list(stages), count=count, weights=weights,
                       optimizers=tuple(optimizers), timeout=cfg.timeout, **launch_kw)
     rows = []
@@ -310,7 +311,7 @@ def compare(cfg, stages=(0, 1, 2, 3), *, count: bool = True, weights: bool = Tru
                "peers": {}}
         if weights:
             units = scfg.units()
-            row["weights"] = [train.gather_master(
+            row["weights"] = [gather_master(
                 units, [SimpleNamespace(master=z["weights"][s]) for z in zs], scfg)
                 for s in range(cfg.steps)]
         for o in optimizers:

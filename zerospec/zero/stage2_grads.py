@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer_states import OptimizerStates
+from .stage1_os import OptimizerStates
 
 
 class Gradients(OptimizerStates):

@@ -1,8 +1,8 @@
-"""GPT shapes of the paper's model sizes, for measuring them on meta tensors (:mod:`zerospec.scale`).
+"""GPT shapes of the paper's model sizes, for measuring them on meta tensors (:mod:`zerospec.training.scale`).
 
 The paper names models by round sizes (7.5B, 128B, 1T) and gives layer/hidden shapes only for the
 models it trained (Table 4, C50; heads from the appendix tables, C52). Every preset here is a
-:class:`~zerospec.model.GPTConfig` — GPT-2's vocabulary (50257) and context (1024), LM head tied to
+:class:`~zerospec.model.gpt.GPTConfig` — GPT-2's vocabulary (50257) and context (1024), LM head tied to
 the token embedding — so its exact Ψ is
 
     Ψ = 12·L·d² + 13·L·d  (blocks: QKV, projection, MLP weights and biases, two LayerNorms)
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .model import GPTConfig
+from .gpt import GPTConfig
 
 GPT2_VOCAB = 50257
 GPT2_CONTEXT = 1024

@@ -16,7 +16,7 @@ memory 4Ψ + 12Ψ/N rather than stage 2's 2Ψ + 14Ψ/N.
 """
 from __future__ import annotations
 
-from .ddp import DataParallel
+from .stage0_dp import DataParallel
 
 ZERO1_COMM = ("reduce_scatter", "all_reduce")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .tables import md, sig
+from .spec_tables import md, sig
 
 
 def max_delta(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

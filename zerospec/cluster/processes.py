@@ -1,10 +1,10 @@
 """Run a function on N real processes (127.0.0.1, torch.distributed) and get every rank's result.
 
 ``launch(fn, n)`` starts N processes, each with a process group (gloo, or NCCL on GPUs) and a
-:class:`~zerospec.cluster.RankContext` whose interconnect is the torch.distributed backend, calls
+:class:`~zerospec.runtime.context.RankContext` whose interconnect is the torch.distributed backend, calls
 ``fn(ctx, *args)`` and returns the N return values in rank order — the process-level twin of
 ``VirtualCluster.run``. ``train_processes(cfg)`` runs ``train.py``'s per-rank step that way and
-returns the same :class:`~zerospec.train.Result` as ``train(cfg)``.
+returns the same :class:`~zerospec.training.run.Result` as ``train(cfg)``.
 
 Processes come from a *forkserver* that has imported torch once: a fresh interpreter per rank
 costs ~1 s of import each (measured: 4 ranks spawn in 3.7 s, fork from the server in 0.03 s), and
@@ -16,7 +16,7 @@ its error to the store and exits at once; its peers' collectives then fail, and 
 that rank (see :mod:`zerospec.comm.torch_dist`). A rank killed from outside cannot write, so the
 launcher writes for it when it sees the process gone. A rank that hangs outside a collective makes
 its peers time out after ``timeout`` s; the launcher then kills it. Either way :func:`launch` raises
-:class:`~zerospec.errors.RankError` naming the rank that failed first, with every rank's fate in
+:class:`~zerospec.runtime.errors.RankError` naming the rank that failed first, with every rank's fate in
 ``err.fates``; nothing waits longer than about ``timeout`` + a few seconds.
 """
 from __future__ import annotations
@@ -34,9 +34,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .comm.ledger import CommLedger
-from .comm.torch_dist import FAILED_KEY, PeerFailure, check_torch_version, rank_context
-from .errors import RankError
+from ..comm.torch_dist import FAILED_KEY, PeerFailure, check_torch_version, rank_context
+from ..runtime.errors import RankError
 
 BACKENDS = ("gloo", "nccl")
 GRACE = 2.0    # seconds a rank may outlive its failed peers (time to report its own error)
@@ -108,8 +107,8 @@ def _mp_context(start_method: str | None):
                               else "spawn")
     mpctx = multiprocessing.get_context(method)
     if method == "forkserver":   # no effect once the server runs; it then already has these
-        mpctx.set_forkserver_preload(["torch", "torch.distributed", "zerospec.launch",
-                                      "zerospec.train"])
+        mpctx.set_forkserver_preload(["torch", "torch.distributed", "zerospec.cluster.processes",
+                                      "zerospec.training.run"])
     return mpctx
 
 
@@ -221,61 +220,4 @@ def _rank_error(reports: list[dict]) -> RankError:
     return err
 
 
-# -- training on processes ------------------------------------------------------------------------
-def _train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
-    from . import train
-    outs = []
-    for k, cfg in enumerate(cfgs):
-        if cfg.n_d != ctx.n_ranks:
-            raise ValueError(f"config n_d={cfg.n_d} but the process group has {ctx.n_ranks} ranks")
-        ctx = ctx if k == 0 else new_context()
-        units = cfg.units()
-        t0 = time.perf_counter()
-        out = train.rank_main(ctx, cfg, units, train.initial_weights(cfg, units), train.make_batches(cfg),
-                              resume=resume, save=save)
-        outs.append({"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
-                     "timeline": ctx.timeline.events, "seconds": time.perf_counter() - t0})
-    return outs
-
-
-def assemble(cfg, per_rank: list[dict]):
-    """One :class:`~zerospec.train.Result` from every rank's output, as ``train()`` builds it."""
-    from . import train
-    units = cfg.units()
-    outs = [x["out"] for x in per_rank]
-    comm = CommLedger(cfg.n_d)
-    for r, x in enumerate(per_rank):   # each process booked only its own rank's records
-        comm.adopt(r, x["records"])
-    losses = train.global_losses(outs, cfg)
-    return train.Result(cfg, units, losses, [o.losses for o in outs],
-                        train.gather_master(units, outs, cfg), [x["memory"] for x in per_rank],
-                        comm, outs, max(x["seconds"] for x in per_rank),
-                        [x["timeline"] for x in per_rank])
-
-
-def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | None = None,
-                    **launch_kw):
-    """``train(cfg)`` on ``cfg.n_d`` real processes: a Result, or a list for a list of configs
-    (run one after another in the same processes, which saves the start-up). ``resume`` and
-    ``save`` are ``train()``'s (a checkpoint to continue from; ``{step: directory}`` to write),
-    for a single config: a checkpoint written here resumes on the simulator and vice versa."""
-    single = not isinstance(cfgs, (list, tuple))
-    cfgs = [cfgs] if single else list(cfgs)
-    if not cfgs or len({c.n_d for c in cfgs}) != 1:
-        raise ValueError(f"configs must share one n_d, got {[c.n_d for c in cfgs]}")
-    if (resume is not None or save) and len(cfgs) != 1:
-        raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
-    if resume is not None:
-        from .resume import check
-        check(cfgs[0], resume)     # here, not in every process: one clear error
-    if any(c.device != "cpu" for c in cfgs):
-        raise ValueError(f"train_processes runs real tensors: device must be 'cpu' "
-                         f"(the process's own device is chosen by the backend), got "
-                         f"{[c.device for c in cfgs]}")
-    launch_kw.setdefault("timeout", max(c.timeout for c in cfgs))
-    per_rank = launch(_train_rank, cfgs[0].n_d, cfgs, resume, save, backend=backend, **launch_kw)
-    results = [assemble(cfg, [per_rank[r][k] for r in range(cfg.n_d)]) for k, cfg in enumerate(cfgs)]
-    return results[0] if single else results
-
-
-__all__ = ["launch", "new_context", "train_processes", "assemble", "BACKENDS"]
+__all__ = ["launch", "new_context", "BACKENDS"]

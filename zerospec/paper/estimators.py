@@ -6,7 +6,7 @@ formula for that stage (it is not a zero).
 
 * ``paper`` — ZeRO's own accounting (C2, C6–C9): fp16 parameter 2 + fp16 gradient 2 + K = 12 bytes of
   fp32 master, momentum and variance = 16 bytes per parameter, partitioned stage by stage. The closed
-  forms live in :mod:`zerospec.theory`; this module only names them.
+  forms live in :mod:`zerospec.paper.theory`; this module only names them.
 * ``deepspeed`` — the formulas of DeepSpeed's ``estimate_zero2_model_states_mem_needs`` and
   ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage_1_and_2.py and stage3.py,
   deepspeedai/DeepSpeed at commit edaa7221267243c7be7fb49c5d5f5c4fb97b4641; the ZeRO-2 form was

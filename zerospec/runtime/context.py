@@ -1,0 +1,84 @@
+"""What one rank's code sees: its rank, the world size, its memory ledger, its interconnect, and a
+recorder of where its time went (phases, compute between collectives, the collectives themselves).
+
+Every engine builds one of these per rank — threads (:mod:`zerospec.cluster.threads`), processes
+(:mod:`zerospec.comm.torch_dist`), meta tensors (:mod:`zerospec.training.scale`) — so stage code
+never learns which one it runs on.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from .memory import MemoryLedger
+
+
+class Timeline:
+    """One rank's events: own compute between collectives, and the collectives' data movement.
+
+    With the baton only one rank runs at a time, so a rank's wall time while it holds the baton is
+    its own work. Event: (step, phase, kind, seconds), kind "compute" or the collective's op.
+    :func:`zerospec.report.replay.parallel_time` replays these as if the ranks ran side by side.
+    """
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.events: list[tuple[int, str, str, float]] = []
+        self._since = time.perf_counter()
+
+    def mark_compute(self) -> None:
+        now = time.perf_counter()
+        self.events.append((self.ctx.step, self.ctx.phase_name, "compute", now - self._since))
+        self._since = now
+
+    def add(self, kind: str, seconds: float) -> None:
+        self.events.append((self.ctx.step, self.ctx.phase_name, kind, seconds))
+        self._since = time.perf_counter()
+
+    def extend_last(self, seconds: float) -> None:
+        """Add ``seconds`` to the last collective event (the completion wait of a batch)."""
+        for k in range(len(self.events) - 1, -1, -1):
+            if self.events[k][2] != "compute":
+                step, phase, kind, sec = self.events[k]
+                self.events[k] = (step, phase, kind, sec + seconds)
+                break
+        self._since = time.perf_counter()
+
+    def restart(self) -> None:
+        self._since = time.perf_counter()
+
+
+class RankContext:
+    """What a rank's code sees: its rank, the world size, its device ledger and interconnect."""
+
+    def __init__(self, rank: int, n_ranks: int, memory: MemoryLedger, comm):
+        self.rank = rank
+        self.n_ranks = n_ranks
+        self.memory = memory
+        self.comm = comm
+        self.phase_name = "setup"
+        self.failed_phase: str | None = None   # the innermost phase an exception left
+        self.step = 0
+        self.timeline = Timeline(self)
+
+    @property
+    def device(self) -> torch.device:
+        return self.memory.device
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Mark a phase: collectives inside are booked under it; memory is snapshotted at its end."""
+        outer = self.phase_name
+        self.timeline.mark_compute()
+        self.phase_name = name
+        try:
+            yield
+        except BaseException:
+            self.failed_phase = self.failed_phase or name
+            raise
+        finally:
+            self.timeline.mark_compute()
+            self.memory.snapshot(f"{name}@{self.step}")
+            self.phase_name = outer

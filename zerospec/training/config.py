@@ -1,0 +1,115 @@
+"""TrainConfig: everything that defines one training run, checked when it is made.
+
+A bad value raises ValueError naming the value and what is accepted, before any rank starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..model import gpt
+from ..model.units import Unit
+from ..optim.adam import AdamConfig
+from ..optim.loss_scale import LossScale
+from ..optim.precision import POLICIES, Precision, policy
+from ..zero import STAGES, ZERO1_COMM
+from ..zero.exact import MAX_TERMS
+
+DEVICES = ("cpu", "meta")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    stage: int = 0
+    n_d: int = 4
+    model: gpt.GPTConfig = gpt.SMALL
+    global_batch: int | None = None    # default: 2 sequences per rank per micro-step
+    steps: int = 5
+    seed: int = 0
+    zero1_comm: str = "reduce_scatter"
+    adam: AdamConfig = AdamConfig()
+    count_flops: bool = False
+    device: str = "cpu"
+    precision: str = "fp16"
+    timeout: float = 120.0
+    # surviving real conditions (spec/loss_scaling.md … checkpoints.md); defaults: the plain step
+    loss_scale: LossScale | None = None       # dynamic fp16 loss scaling
+    clip_grad_norm: float | None = None       # global-norm clipping threshold
+    grad_accum_steps: int = 1                 # micro-batches per optimizer step (G)
+    exact_grads: bool = False                 # exact fp64 gradient sums also when G = 1
+    inject_overflow: tuple = ()               # test hook: (step, rank) pairs whose gradient gets an inf
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {sorted(STAGES)}, got {self.stage!r}")
+        if not isinstance(self.n_d, int) or self.n_d < 1:
+            raise ValueError(f"n_d (number of ranks) must be an integer >= 1, got {self.n_d!r}")
+        g = self.grad_accum_steps
+        if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+            raise ValueError(f"grad_accum_steps must be an integer >= 1, got {g!r}")
+        if self.global_batch is not None and (self.global_batch < 1
+                                              or self.global_batch % (self.n_d * g)):
+            times = f" × grad_accum_steps={g}" if g > 1 else ""
+            raise ValueError(f"global_batch={self.global_batch} must be a positive multiple of "
+                             f"n_d={self.n_d}{times} (each rank takes equal micro-batches)")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
+        if self.zero1_comm not in ZERO1_COMM:
+            raise ValueError(f"unknown ZeRO-1 variant {self.zero1_comm!r}; accepted: "
+                             f"{', '.join(ZERO1_COMM)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        policy(self.precision)
+        check_config(self)
+
+    @property
+    def exact(self) -> bool:
+        """Gradients are summed exactly in fp64 (zerospec/zero/exact.py)."""
+        return self.exact_grads or self.grad_accum_steps > 1
+
+    @property
+    def policy(self) -> Precision:
+        return POLICIES[self.precision]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """CPU kernels compute in fp32 from the stored copies; elsewhere in the storage dtype."""
+        return torch.float32 if self.device == "cpu" else self.policy.dtype
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch if self.global_batch is not None else 2 * self.n_d * self.grad_accum_steps
+
+    @property
+    def label(self) -> str:
+        return STAGES[self.stage].label
+
+    def units(self) -> tuple[Unit, ...]:
+        return self.model.units(self.n_d, pad=STAGES[self.stage].pad)
+
+
+def check_config(cfg) -> None:
+    """TrainConfig's robustness fields: ValueError naming the value and what is accepted."""
+    if cfg.loss_scale is not None and not isinstance(cfg.loss_scale, LossScale):
+        raise ValueError(f"loss_scale must be a LossScale or None, got {cfg.loss_scale!r}")
+    c = cfg.clip_grad_norm
+    if c is not None and not (isinstance(c, (int, float)) and 0 < c < float("inf")):
+        raise ValueError(f"clip_grad_norm must be a finite number > 0 or None, got {c!r}")
+    if cfg.exact and cfg.precision != "fp16":
+        raise ValueError(f"exact gradient sums (grad_accum_steps > 1 or exact_grads) need "
+                         f"precision='fp16', got {cfg.precision!r}: only fp16 values add "
+                         f"up exactly in fp64 (zerospec/zero/exact.py)")
+    if cfg.exact and cfg.n_d * cfg.grad_accum_steps > MAX_TERMS:
+        raise ValueError(f"n_d × grad_accum_steps = {cfg.n_d * cfg.grad_accum_steps} exceeds "
+                         f"{MAX_TERMS}, the most fp16 gradients fp64 sums exactly")
+    if (cfg.loss_scale or c or cfg.inject_overflow) and cfg.device == "meta":
+        raise ValueError("loss scaling, clipping and overflow injection need real values; "
+                         "device='meta' has none")
+    for pair in cfg.inject_overflow:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and 1 <= pair[0] <= cfg.steps
+                and 0 <= pair[1] < cfg.n_d):
+            raise ValueError(f"inject_overflow entries must be (step in 1..{cfg.steps}, rank in "
+                             f"0..{cfg.n_d - 1}), got {pair!r}")
+    if cfg.inject_overflow and cfg.loss_scale is None:
+        raise ValueError("inject_overflow needs loss_scale: without a scaler nothing detects it")
