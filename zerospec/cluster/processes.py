@@ -7,8 +7,8 @@
 returns the same :class:`~zerospec.training.run.Result` as ``train(cfg)``.
 
 Processes come from a *forkserver* that has imported torch once: a fresh interpreter per rank
-costs ~1 s of import each (measured: 4 ranks spawn in 3.7 s, fork from the server in 0.03 s), and
-forking the caller itself would copy its threads and OpenMP state. Results travel as files
+pays torch's import again (spec/engine.md, "Starting ranks"), and forking the caller itself would
+copy its threads and OpenMP state. Results travel as files
 (``torch.save``), so a rank that dies leaves nothing half-written in a pipe.
 
 Failures (design property 6): the launcher hosts the TCPStore. A rank whose own code raises writes

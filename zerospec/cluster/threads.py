@@ -3,10 +3,10 @@
 Each rank's code is ordinary blocking code that calls collectives the way torch.distributed code
 does. Scheduling is deliberate: exactly one rank runs at a time. A rank holds the *baton* until it
 enters a collective, then hands it to the next rank that has not yet arrived there; the last rank to
-arrive completes the collective and carries on. Measured on 2 cores, 32 free-running threads doing
-forward+backward took 2.4–4× the time of the same work in a loop (GIL hand-offs and competing
-OpenMP teams); with the baton the cost of a step is the work plus one hand-off per rank per
-collective. It also makes every run deterministic, whatever the OS does with the threads.
+arrive completes the collective and carries on. Free-running threads fight over the GIL and
+OpenMP (spec/engine.md, "Why one rank at a time"); with the baton the cost of a step is the work
+plus one hand-off per rank per collective. It also makes every run deterministic, whatever the OS
+does with the threads.
 
 Failure handling (design property 6): the first exception on any rank aborts the cluster, wakes
 every waiting rank (each raises :class:`ClusterAborted`), and :meth:`VirtualCluster.run` re-raises
@@ -91,9 +91,8 @@ class VirtualCluster:
     """N virtual GPUs in one process. ``run(fn, *args)`` → per-rank results in rank order.
 
     ``torch_threads``: torch's intra-op threads while the cluster runs (restored after). One by
-    default: ranks take turns, their ops are small, and on a loaded 2-core machine a second
-    OpenMP thread made the same forward+backward up to 12× slower (measured). ``None`` leaves
-    torch's setting alone.
+    default: ranks take turns and their ops are small, so a second OpenMP thread mostly contends
+    (spec/engine.md, "Why one rank at a time"). ``None`` leaves torch's setting alone.
     """
 
     def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
