@@ -99,3 +99,16 @@ def psi(units) -> int:
 def psi_padded(units) -> int:
     """Ψ_p: the elements held once every unit is padded to a multiple of N_d."""
     return sum(u.padded for u in units)
+
+
+class Sized:
+    """Ψ and Ψ_p of a run's ``units`` (a mixin for the results of every engine)."""
+    units: tuple[Unit, ...]
+
+    @property
+    def psi(self) -> int:
+        return psi(self.units)
+
+    @property
+    def psi_padded(self) -> int:
+        return psi_padded(self.units)

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from ..comm.ledger import CommLedger
-from ..model.units import Unit, psi, psi_padded
+from ..model.units import Sized, Unit
 from ..runtime.memory import MemoryLedger
 from . import checkpoint
 from .config import TrainConfig
@@ -16,7 +16,7 @@ from .step import RankOutput
 
 
 @dataclasses.dataclass
-class Result:
+class Result(Sized):
     config: TrainConfig
     units: tuple[Unit, ...]
     losses: list[float]                     # per step, mean over ranks (summed in rank order)
@@ -27,14 +27,6 @@ class Result:
     ranks: list[RankOutput]
     wall_seconds: float
     timelines: list[list[tuple[int, str, str, float]]]  # per rank: (step, phase, kind, seconds)
-
-    @property
-    def psi(self) -> int:
-        return psi(self.units)
-
-    @property
-    def psi_padded(self) -> int:
-        return psi_padded(self.units)
 
     @property
     def psi_held(self) -> int:

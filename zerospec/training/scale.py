@@ -47,7 +47,7 @@ from ..comm.meta import MetaBackend
 from ..runtime.errors import RankError
 from ..runtime.memory import MemoryLedger
 from ..model.gpt import GPTConfig
-from ..model.units import Unit, psi, psi_padded
+from ..model.units import Sized, Unit
 from .step import RankOutput, rank_main
 from .config import TrainConfig
 from .run import initial_weights, make_batches
@@ -137,20 +137,12 @@ class RankClass:
 
 
 @dataclasses.dataclass
-class ScaleResult:
+class ScaleResult(Sized):
     config: TrainConfig
     units: tuple[Unit, ...]
     classes: list[RankClass]
     seconds: float
     _comm: CommLedger | None = None
-
-    @property
-    def psi(self) -> int:
-        return psi(self.units)
-
-    @property
-    def psi_padded(self) -> int:
-        return psi_padded(self.units)
 
     def rank_class(self, rank: int) -> RankClass:
         if not 0 <= rank < self.config.n_d:
