@@ -1,14 +1,22 @@
 """Benchmarks: speed as ratios against a baseline measured in the same run, never wall-clock asserts.
 
-Run: ``pytest benchmarks --benchmark-enable`` (the default test run skips them). Each benchmark
-records ``ratio`` (ours / baseline, best of the rounds for both) in ``extra_info``, prints it, and
-checks it against the issue's target.
+Run: ``pytest benchmarks`` (the default test run does not collect them). Each benchmark records
+``ratio`` (ours / baseline, best of the rounds for both) in ``extra_info``, prints it, and checks it
+against the issue's target. The default ``-n auto`` (pyproject.toml) is turned off here: workers
+timing side by side would measure each other, and pytest-benchmark disables itself under xdist.
 """
 from __future__ import annotations
 
 import time
 
 import pytest
+
+
+def pytest_configure(config):
+    """No xdist workers for a benchmark run: the default addopts' ``-n auto`` becomes ``-n 0``.
+    Runs before xdist's own pytest_configure (trylast), which would start the workers."""
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        config.option.numprocesses, config.option.dist, config.option.tx = 0, "no", []
 
 
 def best_of(fn, rounds: int) -> float:

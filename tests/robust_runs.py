@@ -3,6 +3,7 @@ determinism): the ODD model (units divisible by no N, so padding is always exerc
 each distinct config trained once per session."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -11,10 +12,12 @@ from zerospec.optim.loss_scale import LossScale
 from zerospec.model.gpt import ODD
 from zerospec.training.result import Result
 from zerospec.training.config import TrainConfig
+from zerospec.testing.faults import inject_overflow
 from zerospec.training.run import train
 
 SCALER = LossScale(init_scale=2.0 ** 10, growth_interval=2)   # grows every 2 clean steps
-INJECT = {"loss_scale": SCALER, "inject_overflow": ((2, 0),)}  # rank 0's gradient overflows at step 2
+OVERFLOW = (2, 0)                                  # (step, rank): rank 0's gradient overflows at step 2
+INJECT = {"loss_scale": SCALER, "overflow": OVERFLOW}  # run(stage, **INJECT), train_with(cfg, OVERFLOW)
 CLIP = 0.5                                                       # below every measured norm (0.88–1.4)
 STEPS = 5
 
@@ -23,14 +26,24 @@ def config(stage: int, n_d: int = 4, steps: int = STEPS, **kw) -> TrainConfig:
     return TrainConfig(stage=stage, n_d=n_d, model=ODD, steps=steps, **kw)
 
 
-def run(stage: int, n_d: int = 4, steps: int = STEPS, **kw) -> Result:
-    """The cached run of ``config(...)`` (arguments normalised, so any spelling hits the cache)."""
-    return _run(stage, n_d, steps, tuple(sorted(kw.items())))
+def train_with(cfg: TrainConfig, overflow: tuple[int, int] | None = None, **train_kw) -> Result:
+    """``train(cfg, **train_kw)``; ``overflow=(step, rank)``: that rank's gradient gets an inf at
+    that step (zerospec.testing.faults.inject_overflow)."""
+    hook = inject_overflow(*overflow) if overflow else contextlib.nullcontext()
+    with hook:
+        return train(cfg, **train_kw)
+
+
+def run(stage: int, n_d: int = 4, steps: int = STEPS, overflow: tuple[int, int] | None = None,
+        **kw) -> Result:
+    """The cached ``train_with(config(...), overflow)`` (arguments normalised, so any spelling
+    hits the cache)."""
+    return _run(stage, n_d, steps, overflow, tuple(sorted(kw.items())))
 
 
 @functools.lru_cache(maxsize=None)
-def _run(stage: int, n_d: int, steps: int, kw: tuple) -> Result:
-    return train(config(stage, n_d, steps, **dict(kw)))
+def _run(stage: int, n_d: int, steps: int, overflow: tuple | None, kw: tuple) -> Result:
+    return train_with(config(stage, n_d, steps, **dict(kw)), overflow)
 
 
 def assert_same_training(a: Result, b: Result) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 from zerospec.model.gpt import ODD, SMALL
+from zerospec.paper import theory
 from zerospec.training.result import Result
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
@@ -22,13 +23,16 @@ def run(stage: int, n_d: int, model: str = "small", steps: int = STEPS, **kw) ->
     return train(TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=steps, **kw))
 
 
-def stage_cases(claims: dict[int, str]) -> list:
-    """stage × N_d × model parameters with readable ids (``P_os+g/nd=32/small``), each marked
-    with its stage's claim id; the default model last, so its N = 32 row speaks in the summary."""
+def stage_cases(claim) -> list:
+    """stage × N_d × model parameters with readable ids (``P_os+g/nd=32/small``), each marked with
+    ``claim(stage)``'s id, read from theory's stage table (``lambda s: s.memory_claim``); the default
+    model last, so its N = 32 row speaks in the summary."""
     import pytest
-    return [pytest.param(s, n, m, id=f"{stage_id(s)}/nd={n}/{m}", marks=pytest.mark.claim(claims[s]))
+    return [pytest.param(s, n, m, id=f"{stage_id(s)}/nd={n}/{m}",
+                         marks=pytest.mark.claim(claim(theory.stage(s))))
             for m in reversed(list(MODELS)) for n in N_DS for s in range(4)]
 
 
 def stage_id(stage: int) -> str:
-    return {0: "DP", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}[stage]
+    """The paper's label of ``stage``, as test ids carry it: DP, P_os, P_os+g, P_os+g+p."""
+    return theory.stage(stage).label

@@ -1,44 +1,135 @@
-"""The spec and the tests name the same claims: nothing promised in spec/ goes untested."""
+"""The spec and the tests name the same claims, with the same status: nothing promised in spec/ goes
+untested, and no claim passes on a tautology or an unexplained mismatch."""
 from __future__ import annotations
 
+import importlib
 import pathlib
 import re
+from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 
+import conftest as claims   # the project's root conftest.py: the claim mark and the summary's rules
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ID = re.compile(r"\b([CP])(\d{1,2})(?:\s*[–-]\s*\1(\d{1,2}))?\b")
+# Modules a test can import from without running anything: the closed forms and the paper's data
+CLOSED_FORM_ONLY = ("zerospec.paper", "zerospec.report.plan")
 
 
-def ids_in(text: str) -> set[str]:
-    """Claim ids in ``text``; a range such as C6–C9 names every id in it."""
-    out = set()
-    for kind, lo, hi in ID.findall(text):
-        out |= {f"{kind}{i}" for i in range(int(lo), int(hi or lo) + 1)}
+def whole_claim_suite(request) -> list:
+    """The collected items, or a skip when a file of tests/claims/ is not among them."""
+    items = request.session.items
+    collected = {pathlib.Path(str(it.path)) for it in items}
+    if not set((ROOT / "tests" / "claims").glob("test_*.py")) <= collected:
+        pytest.skip("runs when the whole claim suite is collected")
+    return items
+
+
+def declared(items) -> dict[str, set[str]]:
+    """claim id -> the statuses its tests declare."""
+    out = defaultdict(set)
+    for it in items:
+        for m in claims.claim_marks(it):
+            out[m.cid].add(m.status)
     return out
 
 
-def not_checkable() -> set[str]:
-    """Ids in the first column of spec/README.md's "Not checkable here" table."""
-    section = (ROOT / "spec" / "README.md").read_text().split("## Not checkable here", 1)[1]
-    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| C")]
-    return ids_in(" ".join(rows))
+def slug(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, - for spaces."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def test_ranges_expand():
     """C6–C9 names C6, C7, C8 and C9; a single id names itself."""
-    assert ids_in("see C6–C9 and P1, C57") == {"C6", "C7", "C8", "C9", "P1", "C57"}
+    assert claims.ids_in("see C6–C9 and P1, C57") == {"C6", "C7", "C8", "C9", "P1", "C57"}
+
+
+def test_spec_index_reads_status_and_reason_from_every_table():
+    """spec/README.md's tables give each claim id, ranges expanded, its status and page or reason."""
+    text = ("| claim | what | status | page | test |\n|---|---|---|---|---|\n"
+            "| C6–C7 | x | measured = paper | memory.md | t |\n\n"
+            "| claim | status | why |\n|---|---|---|\n| C1, C4 | not checkable | definitions |\n")
+    assert claims.spec_statuses(text) == {"C6": ("measured = paper", "memory.md"),
+                                          "C7": ("measured = paper", "memory.md"),
+                                          "C1": ("not checkable", "definitions"),
+                                          "C4": ("not checkable", "definitions")}
+
+
+def test_a_claim_backed_only_by_closed_forms_is_never_reported_measured():
+    """One measuring test makes a claim measured; one explained gap makes it differ; else closed form."""
+    assert claims.claim_status({"closed_form"}) == "closed_form"
+    assert claims.claim_status({"closed_form", "measured"}) == "measured"
+    assert claims.claim_status({"measured", "differs", "closed_form"}) == "differs"
+
+
+@pytest.mark.parametrize("kwargs,named", [({"status": "ok"}, "status='ok'"),
+                                           ({"status": "differs"}, "page=None"),
+                                           ({"page": "spec/scale.md#x"}, "page='spec/scale.md#x'")],
+                         ids=["unknown-status", "differs-without-page", "page-without-differs"])
+def test_a_claim_mark_the_summary_cannot_report_is_refused(kwargs, named):
+    """An unknown status, a "differs" with no page, or a page on a status that takes none: refused
+    at collection, naming the value and what is accepted."""
+    item = SimpleNamespace(nodeid="t::x", iter_markers=lambda name: [pytest.mark.claim("C9", **kwargs).mark])
+    with pytest.raises(pytest.UsageError, match=re.escape(named)):
+        claims.claim_marks(item)
 
 
 def test_every_claim_in_spec_has_a_test_and_every_claim_test_is_in_spec(request):
-    """Ids mentioned in spec/ (less the visible not-checkable list) == ids marked on tests."""
-    items = request.session.items
-    collected = {pathlib.Path(str(it.path)) for it in items}
-    needed = set((ROOT / "tests" / "claims").glob("test_*.py"))
-    if not needed <= collected:
-        pytest.skip("runs when the whole claim suite is collected")
-    marked = {m.args[0] for it in items for m in it.iter_markers("claim")}
-    in_spec = set().union(*(ids_in(p.read_text()) for p in (ROOT / "spec").glob("*.md")))
-    assert sorted(in_spec - not_checkable() - marked) == []
+    """Ids mentioned in spec/ (less the visible not-checked list) == ids marked on tests."""
+    items = whole_claim_suite(request)
+    marked = set(declared(items))
+    unchecked = {c for c, (status, _) in claims.spec_statuses().items() if status.startswith("not ")}
+    in_spec = set().union(*(claims.ids_in(p.read_text()) for p in (ROOT / "spec").glob("*.md")))
+    assert sorted(in_spec - unchecked - marked) == []
     assert sorted(marked - in_spec) == []
-    assert sorted(marked & not_checkable()) == []
+    assert sorted(marked & unchecked) == []
+
+
+def test_every_claims_status_in_spec_is_the_status_its_tests_declare(request):
+    """spec/README.md's status of each claim == what its tests' marks add up to (claim_status)."""
+    tested = {c: claims.STATUS_TEXT[claims.claim_status(s)]
+              for c, s in declared(whole_claim_suite(request)).items()}
+    in_spec = {c: status for c, (status, _) in claims.spec_statuses().items()
+               if not status.startswith("not ")}
+    assert {c: (in_spec.get(c), tested.get(c)) for c in in_spec.keys() | tested.keys()
+            if in_spec.get(c) != tested.get(c)} == {}
+
+
+def test_a_measurement_that_differs_is_explained_on_its_page(request):
+    """Every ``differs`` mark names a spec page and one of its headings, and spec/README.md's row
+    for that claim points to the same page and heading."""
+    index = claims.spec_statuses()
+    pages = {(m.cid, m.page) for it in request.session.items for m in claims.claim_marks(it)
+             if m.status == "differs"}
+    if not pages:
+        pytest.skip("no test declaring status='differs' was collected")
+    for cid, page in sorted(pages):
+        path, _, anchor = page.partition("#")
+        headings = [line.lstrip("#") for line in (ROOT / path).read_text().splitlines()
+                    if line.startswith("#")]
+        assert anchor in {slug(h) for h in headings}, f"{cid}: no heading of {path} has anchor #{anchor}"
+        assert page.removeprefix("spec/") in index[cid][1], (cid, page, index[cid])
+
+
+def test_a_test_that_can_only_compute_closed_forms_does_not_declare_a_measurement(request):
+    """A claim test whose module imports, from zerospec and tests/, only closed forms and the
+    paper's data (zerospec.paper, report.plan) cannot have measured anything: it is closed_form."""
+    wrong = []
+    for it in request.session.items:
+        marks = [m for m in claims.claim_marks(it) if m.status != "closed_form"]
+        if not marks or it.module is None:
+            continue
+        used = {getattr(v, "__module__", None) or getattr(v, "__name__", "")
+                for v in vars(it.module).values()}
+        used = {u for u in used if isinstance(u, str) and u.startswith(("zerospec", "tests."))
+                and u != it.module.__name__}      # tests.runs & co. train: they count as measuring
+        if used and all(u.startswith(CLOSED_FORM_ONLY) for u in used):
+            wrong += [(it.nodeid, m.cid, m.status) for m in marks]
+    assert wrong == []
+
+
+def test_closed_form_modules_are_importable_names():
+    """The closed-form module list names real modules (a rename would silently pass everything)."""
+    for name in CLOSED_FORM_ONLY:
+        importlib.import_module(name)

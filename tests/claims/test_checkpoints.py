@@ -124,7 +124,7 @@ def test_consolidation_gives_the_full_fp32_weights(saved, original):
     assert all(full[k].dtype == torch.float32 and torch.equal(full[k], ref[k]) for k in ref)
 
 
-def test_checkpoint_continuation_table(md_snapshot, saved, original):
+def test_checkpoint_continuation_table(md_table_snapshot, saved, original):
     """spec/checkpoints.md's table: each continuation against the in-memory one and the original."""
     rows = []
     for stage, m, g in CONTINUATIONS:
@@ -132,7 +132,8 @@ def test_checkpoint_continuation_table(md_snapshot, saved, original):
         rows.append({"stage": c.config.label, "m": m, "g": g, "micro": BATCH // (m * g),
                      "same_set": m * g == N * G, "vs_memory": _delta(c, _continue(saved, stage, m, g, False)),
                      "vs_original": _delta(c, original)})
-    assert robust_tables.checkpoint_table(rows) == md_snapshot
+    # Δ = 0 exactly; the one nonzero Δ (other micro-batches) is rounding noise: only "nonzero" is pinned
+    assert robust_tables.checkpoint_table(rows) == md_table_snapshot(nonzero=["max Δmaster vs uninterrupted N run"])
 
 
 def test_checkpoint_files_table(md_snapshot, saved, original):

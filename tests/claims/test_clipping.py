@@ -81,8 +81,9 @@ def test_a_threshold_above_the_norm_changes_nothing():
     assert_same_training(run(3, clip_grad_norm=100.0), run(3))
 
 
-def test_clipping_table(md_snapshot):
+def test_clipping_table(md_table_snapshot):
     """spec/clipping.md's table: pre-clip norms per stage next to the exact unsharded norm."""
     full, _ = _unsharded_norms()
     rs = [run(s, clip_grad_norm=CLIP) for s in range(4)]
-    assert robust_tables.clip_table(rs, full) == md_snapshot
+    # norms within fp32 rounding per step (spec/determinism.md); counts and Δ = 0 exactly
+    assert robust_tables.clip_table(rs, full) == md_table_snapshot(steps=["pre-clip ‖g‖ at steps 1…"])

@@ -14,8 +14,7 @@ from tests.runs import MODELS, run, stage_cases, stage_id
 from zerospec.paper import theory
 
 STEP = 2  # any step: every step moves the same bytes
-CLAIM = {0: "C21", 1: "C23", 2: "C22", 3: "C24"}
-CASES = stage_cases(CLAIM)
+CASES = stage_cases(lambda s: s.comm_claim)
 
 
 
@@ -26,7 +25,7 @@ def test_elements_per_rank_per_step_follow_the_ring_model(stage, n_d, model, cla
     expected = theory.comm_elements(stage, r.psi_held, n_d)
     claim_values(f"{float(r.comm.mean_elements(step=STEP) / r.psi_held):.4f}Ψ",
                  f"{float(expected / r.psi_held):.4f}Ψ = {theory.comm_in_psi(stage)}Ψ·(N−1)/N "
-                 f"({CLAIM[stage]})", f"{stage_id(stage)}, N={n_d}")
+                 f"({theory.stage(stage).comm_claim})", f"{stage_id(stage)}, N={n_d}")
     assert r.comm.mean_elements(step=STEP) == expected
     if stage or all(u.numel % n_d == 0 for u in r.units):
         assert {r.comm.elements(k, step=STEP) for k in range(n_d)} == {expected}

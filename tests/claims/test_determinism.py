@@ -14,17 +14,17 @@ import functools
 import pytest
 import torch
 
-from tests.robust_runs import CLIP, INJECT, config
+from tests.robust_runs import CLIP, OVERFLOW, SCALER, config, train_with
 from zerospec.report import robust_tables
 from zerospec.cluster.threads import VirtualCluster
-from zerospec.training.run import train
 
 # everything at once (loss scaling with an injected overflow, clipping, exact accumulation: every
 # reduction is order-free by design), and the plain step with fp32 gradients, whose fp32 sums
 # round at almost every addition — where a reduction that followed arrival order would show (sums
 # of four fp16 gradients in fp32 are nearly always exact, so the fp16 policy would hide it)
-CFGS = {"P_os+g+p, all mechanisms": config(3, steps=3, grad_accum_steps=2, clip_grad_norm=CLIP, **INJECT),
+CFGS = {"P_os+g+p, all mechanisms": config(3, steps=3, grad_accum_steps=2, clip_grad_norm=CLIP, loss_scale=SCALER),
         "P_os, plain fp32 step": config(1, steps=3, precision="fp32")}
+OVERFLOWS = {"P_os+g+p, all mechanisms": OVERFLOW}   # (step, rank) whose gradient gets an inf
 SEEDS = (1, 2, 3)
 
 
@@ -32,8 +32,8 @@ SEEDS = (1, 2, 3)
 def _run(jitter: int | None, tag: int = 0, cfg: str = "P_os+g+p, all mechanisms"):
     """(result, the order in which ranks finished step 1); ``tag`` makes a repeat a new run."""
     order = []
-    r = train(CFGS[cfg], cluster=VirtualCluster(4, jitter=jitter),
-              on_step=lambda step, stage: order.append(stage.ctx.rank) if step == 1 else None)
+    r = train_with(CFGS[cfg], OVERFLOWS.get(cfg), cluster=VirtualCluster(4, jitter=jitter),
+                   on_step=lambda step, stage: order.append(stage.ctx.rank) if step == 1 else None)
     return r, tuple(order)
 
 

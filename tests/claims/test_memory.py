@@ -16,8 +16,7 @@ from zerospec.model.gpt import GPTConfig, init_params
 from zerospec.optim.adam import AdamConfig
 from zerospec.zero import STAGES
 
-CLAIM = {0: "C6", 1: "C7", 2: "C8", 3: "C9"}
-CASES = stage_cases(CLAIM)
+CASES = stage_cases(lambda s: s.memory_claim)
 
 
 
@@ -27,7 +26,8 @@ def test_model_states_per_rank_equal_the_stage_formula(stage, n_d, model, claim_
     r = run(stage, n_d, model)
     expected = theory.model_state_bytes(stage, r.psi_held, n_d)
     measured = [r.model_states(k) for k in range(n_d)]
-    claim_values(f"{measured[0]:,} B", f"{int(expected):,} B ({CLAIM[stage]})", f"{stage_id(stage)}, N={n_d}")
+    claim_values(f"{measured[0]:,} B", f"{int(expected):,} B ({theory.stage(stage).memory_claim})",
+                 f"{stage_id(stage)}, N={n_d}")
     assert measured == [expected] * n_d
 
 

@@ -30,9 +30,10 @@ def test_comm_table_at_32_gpus(md_snapshot):
     assert tables.comm_table(_seed_runs()) == md_snapshot
 
 
-def test_equivalence_table_at_32_gpus(md_snapshot):
+def test_equivalence_table_at_32_gpus(md_table_snapshot):
     """Losses per step and the largest difference from DP (zero in every stage)."""
-    assert tables.equivalence_table(_seed_runs()) == md_snapshot
+    # losses within fp32 rounding per step (spec/determinism.md); Δ = 0 exactly
+    assert tables.equivalence_table(_seed_runs()) == md_table_snapshot(steps=["loss at steps 1…"])
 
 
 def test_flops_table_at_8_gpus(md_snapshot):
@@ -59,11 +60,60 @@ def test_spec_pages_show_the_snapshots_verbatim():
 def test_scale_7_5b_on_64_gpus(md_snapshot):
     """Figure 1 measured: one step of every stage for the 7.5B preset on 64 meta GPUs."""
     from tests.claims.test_scale import one_step
-    from zerospec.training.scale import markdown
-    assert markdown({s: one_step("7.5B", s, 64) for s in range(4)}) + "\n" == md_snapshot
+    assert tables.scale_table({s: one_step("7.5B", s, 64) for s in range(4)}) == md_snapshot
 
 
 def test_scale_table1_measured(md_snapshot):
     """Table 1 measured on meta tensors at the paper's round Ψ, bold where a stage first fits."""
     from tests.claims.test_scale import _at_round_psi
     assert tables.measured_table1_md(_at_round_psi) == md_snapshot
+
+
+SNAPSHOTS = ROOT / "tests" / "claims" / "__snapshots__"
+
+
+def _cells(table: str, row: int) -> list[str]:
+    """The cells of data row ``row`` (0: the first row under the |---| rule)."""
+    return [c.strip() for c in table.splitlines()[2 + row].strip("|").split("|")]
+
+
+def _with_cell(table: str, row: int, col: int, text: str) -> str:
+    """``table`` with the cell at data row ``row``, column ``col`` replaced by ``text``."""
+    lines = table.splitlines()
+    cells = _cells(table, row)
+    cells[col] = text
+    lines[2 + row] = "| " + " | ".join(cells) + " |"
+    return "\n".join(lines) + "\n"
+
+
+def test_a_measured_loss_may_move_within_its_step_budget_but_not_by_a_visible_digit(md_table_snapshot):
+    """Losses match within t·2⁻¹⁵ at step t (spec/determinism.md); a third-digit error or a Δ of 1e-3 for 0 fails."""
+    ext = md_table_snapshot(steps=["loss at steps 1…"]).extension
+    snap = (SNAPSHOTS / "test_spec_tables" / "test_equivalence_table_at_32_gpus.md").read_text()
+    losses = [float(x) for x in _cells(snap, 0)[1].split()]
+
+    def dp_losses_times(*factors):   # DP's row with each step's loss scaled, printed as the table does
+        return _with_cell(snap, 0, 1, " ".join(f"{x * f:.5f}" for x, f in zip(losses, factors)))
+
+    def matches(table):
+        return ext.matches(serialized_data=table, snapshot_data=snap)
+    assert matches(_with_cell(snap, 0, 1, _cells(snap, 0)[1]))          # the rebuilt row is the row
+    assert matches(dp_losses_times(1, 1, 1, 1, 1 + 1e-4))              # step 5: within 5·2⁻¹⁵ = 1.5e-4
+    assert not matches(dp_losses_times(1 + 1e-4, 1, 1, 1, 1))          # step 1: beyond 2⁻¹⁵ = 3.1e-5
+    assert not matches(dp_losses_times(1, 1, 1, 1, 1 + 1e-3))          # a wrong third significant digit
+    assert not matches(_with_cell(snap, 0, 2, "0.001"))                 # Δloss 1e-3 where it is 0
+    assert not matches(_with_cell(snap, 0, 1, _cells(snap, 0)[1] + "0"))  # printed with another digit
+
+
+def test_a_nonzero_delta_is_pinned_as_nonzero_and_a_zero_delta_exactly(md_table_snapshot):
+    """A Δ from other micro-batches may take any nonzero size; it may not become 0, nor a 0 become 1e-3."""
+    ext = md_table_snapshot(nonzero=["max Δmaster vs uninterrupted N run"]).extension
+    snap = (SNAPSHOTS / "test_checkpoints" / "test_checkpoint_continuation_table.md").read_text()
+    other = next(i for i in range(len(snap.splitlines()) - 2) if _cells(snap, i)[6] != "0")
+
+    def matches(table):
+        return ext.matches(serialized_data=table, snapshot_data=snap)
+    assert matches(_with_cell(snap, other, 6, "3.1e-06"))
+    assert not matches(_with_cell(snap, other, 6, "0"))
+    assert not matches(_with_cell(snap, other, 6, "0.0"))              # a zero, printed otherwise
+    assert not matches(_with_cell(snap, 0, 6, "0.001"))

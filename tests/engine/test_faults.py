@@ -11,7 +11,12 @@ from zerospec.runtime.errors import RankError
 from zerospec.cluster.processes import launch
 from zerospec.training.config import TrainConfig
 
-TIMEOUT = 20.0   # the process group's timeout: no rank may wait longer than this
+# Spawning N processes that each import torch is what every test here waits for: 0.5 s on an idle
+# machine, 10 s measured with the first launch of a session on 2 cores at load 9 (xdist plus other
+# work). The process group's timeout must be far above that, so that "failed before the timeout"
+# means "failed at once", not "started quickly".
+STARTUP = 30.0   # allowance for the start-up alone, 3x the worst measured
+TIMEOUT = 60.0   # the process group's timeout: no rank may wait longer than this
 
 
 def _cfg(stage: int, n_d: int) -> TrainConfig:
@@ -60,8 +65,9 @@ def test_a_rank_hung_outside_collectives_makes_peers_time_out_and_is_killed():
     err = info.value
     assert err.rank == 0 and "killed by the launcher" in str(err)
     assert err.fates[1] != "ok"
-    # the peers' timeout, their wait for a peer's report (5 s), the launcher's grace (2 s), slack
-    assert time.monotonic() - t0 < timeout + 5 + 2 + 5
+    # start-up, the peers' timeout, their wait for a peer's report (5 s), the launcher's grace
+    # (2 s): far below the 600 s the hung rank would sleep if nobody killed it
+    assert time.monotonic() - t0 < STARTUP + timeout + 5 + 2
 
 
 def test_bad_launch_arguments_name_the_value_and_what_is_accepted():

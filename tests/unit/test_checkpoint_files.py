@@ -118,7 +118,7 @@ def test_saving_onto_an_existing_checkpoint_is_refused(saved):
 def test_a_save_that_crashes_part_way_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch):
     """Crash after 2 of the step-2 files: step-1's checkpoint loads intact; step-2 does not exist."""
     written = []
-    real = checkpoint._write_file
+    real = checkpoint.write_file
 
     def flaky(path, data):
         if path.parent.name == ".step-2.partial" and len(written) == 2:
@@ -126,7 +126,7 @@ def test_a_save_that_crashes_part_way_leaves_the_previous_checkpoint_loadable(tm
         if path.parent.name == ".step-2.partial":
             written.append(path.name)
         real(path, data)
-    monkeypatch.setattr(checkpoint, "_write_file", flaky)
+    monkeypatch.setattr(checkpoint, "write_file", flaky)
     cfg = TrainConfig(stage=3, n_d=4, model=ODD, steps=3)
     with pytest.raises(RankError, match="disk full"):
         train(cfg, save={1: tmp_path / "step-1", 2: tmp_path / "step-2"})
@@ -137,7 +137,7 @@ def test_a_save_that_crashes_part_way_leaves_the_previous_checkpoint_loadable(tm
     with pytest.raises(CheckpointError, match=r"no such checkpoint directory \(an unfinished save left "
                                               r"\.step-2\.partial"):
         checkpoint.load(tmp_path / "step-2")
-    monkeypatch.setattr(checkpoint, "_write_file", real)          # the retry succeeds
+    monkeypatch.setattr(checkpoint, "write_file", real)          # the retry succeeds
     train(cfg, save={2: tmp_path / "step-2"})
     assert checkpoint.load(tmp_path / "step-2").step == 2 and not (tmp_path / ".step-2.partial").exists()
 

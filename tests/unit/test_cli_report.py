@@ -8,15 +8,9 @@ import json
 
 import pytest
 
-from zerospec.__main__ import main
+from tests.cli import assert_usage_error, run_cli
 
 SMALL_RUN = ["report", "--ranks", "2", "--steps", "1"]
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.mark.claim("C6")
@@ -79,9 +73,7 @@ def test_report_csv_without_stage0_has_no_equivalence_reference(capsys):
 ])
 def test_bad_report_input_is_one_line_and_exit_code_2(capsys, argv, named):
     """Bad input fails before any training: exit 2, one stderr line naming the value."""
-    rc, out, err = run_cli(capsys, *argv, "--no-figures", "--quiet")
-    assert rc == 2 and out == ""
-    assert err.count("\n") == 1 and err.startswith("zerospec: error:") and named in err
+    assert_usage_error(capsys, *argv, "--no-figures", "--quiet", named=named)
 
 
 def test_an_unwritable_out_directory_fails_before_measuring(capsys, tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import torch
 from zerospec.runtime.memory import MemoryLedger
 from zerospec.model.units import make_units
 from zerospec.zero.fetch import ParamFetcher
+from zerospec.zero.saved import UseState
 
 
 class _Stage:
@@ -79,8 +80,8 @@ def test_no_fp32_compute_copy_outlives_backward(resident):
     """Stages 0–2 keep the forward's cast for backward, stage 3 casts again: both free it."""
     stage = _run(_square, resident)
     assert stage.slots[0].tolist() == [2.0, 4.0, 6.0, 1.0, 1.0]
-    for use in stage.fetcher._uses.values():
-        assert use.leaf.untyped_storage().nbytes() == 0 and use.upcast is None
+    for use in stage.fetcher.saved.uses.values():
+        assert use.leaf.untyped_storage().nbytes() == 0 and use.cast is None
 
 
 @pytest.mark.parametrize("resident", [True, False], ids=["stages0-2", "stage3"])
@@ -94,3 +95,33 @@ def test_a_parameter_written_in_place_after_it_was_saved_is_refused(resident):
         return y
     with pytest.raises(RuntimeError, match="unit 'u' was modified in place after autograd saved it"):
         _run(forward, resident)
+
+
+@pytest.mark.parametrize("resident,last,after_forward", [
+    (True, False, UseState.CAST_KEPT), (True, True, UseState.CAST_KEPT),
+    (False, False, UseState.SAVED), (False, True, UseState.UNIT_KEPT),
+], ids=["stages0-2", "stages0-2-last", "stage3", "stage3-last"])
+def test_a_use_with_saved_views_goes_from_forward_through_its_kept_state_to_released(resident, last,
+                                                                                     after_forward):
+    """A use's state: FORWARD in the block; then what backward will read; RELEASED after backward."""
+    states = []
+
+    def forward(fetch):
+        with fetch(0, last=last) as p:
+            (use,) = fetch.__self__.saved.uses.values()     # fetch is the fetcher's bound method
+            states.append(use.state)
+            y = (p["a"] * p["a"]).sum()
+        states.append(use.state)
+        return y
+    (use,) = _run(forward, resident).fetcher.saved.uses.values()
+    assert states == [UseState.FORWARD, after_forward] and use.state is UseState.RELEASED
+    assert use.full16 is None and use.cast is None
+
+
+def test_a_use_nothing_was_saved_from_is_released_when_its_block_ends():
+    """No saved view (b.sum() saves nothing): the use is RELEASED as the fetch block ends."""
+    def forward(fetch):
+        with fetch(0) as p:
+            return p["b"].sum() + p["a"].sum()
+    (use,) = _run(forward).fetcher.saved.uses.values()
+    assert use.refs == 0 and use.state is UseState.RELEASED

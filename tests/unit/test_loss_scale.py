@@ -1,12 +1,16 @@
 """The loss scaler follows torch's GradScaler rule; its hyper-parameters are range-checked."""
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerospec.optim.loss_scale import LossScale, LossScaler, poison
+from zerospec.optim.loss_scale import LossScale, LossScaler
+from zerospec.testing.faults import inject_overflow
+from zerospec.zero.fetch import ParamFetcher
 
 
 @settings(max_examples=60, deadline=None)
@@ -40,9 +44,47 @@ def test_bad_scaler_parameters_are_refused(kwargs, match):
         LossScale(**kwargs)
 
 
-def test_the_fault_hook_poisons_only_its_unit_last_element():
-    """poison(0) sets unit 0's last element to inf and leaves other units alone."""
-    fault, a, b = poison(0), torch.zeros(5), torch.zeros(5)
-    fault(0, a)
-    fault(1, b)
-    assert a.isinf().tolist() == [False] * 4 + [True] and not b.isinf().any()
+class _Fetcher:
+    """What the seam's patch reads of a fetcher: its stage's rank context."""
+
+    def __init__(self, step, rank):
+        self.stage = types.SimpleNamespace(ctx=types.SimpleNamespace(step=step, rank=rank))
+
+
+def test_the_overflow_hook_poisons_only_its_step_rank_and_units_last_element_once():
+    """inject_overflow(2, 1): unit 0's last element is inf at step 2 on rank 1, once; else untouched."""
+    grads = {key: torch.zeros(5) for key in ("hit", "again", "unit1", "step1", "rank0")}
+    hit = _Fetcher(2, 1)
+    with inject_overflow(step=2, rank=1):
+        ParamFetcher.grad_written(hit, 0, grads["hit"])
+        ParamFetcher.grad_written(hit, 0, grads["again"])         # micro-batch 2 of the step
+        ParamFetcher.grad_written(hit, 1, grads["unit1"])
+        ParamFetcher.grad_written(_Fetcher(1, 1), 0, grads["step1"])
+        ParamFetcher.grad_written(_Fetcher(2, 0), 0, grads["rank0"])
+    assert grads.pop("hit").isinf().tolist() == [False] * 4 + [True]
+    assert not any(g.isinf().any() for g in grads.values())
+    plain = torch.zeros(5)
+    ParamFetcher.grad_written(hit, 0, plain)                      # outside the block: the product
+    assert not plain.isinf().any()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"step": 0, "rank": 0}, r"inject_overflow step must be an integer >= 1, got 0"),
+    ({"step": 2, "rank": -1}, r"inject_overflow rank must be an integer >= 0, got -1"),
+    ({"step": 2.0, "rank": 0}, r"inject_overflow step must be an integer >= 1, got 2.0"),
+])
+def test_bad_overflow_hook_arguments_are_refused(kwargs, match):
+    """A step below 1 or a negative rank raises ValueError naming the value and the accepted range."""
+    with pytest.raises(ValueError, match=match):
+        with inject_overflow(**kwargs):
+            pass
+
+
+def test_an_overflow_hook_that_never_fires_says_what_the_runs_reached():
+    """Step 9 in a run of steps 1..5 on ranks 0..3: ValueError naming both, not a silent no-op."""
+    with pytest.raises(ValueError, match=r"inject_overflow\(step=9, rank=0, unit=0\) never fired: "
+                                         r"the runs inside reached steps 1..5, ranks 0..3"):
+        with inject_overflow(step=9, rank=0):
+            for step in range(1, 6):
+                for rank in range(4):
+                    ParamFetcher.grad_written(_Fetcher(step, rank), 0, torch.zeros(5))

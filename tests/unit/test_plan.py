@@ -44,7 +44,7 @@ def within_printed_precision(printed: str, exact) -> bool:
 
 
 # -- Table 1 --------------------------------------------------------------------------------------
-@pytest.mark.claim("C16")
+@pytest.mark.claim("C16", status="closed_form")
 @pytest.mark.parametrize("psi", list(TABLE1_PAPER), ids=["7.5B", "128B", "1T"])
 def test_table1_layout_matches_every_printed_cell_within_its_last_digit(psi):
     """Table 1: each cell of the plan's layout is within one unit of the paper's last printed digit."""
@@ -55,7 +55,7 @@ def test_table1_layout_matches_every_printed_cell_within_its_last_digit(psi):
             assert within_printed_precision(paper, row[1 + k]), (row[0], k + 1, paper, row[1 + k])
 
 
-@pytest.mark.claim("C16")
+@pytest.mark.claim("C16", status="closed_form")
 def test_table1_prints_each_cell_within_one_unit_of_its_own_last_digit():
     """The plan's own rounding never moves a cell by a full printed digit (41.25 -> 41.3, not 41)."""
     t = plan.table1(list(TABLE1_PAPER), theory.TABLE1_ND)
@@ -64,7 +64,7 @@ def test_table1_prints_each_cell_within_one_unit_of_its_own_last_digit():
             assert within_printed_precision(t.cell_text(i, exact), exact)
 
 
-@pytest.mark.claim("C15")
+@pytest.mark.claim("C15", status="closed_form")
 def test_table1_bold_marks_the_smallest_fitting_n_d_as_the_paper_does():
     """Bold cells: 7.5B P_os@64, P_os+g@16, P_os+g+p@4; 128B P_os+g+p@64; 1T P_os+g+p@1024."""
     psis = list(TABLE1_PAPER)
@@ -78,7 +78,7 @@ def _paper_count(text: str) -> tuple[Decimal, int]:
     return Decimal(text[:-1]), {"B": 10**9, "T": 10**12}[text[-1]]
 
 
-@pytest.mark.claim("C17")
+@pytest.mark.claim("C17", status="closed_form")
 @pytest.mark.parametrize("mp", list(TABLE2_PAPER))
 def test_table2_printed_cells_are_the_mp1_maximum_rounded_to_a_tenth_times_mp(mp):
     """Table 2: B cells = MP × (MP=1 maximum rounded to 0.1B); T cells = the maximum rounded to 0.1T."""
@@ -96,7 +96,7 @@ def test_table2_printed_cells_are_the_mp1_maximum_rounded_to_a_tenth_times_mp(mp
             assert value == exact.quantize(Decimal("0.1"), ROUND_HALF_UP)
 
 
-@pytest.mark.claim("C13")
+@pytest.mark.claim("C13", status="closed_form")
 def test_max_model_at_64_gpus_is_7_6b_14_4b_128b():
     """At N_d = 64 on 32 GB: P_os fits 7.6B, P_os+g 14.4B, P_os+g+p 128B (Table 2's 0.1B precision)."""
     t = plan.max_model_table(64, 32 * GB, names=("paper",))
@@ -107,7 +107,7 @@ def test_max_model_at_64_gpus_is_7_6b_14_4b_128b():
 
 
 # -- Figure 1 and the seed's scaled table -------------------------------------------------------------
-@pytest.mark.claim("C14")
+@pytest.mark.claim("C14", status="closed_form")
 def test_figure1_example_7_5b_on_64_gpus():
     """Ψ = 7.5B, N_d = 64: 120 GB, 31.4 GB, 16.6 GB, 1.88 GB per GPU; only DP misses 32 GB."""
     t = plan.plan_table(7_500_000_000, 64, 32 * GB, 50 * GB)
@@ -116,8 +116,8 @@ def test_figure1_example_7_5b_on_64_gpus():
     assert [t.cell_text(3, row[3]) for row in t.rows] == ["120 GB", "31.4 GB", "16.6 GB", "1.88 GB"]
 
 
-@pytest.mark.claim("C21")
-@pytest.mark.claim("C24")
+@pytest.mark.claim("C21", status="closed_form")
+@pytest.mark.claim("C24", status="closed_form")
 def test_seed_scaled_table_at_32_gpus_with_the_exact_ring_factor():
     """The seed's 7.5B projection at N = 32: states 120/32.8/18.3/3.75 GB; comm 30/30/30/45 GB at
     large N, × (N−1)/N = 31/32 exactly here; 0.6/0.9 s at 50 GB/s likewise."""

@@ -9,7 +9,10 @@ from hypothesis import strategies as st
 from zerospec.training import checkpoint
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.optim.loss_scale import LossScale
+from zerospec.model.gpt import ODD
+from zerospec.testing.faults import inject_overflow
 from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -28,10 +31,6 @@ from zerospec.training.config import TrainConfig
     pytest.param({"n_d": 4096, "grad_accum_steps": 4},
                  r"n_d × grad_accum_steps = 16384 exceeds 8192, the most fp16 gradients fp64 sums exactly",
                  id="too-many-terms"),
-    pytest.param({"inject_overflow": ((1, 0),)}, r"inject_overflow needs loss_scale", id="inject-no-scaler"),
-    pytest.param({"inject_overflow": ((9, 0),), "loss_scale": LossScale(), "steps": 5},
-                 r"inject_overflow entries must be \(step in 1..5, rank in 0..3\), got \(9, 0\)",
-                 id="inject-bad-step"),
     pytest.param({"clip_grad_norm": 1.0, "device": "meta"}, r"need real values; device='meta' has none",
                  id="meta"),
 ])
@@ -39,6 +38,16 @@ def test_bad_robustness_settings_are_refused(kwargs, match):
     """Each invalid setting raises ValueError naming the value and the accepted range."""
     with pytest.raises(ValueError, match=match):
         TrainConfig(**kwargs)
+
+
+def test_an_overflow_at_a_step_or_rank_the_run_lacks_is_named():
+    """inject_overflow(step=9) around a 2-step run, or rank 4 on 4 ranks: ValueError naming both."""
+    cfg = TrainConfig(n_d=4, model=ODD, steps=2, loss_scale=LossScale())
+    for step, rank in ((9, 0), (1, 4)):
+        with pytest.raises(ValueError, match=rf"inject_overflow\(step={step}, rank={rank}, unit=0\) "
+                                             r"never fired: the runs inside reached steps 1..2, ranks 0..3"):
+            with inject_overflow(step=step, rank=rank):
+                train(cfg)
 
 
 def test_defaults_are_the_plain_paper_step():

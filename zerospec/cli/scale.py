@@ -62,12 +62,13 @@ def _model(args):
 
 def run(args) -> int:
     from ..model.presets import PRESETS
-    from ..training.scale import markdown, measure_stages
+    from ..report.format import markdown
+    from ..report.spec_tables import scale_table
+    from ..training.scale import measure_stages
     if args.list:
-        print("| preset | layers | hidden | heads | Ψ | source |\n|---|---|---|---|---|---|")
-        for p in PRESETS.values():
-            m = p.model
-            print(f"| {p.name} | {m.n_layer} | {m.n_embd} | {m.n_head} | {p.psi:,} | {p.source} |")
+        print(markdown(["preset", "layers", "hidden", "heads", "Ψ", "source"],
+                       [[p.name, p.model.n_layer, p.model.n_embd, p.model.n_head, f"{p.psi:,}", p.source]
+                        for p in PRESETS.values()]), end="")
         return 0
     if args.gpus < 1:
         raise _usage(f"--gpus must be >= 1, got {args.gpus}")
@@ -79,5 +80,5 @@ def run(args) -> int:
           f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; N_d = {args.gpus}; "
           f"measured on meta tensors, one step per stage "
           f"({sum(r.seconds for r in results.values()):.1f} s)\n")
-    print(markdown(results))
+    print(scale_table(results), end="")
     return 0

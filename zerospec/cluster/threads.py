@@ -28,11 +28,14 @@ from ..runtime.errors import ClusterAborted, ClusterError, CollectiveTimeout, Ra
 from ..comm.interconnect import Interconnect
 from ..runtime.context import RankContext
 from ..comm.ledger import CommLedger
+from ..comm.ring import RingTransport, Wire
 from ..comm.sim import SimBackend
 from ..runtime.memory import MemoryLedger
+from ..runtime.observe import Observation, Observer
 
 
 JITTER_SECONDS = 0.002   # longest random pause before a hand-off when jitter is on
+TRANSPORTS = ("direct", "ring")
 
 
 class Baton:
@@ -93,34 +96,53 @@ class VirtualCluster:
     ``torch_threads``: torch's intra-op threads while the cluster runs (restored after). One by
     default: ranks take turns and their ops are small, so a second OpenMP thread mostly contends
     (spec/engine.md, "Why one rank at a time"). ``None`` leaves torch's setting alone.
+
+    ``transport``: ``"direct"`` (default) moves each collective's data in one go, reducing in rank
+    order; ``"ring"`` passes chunks between neighbours (:mod:`zerospec.comm.ring`) and counts
+    every transfer per link in ``self.wire``, to observe what the ledger's ring model books.
+
+    ``observe``: run each rank under its own :class:`~zerospec.runtime.observe.Observer` (a
+    dispatch mode, per thread), which sees every storage the rank makes and when it dies; after
+    ``run``, ``observed[r]`` holds rank r's peaks per phase. What the simulator makes while one
+    rank's thread moves a collective's data for every rank belongs to no rank and is not observed.
     """
 
     def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
-                 torch_threads: int | None = 1, jitter: int | None = None):
+                 torch_threads: int | None = 1, jitter: int | None = None,
+                 transport: str = "direct", observe: bool = False):
         if not isinstance(n_ranks, int) or n_ranks < 1:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if jitter is not None and (not isinstance(jitter, int) or isinstance(jitter, bool)):
             raise ValueError(f"jitter must be an integer seed or None, got {jitter!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; accepted: {', '.join(TRANSPORTS)}")
         self.n_ranks = n_ranks
         self.device = torch.device(device)
         self.timeout = timeout
         self.torch_threads = torch_threads
         self.jitter = jitter                # seed of the random schedule (see Baton); None: off
         self.comm_ledger = CommLedger(n_ranks)
+        self.wire = Wire(n_ranks) if transport == "ring" else None   # per-link counts, ring only
         self.memory = [MemoryLedger(self.device) for _ in range(n_ranks)]
         self.contexts: list[RankContext] = []
+        self.observe = observe
+        self.observed: list[Observation] = []
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
         baton = Baton(self.n_ranks, self.timeout,
                       random.Random(self.jitter) if self.jitter is not None else None)
-        backend = SimBackend(baton)
+        backend = SimBackend(baton, RingTransport(self.wire) if self.wire is not None else None)
         self.contexts = [
             RankContext(r, self.n_ranks, self.memory[r], None) for r in range(self.n_ranks)]
         for ctx in self.contexts:
             ctx.comm = Interconnect(ctx, backend, self.comm_ledger)
         results: list[Any] = [None] * self.n_ranks
+        observers = [Observer(ctx) if self.observe else contextlib.nullcontext()
+                     for ctx in self.contexts]
+        if self.observe:   # the completing rank's thread moves every rank's data
+            backend.around_move = lambda rank: observers[rank].paused()
         all_done = threading.Event()
         remaining = [self.n_ranks]
 
@@ -129,7 +151,8 @@ class VirtualCluster:
             try:
                 baton.wait_turn(r, lambda: f"rank {r} never got its first turn")
                 ctx.timeline.restart()
-                results[r] = fn(ctx, *args, **kwargs)
+                with observers[r]:
+                    results[r] = fn(ctx, *args, **kwargs)
                 backend.rank_finished(r)
             except ClusterAborted:
                 pass
@@ -165,6 +188,7 @@ class VirtualCluster:
                 raise baton.error
             for t in threads:
                 t.join()
+        self.observed = [o.observation for o in observers] if self.observe else []
         return results
 
 

@@ -8,9 +8,12 @@ The paper counts volume in *elements* (C20); with fp16 tensors bytes = 2 × elem
 
 Ring model (C21, SC'20 form): a reduce-scatter or all-gather over S elements moves (N−1)/N·S per
 rank; an all-reduce is a reduce-scatter followed by an all-gather, 2(N−1)/N·S. For an all-reduce
-of a size S that does not divide by N, the ring splits S into N near-equal chunks (the first S mod N
-one element larger) and rank r sends every chunk but its own twice: 2·(S − |c_r|). Summed over the
-ranks this is exactly 2(N−1)·S, so the per-rank mean is exactly 2(N−1)/N·S.
+of a size S that does not divide by N, the ring splits S into N near-equal chunks c_0 … c_N−1 (the
+first S mod N one element larger). Rank r sends to r+1 only: in the reduce-scatter every chunk but
+its own (it ends owning c_r), in the all-gather every chunk but its successor's, so it sends
+2S − |c_r| − |c_r+1| and receives 2S − |c_r−1| − |c_r| — what the ring transport (ring.py) measures
+on each link. Summed over the ranks this is exactly 2(N−1)·S, so the per-rank mean is exactly
+2(N−1)/N·S; with uneven chunks no unidirectional ring gives every rank the same share.
 """
 from __future__ import annotations
 
@@ -53,8 +56,8 @@ def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple
     if n == 1 or op == "barrier":
         return 0, 0
     if op == "all_reduce":
-        moved = 2 * (numel - chunk_size(numel, n, rank))
-        return moved, moved
+        prev, own, succ = (chunk_size(numel, n, k % n) for k in (rank - 1, rank, rank + 1))
+        return 2 * numel - own - succ, 2 * numel - prev - own
     if op in ("reduce_scatter", "all_gather"):
         if numel % n:
             raise ValueError(f"{op} of {numel} elements does not split over {n} ranks")
@@ -105,7 +108,8 @@ class CommLedger:
                 and (op is None or r.op == op)]
 
     def elements(self, rank: int, **where) -> int:
-        """Elements ``rank`` sent (= received under the ring model), filtered like :meth:`records`."""
+        """Elements ``rank`` sent, filtered like :meth:`records` (= received, except in an
+        all-reduce whose chunks are uneven, where the two differ by at most one element)."""
         return sum(r.elements_sent for r in self.records(rank, **where))
 
     def bytes(self, rank: int, **where) -> int:

@@ -13,16 +13,13 @@ import time
 import torch
 
 from ..runtime.errors import ClusterAborted, CollectiveError
+from .checks import accumulator_dtype, check_calls
 from .interconnect import Call, shares_storage
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32 if dtype.is_floating_point else dtype
 
 
 def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
     """Elementwise reduction of ``tensors`` in list order, in the accumulator dtype."""
-    acc = tensors[0].to(_acc_dtype(tensors[0].dtype), copy=True)
+    acc = tensors[0].to(accumulator_dtype(tensors[0].dtype), copy=True)
     for t in tensors[1:]:
         if op == "max":
             torch.maximum(acc, t, out=acc)
@@ -36,9 +33,15 @@ def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
 class SimBackend:
     """Thread rendezvous on a :class:`~zerospec.cluster.threads.Baton`; one collective in flight at a time."""
 
-    def __init__(self, baton):
+    def __init__(self, baton, transport=None):
         self.baton = baton
         self.n = baton.n
+        # None: the last rank to arrive moves the data, reducing in rank order (what keeps the
+        # stages bit-identical); a RingTransport passes chunks between neighbours instead
+        self.transport = transport
+        # around_move(rank): a context the completing rank moves every rank's data inside (the
+        # memory observer pauses there: that data belongs to no one rank); None: nothing
+        self.around_move = None
         self._pending: dict[int, Call] = {}
         self._seq = 0
         self._error: CollectiveError | None = None
@@ -99,14 +102,21 @@ class SimBackend:
     # -- data movement ----------------------------------------------------------------------------
     def _finalize(self, rank: int, calls: list[Call]) -> None:
         t0 = time.perf_counter()
-        self._move(rank, calls)
+        if self.around_move is None:
+            self._move(rank, calls)
+        else:
+            with self.around_move(rank):
+                self._move(rank, calls)
         for c in calls:
             c.seconds = time.perf_counter() - t0
 
     def _move(self, rank: int, calls: list[Call]) -> None:
-        problem = _validate(calls, self.n)
+        problem = check_calls(calls, self.n)
         if problem:
             self._fail(rank, CollectiveError(f"collective #{self._seq - 1}: {problem}"))
+        if self.transport is not None:
+            self.transport.move(calls)
+            return
         op = calls[0].op
         n = self.n
         if op == "all_reduce":
@@ -143,38 +153,3 @@ class SimBackend:
             for r, c in enumerate(calls):
                 if r != calls[0].src:
                     c.out.copy_(src)
-
-
-def _shapes(calls: list[Call], attr: str) -> str:
-    return ", ".join(f"rank {r} {tuple(getattr(c, attr).shape)}" for r, c in enumerate(calls))
-
-
-def _validate(calls: list[Call], n: int) -> str | None:
-    """A description of what is wrong with this collective across ranks, or None."""
-    ops = {c.op for c in calls}
-    if len(ops) > 1:
-        return "ranks called different collectives: " + ", ".join(
-            f"rank {r} {c.describe()}" for r, c in enumerate(calls))
-    op = calls[0].op
-    if op == "barrier":
-        return None
-    if len({c.reduce_op for c in calls}) > 1:
-        return "reduce ops differ: " + ", ".join(f"rank {r} {c.reduce_op}" for r, c in enumerate(calls))
-    if len({c.inp.dtype for c in calls} | {c.out.dtype for c in calls}) > 1:
-        return f"{op}: dtypes differ: " + ", ".join(
-            f"rank {r} {c.inp.dtype}->{c.out.dtype}" for r, c in enumerate(calls))
-    if len({tuple(c.inp.shape) for c in calls}) > 1:
-        return f"{op}: input shapes differ across ranks: {_shapes(calls, 'inp')}"
-    if op == "broadcast" and len({c.src for c in calls}) > 1:
-        return "broadcast: ranks name different src: " + ", ".join(
-            f"rank {r} src={c.src}" for r, c in enumerate(calls))
-    for r, c in enumerate(calls):
-        if op == "reduce_scatter" and c.inp.numel() != n * c.out.numel():
-            return (f"reduce_scatter: rank {r} input of {c.inp.numel()} elements {tuple(c.inp.shape)} "
-                    f"must be {n} × its output of {c.out.numel()} elements {tuple(c.out.shape)}")
-        if op == "all_gather" and c.out.numel() != n * c.inp.numel():
-            return (f"all_gather: rank {r} output of {c.out.numel()} elements {tuple(c.out.shape)} "
-                    f"must be {n} × its input of {c.inp.numel()} elements {tuple(c.inp.shape)}")
-        if op in ("reduce_scatter", "all_gather") and not c.out.is_contiguous():
-            return f"{op}: rank {r} output must be contiguous"
-    return None

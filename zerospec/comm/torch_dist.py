@@ -12,14 +12,10 @@ collectives (no home-made transport). What it does beyond a plain ``dist.*`` cal
   rounded once, exactly where the simulator divides, whatever the backend does with AVG (before
   torch 2.9 gloo's ``reduce_scatter_tensor`` silently ignored its op and returned the SUM).
 * **Every reduction buffer is zero-padded to a multiple of N.** The order in which gloo's ring
-  adds the ranks' values for element i depends on the buffer's length (measured, torch 2.13, N = 4:
-  an all-reduce of ``x[:L]`` is not a prefix of the all-reduce of a much longer ``x``), while a
-  reduce-scatter equals the matching slice of an all-reduce of the same length, bit for bit. Stage 0
-  all-reduces unpadded units, stages 1–3 reduce padded ones. For L and its padded length gloo
-  happens to choose the same order (measured for L = 1…199 and a few large L, N = 3 and 4), but
-  that is its chunking rule, not a contract: padding hands gloo the same buffer in every stage, so
-  the stages are bit-identical by construction (design property 3). For N = 2 the order cannot
-  matter at all (a + b == b + a in IEEE arithmetic).
+  adds the ranks' values for element i depends on the buffer's length, and stage 0 all-reduces
+  unpadded units while stages 1–3 reduce padded ones: padding hands gloo the same buffer in every
+  stage, so the stages are bit-identical by construction (design property 3). The measurements
+  behind this are in spec/engine.md ("What the backend does beyond a dist.* call").
 * **Wire figure.** gloo implements ``reduce_scatter`` as an all-reduce of the whole input, so it
   sends twice the ring model's (N−1)/N·S: :meth:`TorchDistBackend.wire_factor` says so and the
   ledger's ``wire_elements_sent`` shows it. The fp32 buffer also doubles the wire *bytes* of fp16
@@ -46,6 +42,7 @@ import torch.distributed as dist
 from ..runtime.context import RankContext
 from ..runtime.errors import CollectiveError
 from ..runtime.memory import MemoryLedger
+from .checks import accumulator_dtype
 from .interconnect import Call, Interconnect, shares_storage
 from .ledger import CommLedger
 
@@ -69,10 +66,6 @@ def check_torch_version(version: str | None = None) -> None:
             f"the torch.distributed backend needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found "
             f"{version}: before 2.9 gloo's reduce_scatter_tensor silently ignored its reduce op "
             f"(AVG came back as SUM). Upgrade torch, or use the simulated backend (--backend sim).")
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32 if dtype.is_floating_point else dtype
 
 
 # reduce_scatter_tensor/all_gather_into_tensor are deprecated in torch 2.13 in favour of the
@@ -144,7 +137,7 @@ class TorchDistBackend:
 
     # -- the collectives -------------------------------------------------------------------------
     def _buffer(self, t: torch.Tensor, length: int) -> torch.Tensor:
-        buf = torch.zeros(length, dtype=_acc_dtype(t.dtype), device=t.device)
+        buf = torch.zeros(length, dtype=accumulator_dtype(t.dtype), device=t.device)
         buf[:t.numel()].copy_(t.reshape(-1))
         return buf
 

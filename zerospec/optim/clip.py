@@ -56,9 +56,9 @@ def owned_bins(stage) -> torch.Tensor:
     """This rank's bins over the real elements of the gradient it owns (all of it in stage 0)."""
     total = torch.zeros(2 * N_BINS + 1, dtype=torch.int64)
     for i, u in enumerate(stage.units):
-        own = stage._owned(u)
+        own = stage.owned_slice(u)
         real = max(0, min(own.stop, u.numel) - own.start)   # padding is never binned
-        total += square_bins(stage._grad_for_step(i)[:real])
+        total += square_bins(stage.grad_for_step(i)[:real])
     return total
 
 

@@ -80,19 +80,8 @@ class LossScaler:
 
 def found_overflow(stage) -> bool:
     """Whether any rank's owned gradient holds an inf or nan: an all-reduce ``max`` of a flag."""
-    bad = any(not bool(torch.isfinite(stage._grad_for_step(i)).all()) for i in range(len(stage.units)))
+    bad = any(not bool(torch.isfinite(stage.grad_for_step(i)).all()) for i in range(len(stage.units)))
     flag = torch.tensor([1.0 if bad else 0.0], device=stage.ctx.device)
     stage.comm.all_reduce(flag, "max")
     return bool(flag.item() > 0)
 
-
-def poison(unit: int = 0):
-    """A ``ParamFetcher.grad_fault`` that makes unit ``unit``'s last real gradient element inf.
-
-    The last element of the embedding unit sits in the last rank's shard, so in stages 2 and 3
-    only that rank sees the inf after the reduce-scatter: the test that all ranks skip the step
-    fails unless the overflow decision is a collective."""
-    def fault(i: int, grad: torch.Tensor) -> None:
-        if i == unit:
-            grad.view(-1)[-1] = float("inf")
-    return fault

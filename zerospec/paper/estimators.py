@@ -46,7 +46,7 @@ class Estimator:
 
     def model_state_bytes(self, stage: int, psi, n_d: int) -> Bytes | None:
         """Per-GPU bytes at ``stage`` for ``psi`` parameters on ``n_d`` GPUs, or None (no formula)."""
-        theory._check(psi, n_d, stage)
+        theory.check(psi, n_d, stage)
         return self._bytes(stage, psi, n_d)
 
     def formula(self, stage: int) -> str:
@@ -116,7 +116,7 @@ def estimators(largest_layer: int = 0, megatron_dtype: str = "fp16") -> dict[str
         "paper": Estimator(
             "paper", "ZeRO §3.1, §5 (C2, C6–C9)",
             "fp16 param 2 + fp16 grad 2 + fp32 master/momentum/variance 12 = 16 B/param",
-            {0: "16Ψ", 1: "4Ψ+12Ψ/N", 2: "2Ψ+14Ψ/N", 3: "16Ψ/N"}, _paper),
+            {s.index: s.formula for s in theory.STAGES}, _paper),
         "deepspeed": Estimator(
             "deepspeed", "DeepSpeed estimate_zero2/zero3_model_states_mem_needs (no offload)",
             "adds an fp32 gradient shard (+4Ψ/N); ZeRO-3 adds 4 B × largest layer in flight",

@@ -4,24 +4,60 @@ Notation as in the paper: ``psi`` (Ψ) parameters, ``k`` (K) optimizer-state byt
 ``n_d`` (N_d) data-parallel degree, ``n_m`` (N_m) model-parallel degree. Memory is in bytes,
 communication in *elements* (C20). Results are exact :class:`fractions.Fraction` where a division
 can leave a remainder, so tests compare with ``==``; callers round only for display.
+:data:`STAGES` is the one stage table: every stage label, formula text and claim id in zerospec
+(the stage classes, the report's and plan's rows, the tests' ids and claim marks) is read from it.
 """
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 K_ADAM = 12          # C2: fp32 master + momentum + variance = 4 + 4 + 4 bytes per parameter
 FP16 = 2             # bytes per fp16 parameter or gradient (C2)
-STAGE_LABELS = {0: "DP", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 GB = 10**9           # the paper's tables use decimal units
 
 
-def _check(psi, n_d, stage=None) -> None:
+# -- the stage table: every stage label, formula text and claim id derives from here ----------------
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One ZeRO-DP stage as §5 names it, with the claim ids its memory and communication tests carry."""
+    index: int             # 0..3, the DeepSpeed stage number
+    label: str             # the paper's notation: DP, P_os, P_os+g, P_os+g+p
+    partitioned: str       # what the stage partitions on top of the previous one
+    formula: str           # per-GPU model states at K = 12 (C6–C9), as the paper writes it
+    memory_claim: str      # the claim id of ``formula``
+    comm_claim: str        # the claim id of the stage's communication volume (C21–C24)
+
+    @property
+    def name(self) -> str:
+        """``ZeRO-2 (P_os+g)``: the DeepSpeed number people search for, then the paper's label."""
+        return f"ZeRO-{self.index} ({self.label})"
+
+
+STAGES = (
+    Stage(0, "DP", "nothing", "16Ψ", "C6", "C21"),
+    Stage(1, "P_os", "optimizer states", "4Ψ+12Ψ/N", "C7", "C23"),  # C23: 2Ψ, as DP, not 3Ψ
+    Stage(2, "P_os+g", "+ gradients", "2Ψ+14Ψ/N", "C8", "C22"),
+    Stage(3, "P_os+g+p", "+ parameters", "16Ψ/N", "C9", "C24"),
+)
+
+
+def stage(index: int) -> Stage:
+    """The row of :data:`STAGES` for stage ``index`` (0, 1, 2 or 3)."""
+    if index not in range(len(STAGES)):
+        raise ValueError(f"stage must be one of 0, 1, 2, 3, got {index!r}")
+    return STAGES[int(index)]
+
+
+def check(psi, n_d, index=None) -> None:
+    """Raise ValueError naming the bad value unless Ψ > 0, N_d is an integer >= 1 and the stage
+    ``index`` is 0..3 (or None: no stage)."""
     if psi <= 0:
         raise ValueError(f"psi (parameter count) must be > 0, got {psi!r}")
     if n_d < 1 or int(n_d) != n_d:
         raise ValueError(f"n_d must be an integer >= 1, got {n_d!r}")
-    if stage is not None and stage not in STAGE_LABELS:
-        raise ValueError(f"stage must be one of 0, 1, 2, 3, got {stage!r}")
+    if index is not None:
+        stage(index)
 
 
 def model_state_bytes(stage: int, psi, n_d: int, k: int = K_ADAM, p: int = FP16) -> Fraction:
@@ -31,7 +67,7 @@ def model_state_bytes(stage: int, psi, n_d: int, k: int = K_ADAM, p: int = FP16)
     C9 (P_os+g+p): (2+2+K)Ψ/N_d.  ``p`` generalises the 2 bytes of each fp16 parameter and
     gradient to other precision policies (fp32 without a master copy: p = 4, K = 8).
     """
-    _check(psi, n_d, stage)
+    check(psi, n_d, stage)
     psi = Fraction(psi)
     if stage == 0:
         return (2 * p + k) * psi
@@ -55,7 +91,7 @@ def comm_elements(stage: int, psi, n_d: int, zero1_comm: str = "reduce_scatter")
     the gradients, then all-gathered the parameters: 3Ψ(N−1)/N (1.5×).
     C24/C57: P_os+g+p = AG forward (Ψ) + AG backward (Ψ) + RS (Ψ) = 3Ψ(N−1)/N.
     """
-    _check(psi, n_d, stage)
+    check(psi, n_d, stage)
     passes = 2
     if stage == 3 or (stage == 1 and zero1_comm == "all_reduce"):
         passes = 3
@@ -64,7 +100,7 @@ def comm_elements(stage: int, psi, n_d: int, zero1_comm: str = "reduce_scatter")
 
 def comm_in_psi(stage: int, zero1_comm: str = "reduce_scatter") -> int:
     """The paper's large-N volumes in units of Ψ: 2, 2, 2, 3 (C21–C25)."""
-    _check(1, 1, stage)
+    check(1, 1, stage)
     return 3 if stage == 3 or (stage == 1 and zero1_comm == "all_reduce") else 2
 
 
@@ -75,7 +111,7 @@ def reduction_factor(stage: int, n_d: int, k: int = K_ADAM) -> Fraction:
 
 def max_params(stage: int, gpu_bytes, n_d: int, n_m: int = 1, k: int = K_ADAM) -> Fraction:
     """Largest Ψ whose model states fit in ``gpu_bytes`` per GPU, with MP dividing every term (C17)."""
-    _check(1, n_d, stage)
+    check(1, n_d, stage)
     return Fraction(gpu_bytes) * n_m / model_state_bytes(stage, 1, n_d, k)
 
 
@@ -92,7 +128,7 @@ def transformer_params(layers: int, hd: int) -> int:
 def optimizer_elements(stage: int, psi, n_d: int) -> Fraction:
     """Elements one rank's optimizer step updates: all Ψ in DP, its 1/N_d partition from P_os on
     (C7: rank i updates only partition i)."""
-    _check(psi, n_d, stage)
+    check(psi, n_d, stage)
     return Fraction(psi) if stage == 0 else Fraction(psi) / n_d
 
 

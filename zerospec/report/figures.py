@@ -49,6 +49,21 @@ def _save(fig, out: Path, name: str) -> list[Path]:
     return paths
 
 
+def _paper_mark(ax, x: int, value: float, label: str) -> None:
+    """The paper's value for bar ``x``: a dashed line across it, in the legend once."""
+    ax.plot([x - 0.35, x + 0.35], [value, value], color="black", lw=1.5, ls="--",
+            label=label if x == 0 else None)
+
+
+def _label_stages(ax, m: Measurements, ylabel: str, title: str, legend_loc: str) -> None:
+    """One bar per run, named by its stage label; the y axis, title, legend and grid."""
+    ax.set_xticks(range(len(m.runs)), [_short(r.label) for r in m.runs], fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc=legend_loc)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5))
@@ -66,25 +81,21 @@ def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
         ax.bar(x, acts, bottom=bottom, color="none", edgecolor="#555555", hatch="///", width=0.6,
                label="activations (peak)" if x == 0 else None)
         paper = float(theory.model_state_bytes(run.stage, run.result.psi, m.config.ranks)) / MB
-        ax.plot([x - 0.35, x + 0.35], [paper, paper], color="black", lw=1.5, ls="--",
-                label="paper formula (C6–C9)" if x == 0 else None)
-    ax.set_xticks(list(xs), [_short(r.label) for r in m.runs], fontsize=8)
-    ax.set_ylabel("memory per GPU (MB, 10^6 bytes)")
-    ax.set_title(f"Per-GPU memory at N = {m.config.ranks}: model states by buffer (measured), "
-                 f"activations hatched")
-    ax.legend(fontsize=8, loc="upper right")
-    ax.grid(axis="y", alpha=0.3)
+        _paper_mark(ax, x, paper, "paper formula (C6–C9)")
+    _label_stages(ax, m, "memory per GPU (MB, 10^6 bytes)",
+                  f"Per-GPU memory at N = {m.config.ranks}: model states by buffer (measured), "
+                  f"activations hatched", "upper right")
     return _save(fig, out, "memory_per_stage")
 
 
 def comm_per_stage(m: Measurements, out: Path) -> list[Path]:
-    from .tables import OPS, _mean_by_op
+    from .tables import OPS, mean_by_op
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5))
     step = m.config.steps
     for x, run in enumerate(m.runs):
         res = run.result
-        ops = _mean_by_op(run, step)
+        ops = mean_by_op(run, step)
         bottom = 0.0
         for op in OPS:
             h = float(ops[op] / res.psi)
@@ -93,16 +104,13 @@ def comm_per_stage(m: Measurements, out: Path) -> list[Path]:
             bottom += h
         paper = float(theory.comm_elements(run.stage, res.psi, res.config.n_d, res.config.zero1_comm)
                       / res.psi)
-        ax.plot([x - 0.35, x + 0.35], [paper, paper], color="black", lw=1.5, ls="--",
-                label="paper, ring model (C21–C24)" if x == 0 else None)
+        _paper_mark(ax, x, paper, "paper, ring model (C21–C24)")
         ax.annotate(f"{res.comm.count(0, step=step)} collectives", (x, bottom), ha="center",
                     va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")
-    ax.set_xticks(range(len(m.runs)), [_short(r.label) for r in m.runs], fontsize=8)
-    ax.set_ylabel("elements sent per GPU per step (units of Ψ)")
     ax.set_ylim(0, 3.6)
-    ax.set_title(f"Communication per step per GPU at N = {m.config.ranks}, split by collective (measured)")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(axis="y", alpha=0.3)
+    _label_stages(ax, m, "elements sent per GPU per step (units of Ψ)",
+                  f"Communication per step per GPU at N = {m.config.ranks}, split by collective (measured)",
+                  "upper left")
     return _save(fig, out, "comm_per_stage")
 
 
@@ -115,9 +123,9 @@ def memory_vs_n(m: Measurements, out: Path) -> list[Path]:
         # Integer N between the measured points (theory takes N_d as an integer): smooth on log axes.
         dense = sorted({round(2 ** (k / 8)) for k in range(8 * (max(ns).bit_length() - 1) + 1)})
         ax.plot(dense, [float(theory.model_state_bytes(s, psi, n)) / MB for n in dense],
-                color=STAGE_COLORS[s], lw=1.2, label=f"{theory.STAGE_LABELS[s]} formula")
+                color=STAGE_COLORS[s], lw=1.2, label=f"{theory.stage(s).label} formula")
         ax.plot(ns, [points[n] / MB for n in ns], "o", color=STAGE_COLORS[s], ms=5,
-                label=f"{theory.STAGE_LABELS[s]} measured")
+                label=f"{theory.stage(s).label} measured")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.axvline(m.config.ranks, color="grey", ls=":", lw=1)

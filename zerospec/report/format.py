@@ -1,9 +1,12 @@
-"""Tables as data, rendered three ways: Markdown for people, CSV and JSON for programs.
+"""The one table and number-formatting module: every table zerospec prints goes through here.
 
 A :class:`Table` holds raw cell values (ints, exact Fractions, floats, strings) and, per column, how
-to show them in Markdown. CSV and JSON get the raw values (integral Fractions as ints, others as
-floats), so nothing is lost to display rounding. ``bold`` marks cells by (row, column), as the
-paper's Table 1 marks the configurations that fit (C15).
+to show them in Markdown; it renders three ways: Markdown for people, CSV and JSON for programs.
+CSV and JSON get the raw values (integral Fractions as ints, others as floats), so nothing is lost
+to display rounding. ``bold`` marks cells by (row, column), as the paper's Table 1 marks the
+configurations that fit (C15). The bare tables pinned in spec/ use :func:`markdown` directly.
+Numbers: :func:`sig` is the one significant-digits rounding; :func:`max_delta` the one "largest
+difference" that every Δ column shows.
 """
 from __future__ import annotations
 
@@ -54,9 +57,25 @@ def round_half_up(x, places: int) -> Decimal:
     return d.quantize(q, rounding=ROUND_HALF_UP)
 
 
-def sig(x, digits: int = 3) -> str:
-    """``digits`` significant digits (half up), never fewer than the integer part, trailing zeros
-    dropped: 4187.5 -> 4188, 41.25 -> 41.3, 7.5 -> 7.5, 30 -> 30, 0.1171875 -> 0.117."""
+def sig(x, digits: int = 3, *, keep_zeros: bool = False) -> str:
+    """``x`` at ``digits`` significant digits, the one rounding every table uses.
+
+    Default (the report and ``plan``): exact, half up, never fewer digits than the integer part,
+    trailing zeros dropped: 4187.5 -> 4188, 41.25 -> 41.3, 7.5 -> 7.5, 30 -> 30, 0.1171875 -> 0.117.
+
+    ``keep_zeros=True`` (the pinned tables of spec/): Python's ``#g`` on the float, so a column reads
+    at one precision (1 -> 1.000 at 4 digits); ties go to even on the binary value (35.625 -> 35.62),
+    below 1e-4 an exponent (1.866e-06), at or above 10^(digits−1) no decimals (4187.5 -> 4188).
+    """
+    if keep_zeros:
+        x = float(x)
+        if x == 0:
+            return "0"
+        if abs(x) < 1e-4:
+            return f"{x:.{digits - 1}e}"
+        if abs(x) >= 10 ** (digits - 1):
+            return f"{x:.0f}"
+        return f"{x:#.{digits}g}"
     x = Fraction(x)
     if x == 0:
         return "0"
@@ -69,8 +88,7 @@ def sig(x, digits: int = 3) -> str:
         places += digits
     else:
         places = max(0, digits - mag)
-    text = f"{round_half_up(x, places):f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    return _trimmed(x, places)
 
 
 def plain(value: Any) -> str:
@@ -105,6 +123,16 @@ def _trimmed(v, places: int = 6) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+def fmt_delta(v) -> str:
+    """A largest difference (:func:`max_delta`) at 4 digits: "0" means bit-identical, never "small"."""
+    return sig(v, 4, keep_zeros=True)
+
+
+def max_delta(a: dict, b: dict) -> float:
+    """Largest |a − b| over every tensor of two weight dicts, in float64 (0.0: every bit agrees)."""
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
 def fmt_psi(v) -> str:
     """A multiple of Ψ: 1.9375Ψ, 2.90625Ψ, 2Ψ."""
     return f"{_trimmed(v)}Ψ"
@@ -132,19 +160,26 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def markdown(header: list[str], rows: list[list], bold=frozenset()) -> str:
+    """The one Markdown table renderer: a header, a separator, one line per row. Cells are
+    ``str()``-ed with ``|`` escaped; (row, column) pairs in ``bold`` are wrapped in ``**``."""
+    lines = ["| " + " | ".join(_md_escape(str(c)) for c in header) + " |", "|" + "---|" * len(header)]
+    for r, row in enumerate(rows):
+        cells = [_md_escape(str(c)) for c in row]
+        lines.append("| " + " | ".join(f"**{c}**" if (r, i) in bold else c
+                                       for i, c in enumerate(cells)) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render_markdown(tables: list[Table], header: list[str] | None = None) -> str:
+    """Each table as ``### title``, its Markdown, then its notes, after an optional header."""
     out: list[str] = list(header or [])
     for t in tables:
         if out:
             out.append("")
-        out.append(f"### {t.title}")
-        out.append("")
-        out.append("| " + " | ".join(_md_escape(c) for c in t.columns) + " |")
-        out.append("|" + "---|" * len(t.columns))
-        for r, row in enumerate(t.rows):
-            cells = [_md_escape(t.cell_text(i, v)) for i, v in enumerate(row)]
-            cells = [f"**{c}**" if (r, i) in t.bold else c for i, c in enumerate(cells)]
-            out.append("| " + " | ".join(cells) + " |")
+        out += [f"### {t.title}", ""]
+        rows = [[t.cell_text(i, v) for i, v in enumerate(row)] for row in t.rows]
+        out.append(markdown(t.columns, rows, t.bold).rstrip("\n"))
         if t.notes:
             out.append("")
             out.extend(t.notes)

@@ -14,21 +14,23 @@ import time
 import torch
 
 from ..model.gpt import SMALL, GPTConfig
-from ..paper.theory import GB, V100_BYTES
+from ..paper import theory
 from .replay import StepReplay, parallel_time
 from ..training.result import Result
 from ..training.config import TrainConfig
 from ..training.run import train
 
-# key -> (stage, ZeRO-1 gradient sync, label). "1" is the paper's 2Ψ ZeRO-1 (C22); "1ar" the
-# all-reduce ZeRO-1 of the seed and of DeepSpeed's first version, 3Ψ (C23).
-VARIANTS = {
-    "0": (0, "reduce_scatter", "ZeRO-0 (DP)"),
-    "1": (1, "reduce_scatter", "ZeRO-1 (P_os)"),
-    "1ar": (1, "all_reduce", "ZeRO-1 (P_os, all-reduce)"),
-    "2": (2, "reduce_scatter", "ZeRO-2 (P_os+g)"),
-    "3": (3, "reduce_scatter", "ZeRO-3 (P_os+g+p)"),
-}
+
+def _variant(stage: int, zero1_comm: str = "reduce_scatter") -> tuple[int, str, str]:
+    """(stage, ZeRO-1 gradient sync, label), the label from the stage table: ``ZeRO-1 (P_os)``."""
+    extra = ", all-reduce" if zero1_comm == "all_reduce" else ""
+    return stage, zero1_comm, f"ZeRO-{stage} ({theory.stage(stage).label}{extra})"
+
+
+# "1" is the paper's 2Ψ ZeRO-1 (C22); "1ar" the all-reduce ZeRO-1 of the seed and of DeepSpeed's
+# first version, 3Ψ (C23).
+VARIANTS = {"0": _variant(0), "1": _variant(1), "1ar": _variant(1, "all_reduce"), "2": _variant(2),
+            "3": _variant(3)}
 SWEEP_N = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -40,8 +42,8 @@ class ReportConfig:
     model: GPTConfig = SMALL
     micro_batch: int = 2                 # sequences per rank per step
     scale_params: int = 7_500_000_000    # the seed's projection (Figure 1's model, C14)
-    gpu_bytes: int = V100_BYTES
-    bandwidth: int = 50 * GB             # bytes per second
+    gpu_bytes: int = theory.V100_BYTES
+    bandwidth: int = 50 * theory.GB      # bytes per second
     sweep: tuple[int, ...] = SWEEP_N
     unit: str = "GB"
 

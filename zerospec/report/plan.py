@@ -14,9 +14,6 @@ from ..paper import theory
 from ..paper.estimators import ESTIMATOR_NAMES, estimators
 from .format import Table, fmt_bytes, fmt_count, fmt_psi, fmt_seconds, sig
 
-STAGE_NAMES = {0: "ZeRO-0 (DP)", 1: "ZeRO-1 (P_os)", 2: "ZeRO-2 (P_os+g)", 3: "ZeRO-3 (P_os+g+p)"}
-PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}
-
 _NUM = r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"   # signed, so "-5" is "must be > 0"
 _COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
@@ -116,11 +113,11 @@ def plan_table(psi, n_d: int, gpu_bytes: int, bandwidth, stages=(0, 1, 2, 3), un
                "Comm /step /GPU", "Comm bytes (fp16)", f"Time @ {fmt_bytes(bandwidth, unit)}/s"],
               fmt={3: lambda v: fmt_bytes(v, unit), 5: fmt_psi, 6: lambda v: fmt_bytes(v, unit),
                    7: lambda v: fmt_seconds(float(v))})
-    formulas = estimators()["paper"].formulas
     for s in stages:
         mem = theory.model_state_bytes(s, psi, n_d)
         elems = theory.comm_elements(s, psi, n_d)
-        t.add(STAGE_NAMES[s], PARTITIONED[s], formulas[s], mem, mem <= gpu_bytes,
+        st = theory.stage(s)
+        t.add(st.name, st.partitioned, st.formula, mem, mem <= gpu_bytes,
               elems / Fraction(psi), elems * theory.FP16, comm_seconds(elems, bandwidth))
     ar = theory.comm_elements(1, psi, n_d, "all_reduce")
     t.notes.append(f"Memory: C6–C9. Comm: ring model, each reduce-scatter or all-gather moves "
@@ -141,7 +138,7 @@ def estimator_table(psi, n_d: int, gpu_bytes: int, stages=(0, 1, 2, 3), unit: st
               fmt={1 + len(names) + i: (lambda v: fmt_bytes(v, unit)) for i in range(len(names))})
     for s in stages:
         vals = [ests[n].model_state_bytes(s, psi, n_d) for n in names]
-        t.add(STAGE_NAMES[s], *[ests[n].formula(s) for n in names], *vals)
+        t.add(theory.stage(s).name, *[ests[n].formula(s) for n in names], *vals)
     for n in names:
         t.notes.append(f"- {n}: {ests[n].counts} [{ests[n].source}]")
     if "deepspeed" in names:
@@ -156,7 +153,7 @@ def table1(psis, n_ds, gpu_bytes: int = theory.V100_BYTES) -> Table:
     Bold marks, per model and stage, the smallest N_d in the table whose cell fits ``gpu_bytes``
     (inclusive), as the paper's caption does for 32 GB V100s (C15).
     """
-    cols = ["N_d"] + [f"{fmt_count(p)} {theory.STAGE_LABELS[s]}" for p in psis for s in (1, 2, 3)]
+    cols = ["N_d"] + [f"{fmt_count(p)} {theory.stage(s).label}" for p in psis for s in (1, 2, 3)]
     t = Table("table1", "Table 1: per-device model-state memory (GB = 10^9 bytes)", cols,
               fmt={0: str, **{i: (lambda v: sig(v, 3)) for i in range(1, len(cols))}})
     for r, n in enumerate(n_ds):
@@ -177,7 +174,7 @@ def table1(psis, n_ds, gpu_bytes: int = theory.V100_BYTES) -> Table:
 def table2(n_ms, n_d: int = 64, gpu_bytes: int = theory.V100_BYTES) -> Table:
     """The paper's Table 2 layout: theoretical maximum model size per MP degree (C17)."""
     t = Table("table2", f"Table 2: maximum model size, {fmt_bytes(gpu_bytes)} per GPU, N_d = {n_d}",
-              ["MP", "GPUs"] + [f"Theor. {theory.STAGE_LABELS[s]}" for s in range(4)],
+              ["MP", "GPUs"] + [f"Theor. {s.label}" for s in theory.STAGES],
               fmt={0: str, 1: str, **{i: fmt_count for i in range(2, 6)}})
     for m in n_ms:
         row = theory.table2_row(m, n_d, gpu_bytes)
@@ -194,6 +191,6 @@ def max_model_table(n_d: int, gpu_bytes: int, stages=(0, 1, 2, 3), largest_layer
     t = Table("max_model", f"Largest model that fits {fmt_bytes(gpu_bytes)} per GPU at N_d = {n_d}",
               ["Stage"] + list(names), fmt={i: fmt_count for i in range(1, 1 + len(names))})
     for s in stages:
-        t.add(STAGE_NAMES[s], *[ests[n].max_params(s, gpu_bytes, n_d) for n in names])
+        t.add(theory.stage(s).name, *[ests[n].max_params(s, gpu_bytes, n_d) for n in names])
     t.notes.append("Model states only (C17); the paper measured ~0.82 of this for P_os (C18).")
     return t

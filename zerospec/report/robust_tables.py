@@ -1,22 +1,17 @@
 """Markdown tables for the robustness pages (loss scaling, clipping, accumulation, checkpoints,
 determinism), pinned by snapshots in tests/claims/__snapshots__/ and shown verbatim in spec/.
 
-Integers exactly; floats at fixed significant digits (``tables.sig``); "0" in a Δ column means
-bit-identical (``torch.equal``), never "small".
+Integers exactly; Δ columns through ``format.fmt_delta``: "0" means bit-identical
+(``torch.equal``), never "small".
 """
 from __future__ import annotations
 
 import torch
 
-from .spec_tables import md, sig
+from .format import fmt_delta, markdown, max_delta
 
 
-def max_delta(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """Largest |a − b| over every tensor of two weight dicts (0.0 means every bit agrees)."""
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
-def _steps(xs, fmt=sig) -> str:
+def _steps(xs, fmt) -> str:
     return " ".join(fmt(x) for x in xs)
 
 
@@ -36,9 +31,10 @@ def loss_scale_table(results) -> str:
         agree = all([rep.skipped for rep in o.reports] == r.skipped for o in r.ranks)
         rows.append([r.config.label, _steps(r.loss_scales, lambda x: f"{x:g}"),
                      ", ".join(map(str, skipped)) + (" (every rank)" if agree else " (ranks DISAGREE)"),
-                     len(votes), _steps(r.losses, lambda x: f"{x:.6f}"), sig(max_delta(r.master, dp.master))])
-    return md(["stage", "loss scale at steps 1…", "skipped steps", "overflow votes /step",
-               "loss at steps 1…", "max Δmaster vs DP"], rows)
+                     len(votes), _steps(r.losses, lambda x: f"{x:.6f}"),
+                     fmt_delta(max_delta(r.master, dp.master))])
+    return markdown(["stage", "loss scale at steps 1…", "skipped steps", "overflow votes /step",
+                     "loss at steps 1…", "max Δmaster vs DP"], rows)
 
 
 def clip_table(results, unsharded: list[float]) -> str:
@@ -49,9 +45,9 @@ def clip_table(results, unsharded: list[float]) -> str:
     for r in results:
         votes = [x for x in r.comm.records(0, step=1, phase="step") if x.dtype == torch.int64]
         rows.append([f"{r.config.label}, N={r.config.n_d}", _steps(r.grad_norms, lambda x: f"{x:.7f}"),
-                     len(votes), sig(max_delta(r.master, dp.master))])
-    return md(["norm from", "pre-clip ‖g‖ at steps 1…", "norm all-reduces /step",
-               "max Δmaster vs first run"], rows)
+                     len(votes), fmt_delta(max_delta(r.master, dp.master))])
+    return markdown(["norm from", "pre-clip ‖g‖ at steps 1…", "norm all-reduces /step",
+                     "max Δmaster vs first run"], rows)
 
 
 def accumulation_table(results) -> str:
@@ -65,9 +61,9 @@ def accumulation_table(results) -> str:
         n_all, el_all = _step_comm(r, 2)
         rows.append([r.config.label, g, f"{r.model_states(0):,}", len(grad),
                      f"{sum(x.elements_sent for x in grad):,}", f"{sum(x.bytes_sent for x in grad):,}",
-                     n_all, f"{el_all:,}", sig(max_delta(r.master, dp[g].master))])
-    return md(["stage", "G", "model states /GPU (B)", "grad reductions /step", "grad elements /step",
-               "grad bytes /step", "collectives /step", "elements /step", "max Δmaster vs DP"], rows)
+                     n_all, f"{el_all:,}", fmt_delta(max_delta(r.master, dp[g].master))])
+    return markdown(["stage", "G", "model states /GPU (B)", "grad reductions /step", "grad elements /step",
+                     "grad bytes /step", "collectives /step", "elements /step", "max Δmaster vs DP"], rows)
 
 
 def checkpoint_table(rows: list[dict]) -> str:
@@ -75,9 +71,9 @@ def checkpoint_table(rows: list[dict]) -> str:
     out = []
     for x in rows:
         out.append([x["stage"], x["m"], x["g"], x["micro"], "yes" if x["same_set"] else "no",
-                    sig(x["vs_memory"]), sig(x["vs_original"])])
-    return md(["continued as", "M ranks", "G", "micro-batch rows", "same micro-batches as N run",
-               "max Δmaster vs in-memory resume at M", "max Δmaster vs uninterrupted N run"], out)
+                    fmt_delta(x["vs_memory"]), fmt_delta(x["vs_original"])])
+    return markdown(["continued as", "M ranks", "G", "micro-batch rows", "same micro-batches as N run",
+                     "max Δmaster vs in-memory resume at M", "max Δmaster vs uninterrupted N run"], out)
 
 
 def checkpoint_files_table(files: list[tuple[str, int]]) -> str:
@@ -85,9 +81,10 @@ def checkpoint_files_table(files: list[tuple[str, int]]) -> str:
     rows = [[name, f"{n:,}", f"{14 * n:,}"] for name, n in files]
     total = sum(n for _, n in files)
     rows.append(["all files", f"{total:,} (= Ψ)", f"{14 * total:,} (= 14Ψ)"])
-    return md(["file", "real elements", "tensor bytes (2 + 4 + 4 + 4 per element)"], rows)
+    return markdown(["file", "real elements", "tensor bytes (2 + 4 + 4 + 4 per element)"], rows)
 
 
 def determinism_table(rows: list[tuple[str, str, float, float]]) -> str:
-    return md(["config: schedule", "order ranks finished step 1", "max Δmaster vs first run", "max Δloss"],
-              [[a, b, sig(c), sig(d)] for a, b, c, d in rows])
+    """Runs of one config under different rank schedules: the largest differences from the first."""
+    return markdown(["config: schedule", "order ranks finished step 1", "max Δmaster vs first run",
+                     "max Δloss"], [[a, b, fmt_delta(c), fmt_delta(d)] for a, b, c, d in rows])

@@ -11,10 +11,9 @@ from fractions import Fraction
 import torch
 
 from ..paper import theory
-from ..paper.estimators import estimators
-from .plan import PARTITIONED, plan_table
+from .format import Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, max_delta, sig
 from .measure import Measurements, Run
-from .format import Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, sig
+from .plan import plan_table
 
 TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "scaled")
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -25,7 +24,9 @@ def _states(run: Run) -> int:
     return max(o.model_states for o in run.result.ranks)
 
 
-def _mean_by_op(run: Run, step: int) -> dict[str, Fraction]:
+def mean_by_op(run: Run, step: int) -> dict[str, Fraction]:
+    """Elements sent per GPU at ``step`` by collective, the mean over ranks (exact): every op in
+    :data:`OPS` is present, 0 where the stage issues none (the comm table and figure read this)."""
     comm, n = run.result.comm, run.result.config.n_d
     out = {op: Fraction(0) for op in OPS}
     for r in range(n):
@@ -40,12 +41,11 @@ def memory_table(m: Measurements) -> Table:
               ["Stage", "Partitioned", "Measured /GPU (B)", "Measured", "Paper formula", "Formula (B)",
                "Ratio"], fmt={2: fmt_int, 3: fmt_mb, 5: lambda v: fmt_int(v) if Fraction(v).denominator == 1
                               else f"{float(v):,.1f}", 6: fmt_ratio})
-    paper = estimators()["paper"]
     for run in m.runs:
-        s, psi = run.stage, run.result.psi
-        expected = theory.model_state_bytes(s, psi, n)
+        s = theory.stage(run.stage)
+        expected = theory.model_state_bytes(s.index, run.result.psi, n)
         measured = _states(run)
-        t.add(run.label, PARTITIONED[s], measured, measured, paper.formula(s), expected,
+        t.add(run.label, s.partitioned, measured, measured, s.formula, expected,
               Fraction(measured) / expected)
     t.notes.append(f"Ψ = {m.runs[0].result.psi:,} parameters (padded to multiples of N: "
                    f"{m.runs[-1].result.psi_padded:,}); ratio ≠ 1 only where padding adds bytes.")
@@ -60,7 +60,7 @@ def comm_table(m: Measurements) -> Table:
               fmt={1: fmt_int, 2: fmt_int, 3: fmt_int, 4: fmt_int, 5: fmt_psi, 6: fmt_psi})
     for run in m.runs:
         res = run.result
-        ops = _mean_by_op(run, s_last)
+        ops = mean_by_op(run, s_last)
         total = res.comm.mean_elements(step=s_last)
         expected = theory.comm_elements(run.stage, res.psi, res.config.n_d, res.config.zero1_comm)
         t.add(run.label, ops["all_reduce"], ops["reduce_scatter"], ops["all_gather"], total,
@@ -69,10 +69,6 @@ def comm_table(m: Measurements) -> Table:
                    "Paper: 2Ψ(N−1)/N for DP, P_os, P_os+g (C21–C23); 3Ψ(N−1)/N for P_os+g+p and for "
                    "the all-reduce ZeRO-1 (C23, C24).")
     return t
-
-
-def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
 def equivalence_table(m: Measurements) -> Table:
@@ -90,7 +86,7 @@ def equivalence_table(m: Measurements) -> Table:
             t.add(run.label, *res.losses, None, None, None)
             continue
         dloss = max(abs(a - b) for a, b in zip(res.losses, ref.result.losses))
-        dmaster = _max_abs_diff(res.master, ref.result.master)
+        dmaster = max_delta(res.master, ref.result.master)
         same = (all(torch.equal(res.master[k], ref.result.master[k]) for k in res.master)
                 and all(torch.equal(a, b) for ra, rb in zip(res.rank_losses, ref.result.rank_losses)
                         for a, b in zip(ra, rb)))

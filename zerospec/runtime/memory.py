@@ -72,6 +72,10 @@ class MemoryLedger:
         category, nbytes = self._live.pop(key)
         self._add(category, -nbytes)
 
+    def counted(self, key: int) -> tuple[str, int] | None:
+        """(category, bytes) of the live storage with :func:`storage_key` ``key``; None if uncounted."""
+        return self._live.get(key)
+
     def _add(self, category: str, nbytes: int) -> None:
         self.current[category] += nbytes
         self.peak[category] = max(self.peak[category], self.current[category])

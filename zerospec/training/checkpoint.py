@@ -82,7 +82,7 @@ class TrainState:
             raise CheckpointError(f"checkpoint holds {self.meta['precision']} training state; the "
                                   f"run asks for precision={stage.precision.name!r}")
         for i, u in enumerate(stage.units):
-            own = stage._owned(u)
+            own = stage.owned_slice(u)
             for kind, dst in (("master", stage.master), ("exp_avg", stage.exp_avg),
                               ("exp_avg_sq", stage.exp_avg_sq)):
                 dst[i].copy_(self.padded(kind, i, u)[own])
@@ -109,7 +109,7 @@ def rank_pieces(stage) -> dict[str, dict]:
         return {}                          # replicated: rank 0 writes it once
     out = {}
     for i, u in enumerate(stage.units):
-        own = stage._owned(u)
+        own = stage.owned_slice(u)
         start, stop = own.start, min(own.stop, u.numel)
         if stop <= start:
             continue                       # this rank owns only padding of this unit
@@ -148,7 +148,7 @@ def assemble(spec, meta: dict, pieces: dict[str, dict], where: str = "checkpoint
 
 
 # -- writing ---------------------------------------------------------------------------------------
-def _write_file(path: pathlib.Path, data: bytes) -> None:
+def write_file(path: pathlib.Path, data: bytes) -> None:
     """Write and fsync one file (tests replace this to simulate a crash part-way through a save)."""
     with open(path, "wb") as f:
         f.write(data)
@@ -183,7 +183,7 @@ def _commit(tmp: pathlib.Path, path: pathlib.Path, meta: dict, spec, ranks: list
                       "pieces": [[n, p["start"], p["stop"]] for n, p in pieces.items()]})
     manifest = {"format": FORMAT, "version": VERSION, **meta,
                 "model": [[n, [[p, list(s)] for p, s in ps]] for n, ps in spec], "files": files}
-    _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+    write_file(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     os.rename(tmp, path)                   # atomic: the checkpoint appears complete or not at all
     fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -201,7 +201,7 @@ def save_from_rank(ctx, stage, path, spec, meta: dict) -> None:
         ctx.comm.barrier()                 # the partial directory exists and is empty
         pieces = rank_pieces(stage)
         if pieces:
-            _write_file(partial_dir(path) / rank_file(ctx.rank), _serialize(pieces))
+            write_file(partial_dir(path) / rank_file(ctx.rank), _serialize(pieces))
         # every rank's file is on disk; rank 0 learns which ranks wrote from the layout
         ctx.comm.barrier()
         if ctx.rank == 0:
@@ -235,7 +235,7 @@ def save_state(state: TrainState, path, n_ranks: int) -> None:
                 pieces[u.name] = {"start": start, "stop": stop,
                                   **{k: state.tensors[k][i][start:stop].clone() for k in KINDS}}
         if pieces:
-            _write_file(tmp / rank_file(r), _serialize(pieces))
+            write_file(tmp / rank_file(r), _serialize(pieces))
             ranks.append((r, pieces))
     _commit(tmp, path, {**state.meta, "n_ranks": n_ranks}, state.spec, ranks)
 

@@ -38,7 +38,6 @@ class TrainConfig:
     clip_grad_norm: float | None = None       # global-norm clipping threshold
     grad_accum_steps: int = 1                 # micro-batches per optimizer step (G)
     exact_grads: bool = False                 # exact fp64 gradient sums also when G = 1
-    inject_overflow: tuple = ()               # test hook: (step, rank) pairs whose gradient gets an inf
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -103,13 +102,5 @@ def check_config(cfg) -> None:
     if cfg.exact and cfg.n_d * cfg.grad_accum_steps > MAX_TERMS:
         raise ValueError(f"n_d × grad_accum_steps = {cfg.n_d * cfg.grad_accum_steps} exceeds "
                          f"{MAX_TERMS}, the most fp16 gradients fp64 sums exactly")
-    if (cfg.loss_scale or c or cfg.inject_overflow) and cfg.device == "meta":
-        raise ValueError("loss scaling, clipping and overflow injection need real values; "
-                         "device='meta' has none")
-    for pair in cfg.inject_overflow:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and 1 <= pair[0] <= cfg.steps
-                and 0 <= pair[1] < cfg.n_d):
-            raise ValueError(f"inject_overflow entries must be (step in 1..{cfg.steps}, rank in "
-                             f"0..{cfg.n_d - 1}), got {pair!r}")
-    if cfg.inject_overflow and cfg.loss_scale is None:
-        raise ValueError("inject_overflow needs loss_scale: without a scaler nothing detects it")
+    if (cfg.loss_scale or c) and cfg.device == "meta":
+        raise ValueError("loss scaling and clipping need real values; device='meta' has none")

@@ -235,18 +235,3 @@ def _run_rank(ctx, cfg, units, init, batches) -> RankOutput | None:
 
 def measure_stages(model: GPTConfig, n_d: int, stages=(0, 1, 2, 3), **kw) -> dict[int, ScaleResult]:
     return {s: measure(model, s, n_d, **kw) for s in stages}
-
-
-# -- rendering --------------------------------------------------------------------------------------
-def markdown(results: dict[int, ScaleResult]) -> str:
-    """Rank 0's model states, peak activations, comm per step (in Ψ = real parameters), collectives."""
-    from ..zero import LABELS
-    rows = ["| stage | Ψ_padded | model states /GPU (B) | GB | activations /GPU (B) "
-            "| comm /step /GPU (elements) | comm in Ψ | collectives /step | ranks run |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for s, r in results.items():
-        comm, states = r.comm_elements(0), r.model_states(0)
-        rows.append(f"| {LABELS[s]} | {r.psi_padded:,} | {states:,} | {states / 1e9:,.2f} | "
-                    f"{r.memory(0).peak['activations']:,} | {comm:,} | {comm / r.psi:.4f} | "
-                    f"{r.collectives(0)} | {', '.join(str(c.rep) for c in r.classes)} |")
-    return "\n".join(rows)

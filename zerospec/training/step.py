@@ -16,11 +16,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from . import checkpoint
 from ..model import gpt
-from ..optim.loss_scale import LossScaler, poison
+from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
 from ..optim.update import Updater
-from ..zero import STAGES
-from ..zero.exact import accumulating
+from ..zero import EXACT_STAGES, STAGES
 from ..zero.fetch import ParamFetcher
 
 if TYPE_CHECKING:
@@ -53,10 +52,10 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     """One rank's run. ``on_step(step, stage)``, if given, is called after each step (the
     engine tests snapshot weights there to compare them with torch's own implementations);
     ``resume``: a checkpoint.TrainState to start from; ``save``: {step: directory}."""
-    cls = STAGES[cfg.stage]
+    cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     if cfg.exact:
-        cls, kwargs = accumulating(cls), {**kwargs, "grad_accum_steps": cfg.grad_accum_steps}
+        kwargs["grad_accum_steps"] = cfg.grad_accum_steps
     with ctx.phase("setup"):
         stage = cls(ctx, units, init, cfg.adam, cfg.policy, **kwargs)
         if resume is not None:
@@ -85,7 +84,6 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
             fetcher.begin_step()
             fetcher.grad_scale = updater.scale
-            fetcher.grad_fault = poison() if k == 0 and (step, ctx.rank) in cfg.inject_overflow else None
             with phase("forward"), _flops(cfg.count_flops) as fc:
                 with fetcher.hooks():
                     loss = gpt.forward(cfg.model, micro_batch(idx, ctx.rank, cfg.n_d, k, G),

@@ -22,12 +22,19 @@ Costs, honestly booked: the gradient buffer holds 8 bytes per element instead of
 paper counts (C20), 4× the bytes. The same mixins run with G = 1 when ``exact_grads`` is set, which
 makes a trajectory depend only on the set of micro-batches, not on how they are spread over ranks
 and micro-steps (spec/checkpoints.md uses this to continue an N-rank checkpoint on M ranks).
+
+The exact stages are declared by name below, one per stage (``ExactDataParallel`` …
+``ExactParameters``), each its stage class with the layout's mixin in front; ``EXACT_STAGES`` maps
+a stage number to its exact class.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from .stage0_dp import DataParallel
+from .stage1_os import OptimizerStates
+from .stage2_grads import Gradients
+from .stage3_params import Parameters
 
 MAX_TERMS = 2 ** 13   # fp16 values summed exactly in fp64: 40 + log2(terms) <= 53 bits
 
@@ -50,7 +57,7 @@ class _Exact:
     def _average(self) -> None:
         """The one rounding: the exact sum over N ranks and G micro-batches, divided by N·G."""
         for i in range(len(self.units)):
-            self._grad_for_step(i).div_(self.ctx.n_ranks * self.accum_steps)
+            self.grad_for_step(i).div_(self.ctx.n_ranks * self.accum_steps)
 
 
 class FullAccumulation(_Exact):
@@ -72,8 +79,8 @@ class FullAccumulation(_Exact):
                     self.comm.reduce_scatter(a[u.shard(self.ctx.rank)], a, "sum")
         self._average()
 
-    def _grad_for_step(self, i: int) -> torch.Tensor:
-        return self.grad_acc[i][self._owned(self.units[i])]
+    def grad_for_step(self, i: int) -> torch.Tensor:
+        return self.grad_acc[i][self.owned_slice(self.units[i])]
 
 
 class ShardedAccumulation(_Exact):
@@ -97,12 +104,24 @@ class ShardedAccumulation(_Exact):
         """Every micro-batch was reduce-scattered inside its backward; only the division is left."""
         self._average()
 
-    def _grad_for_step(self, i: int) -> torch.Tensor:
+    def grad_for_step(self, i: int) -> torch.Tensor:
         return self.grad_acc[i]
 
 
-@functools.cache
-def accumulating(cls):
-    """``cls`` (a stage class) with exact gradient accumulation in the layout its stage implies."""
-    mixin = FullAccumulation if cls.stage < 2 else ShardedAccumulation
-    return type(f"{cls.__name__}Accumulating", (mixin, cls), {"__doc__": mixin.__doc__})
+class ExactDataParallel(FullAccumulation, DataParallel):
+    """Stage 0 with exact gradient sums: a full fp64 sum per rank, one all-reduce per step."""
+
+
+class ExactOptimizerStates(FullAccumulation, OptimizerStates):
+    """P_os with exact gradient sums: a full fp64 sum per rank, one reduction per step."""
+
+
+class ExactGradients(ShardedAccumulation, Gradients):
+    """P_os+g with exact gradient sums: each micro-batch reduce-scattered into an fp64 shard."""
+
+
+class ExactParameters(ShardedAccumulation, Parameters):
+    """P_os+g+p with exact gradient sums: each micro-batch reduce-scattered into an fp64 shard."""
+
+
+EXACT_STAGES = {0: ExactDataParallel, 1: ExactOptimizerStates, 2: ExactGradients, 3: ExactParameters}

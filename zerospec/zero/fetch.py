@@ -1,24 +1,21 @@
-"""How the model gets its parameters, and how gradients and activations leave it — one path for all stages.
+"""How the model gets its parameters and how their gradients leave it — one path for all stages.
 
 ``ParamFetcher.fetch(i)`` asks the stage for unit i's full fp16 vector (a resident replica in
 stages 0–2, an all-gather just in time in stage 3), casts it up to the compute dtype as a fresh
-leaf, and yields parameter-shaped views of it. Two autograd mechanisms then do the rest:
+leaf, and yields parameter-shaped views of it. Each fetch block is one :class:`~.saved.Use`, whose
+life (forward → kept or saved → gathered again in backward → released) is the explicit
+:class:`~.saved.UseState`; what autograd saves for backward goes through
+:class:`~.saved.SavedTensors` (zerospec/zero/saved.py): parameter views as references, gathered
+again in stage 3, activations counted in the ledger.
 
-* ``saved_tensors_hooks``: when autograd saves a view of a parameter for backward, the pack hook
-  stores a *reference* (unit, size, stride, offset) instead of the data; in stage 3 the unpack
-  hook asks the stage for the unit again in backward (the re-gather of C24/C57, in reverse order),
-  casts it again and rebuilds the view; stages 0–2 keep every unit resident, so their backward
-  reuses the forward's cast (same bits, one pass over the unit fewer). Every other saved tensor
-  is an activation: counted in the memory ledger, deduplicated by storage, released when
-  backward has consumed it.
-* a custom autograd Function, :class:`_UnitViews`, makes the parameter views: autograd calls its
-  backward once per use, when the gradients of all of that use's parameters are complete (None
-  for a parameter the use left out: the LM head uses wte, not wpe). Once every forward use of a
-  unit has its gradient (the embedding unit is used twice: lookup and tied LM head), the summed
-  gradient is written as fp16 into the slot the stage provides and handed to it (stage 2/3
-  reduce-scatter it right there, inside backward: C8). Writing each parameter's gradient straight
-  into the slot saves what ``torch.split``'s backward would do: concatenate them into an fp32
-  copy of the unit first.
+Gradients: a custom autograd Function, :class:`_UnitViews`, makes the parameter views. Autograd
+calls its backward once per use, when the gradients of all of that use's parameters are complete
+(None for a parameter the use left out: the LM head uses wte, not wpe). Once every forward use of
+a unit has its gradient (the embedding unit is used twice: lookup and tied LM head), the summed
+gradient is written as fp16 into the slot the stage provides and handed to it (stages 2/3
+reduce-scatter it right there, inside backward: C8). Writing each parameter's gradient straight
+into the slot saves what ``torch.split``'s backward would do: concatenate them into an fp32 copy
+of the unit first.
 
 Because the autograd graph, the kernels and the summation order are identical in every stage, the
 stages are bit-identical (design property 3). The fp32 leaf is a CPU compute cast, not counted
@@ -28,31 +25,10 @@ forward use ends, so backward cannot compute from anything it did not gather aga
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 import torch
 
-from ..runtime.memory import storage_key
-
-
-@dataclasses.dataclass
-class _Use:
-    """One forward use of a unit (the fetch context) and what backward still needs of it."""
-
-    unit: int
-    leaf: torch.Tensor
-    refs: int = 0                       # saved views not yet unpacked
-    full16: torch.Tensor | None = None  # the stage's fp16 vector while backward needs it
-    upcast: torch.Tensor | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _ParamRef:
-    use: _Use
-    size: torch.Size
-    stride: tuple[int, ...]
-    offset: int
-    version: int      # the parameter's version counter when autograd saved it
+from .saved import SavedTensors, Use, UseState
 
 
 class ParamFetcher:
@@ -61,20 +37,22 @@ class ParamFetcher:
     def __init__(self, stage, compute_dtype: torch.dtype):
         self.stage = stage
         self.units = stage.units
-        self.memory = stage.ctx.memory
         self.compute_dtype = compute_dtype
         self.grad_scale = 1.0   # gradients are multiplied by this when cast to fp16
-        self.grad_fault = None  # test hook (loss_scale.poison): fault(unit, grad) before the cast
         self.begin_step()
 
     def begin_step(self) -> None:
+        """Start a micro-step: fresh uses, saved tensors and gradient sums."""
         n = len(self.units)
-        self._uses: dict[int, _Use] = {}
-        self._kept: list[_Use] = []
+        self.saved = SavedTensors(self.stage, self.compute_dtype)
+        self._kept: list[Use] = []
         self._n_uses = [0] * n
         self._n_grads = [0] * n
-        self._acc: list[torch.Tensor | None] = [None] * n
-        self._acts: dict[int, list] = {}
+        self._acc: list[list[torch.Tensor | None] | None] = [None] * n
+
+    def hooks(self):
+        """The saved-tensor hooks to run forward under (zerospec/zero/saved.py)."""
+        return self.saved.hooks()
 
     # -- forward ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -84,81 +62,41 @@ class ParamFetcher:
         unit = self.units[i]
         full16 = self.stage.acquire(i)
         leaf = full16[:unit.numel].to(self.compute_dtype, copy=True).requires_grad_(True)
-        use = _Use(i, leaf)
-        self._uses[storage_key(leaf)] = use
+        use = Use(i, leaf)
+        self.saved.add_use(use)
         self._n_uses[i] += 1
         try:
             views = _UnitViews.apply(leaf, self, use)
             yield {p.name: v for p, v in zip(unit.params, views)}
         finally:
-            if self.stage.resident and use.refs:
-                # the stage keeps the unit anyway (stages 0–2): backward gets this use's compute
-                # copy rather than a second cast of the same fp16 values (the same bits)
-                use.upcast = leaf.detach()
-            else:   # stage 3 frees the unit: backward must gather it again and cast it again
-                leaf.untyped_storage().resize_(0)
-            if last:
-                use.full16 = full16
-                self._kept.append(use)
-            else:
-                self.stage.release(i, full16)
+            self._end_use(use, full16, last)
+
+    def _end_use(self, use: Use, full16: torch.Tensor, last: bool) -> None:
+        """The forward use is over: decide what backward will read (see UseState)."""
+        if self.stage.resident and use.refs:
+            # the stage keeps the unit anyway (stages 0–2): backward gets this use's compute
+            # copy rather than a second cast of the same fp16 values (the same bits)
+            use.cast, use.state = use.leaf.detach(), UseState.CAST_KEPT
+        else:   # stage 3 frees the unit: backward must gather it again and cast it again
+            use.leaf.untyped_storage().resize_(0)
+            use.state = UseState.SAVED if use.refs else UseState.RELEASED
+        if last:
+            use.full16 = full16
+            if use.state is not UseState.CAST_KEPT:
+                use.state = UseState.UNIT_KEPT
+            self._kept.append(use)
+        else:
+            self.stage.release(use.unit, full16)
 
     def end_forward(self) -> None:
         """Release kept units that backward turned out not to need."""
         for use in self._kept:
             if use.refs == 0 and use.full16 is not None:
                 self.stage.release(use.unit, use.full16)
-                use.full16 = None
-
-    # -- saved tensors ---------------------------------------------------------------------------
-    def pack(self, t: torch.Tensor):
-        key = storage_key(t)
-        use = self._uses.get(key)
-        if use is not None:
-            use.refs += 1
-            return _ParamRef(use, t.size(), t.stride(), t.storage_offset(), t._version)
-        entry = self._acts.get(key)
-        if entry is None:
-            self._acts[key] = [1, t]
-            self.memory.track("activations", t)
-        else:
-            entry[0] += 1
-        return t
-
-    def unpack(self, packed):
-        if not isinstance(packed, _ParamRef):
-            key = storage_key(packed)
-            entry = self._acts[key]
-            entry[0] -= 1
-            if entry[0] == 0:
-                self.memory.free(entry[1])
-                del self._acts[key]
-            return packed
-        use = packed.use
-        if use.leaf._version != packed.version:
-            # autograd's own check for saved tensors, which the reference bypasses: backward
-            # must not see (stages 0–2, which reuse the forward's cast) or miss (stage 3, which
-            # casts again) an in-place write made after the save
-            raise RuntimeError(f"a parameter of unit {self.units[use.unit].name!r} was modified in "
-                               f"place after autograd saved it for backward (version "
-                               f"{packed.version} -> {use.leaf._version})")
-        if use.upcast is None:
-            if use.full16 is None:
-                use.full16 = self.stage.acquire(use.unit)
-            use.upcast = use.full16[:self.units[use.unit].numel].to(self.compute_dtype, copy=True)
-        view = use.upcast.as_strided(packed.size, packed.stride, packed.offset)
-        use.refs -= 1
-        if use.refs == 0:
-            if use.full16 is not None:
-                self.stage.release(use.unit, use.full16)
-            use.full16 = use.upcast = None
-        return view
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+                use.full16, use.state = None, UseState.RELEASED
 
     # -- gradients -------------------------------------------------------------------------------
-    def _on_grads(self, use: _Use, grads: tuple[torch.Tensor | None, ...]) -> None:
+    def _on_grads(self, use: Use, grads: tuple[torch.Tensor | None, ...]) -> None:
         """One use's parameter gradients (fp32, None: not used), from _UnitViews.backward.
 
         Per parameter, the same fp32 additions in the same order as summing whole-unit vectors;
@@ -168,7 +106,7 @@ class ParamFetcher:
             # stages 0–2 kept the forward's cast for backward: every node that used it has run
             # (each feeds this use's gradients, which only now are complete), so free it now
             use.leaf.untyped_storage().resize_(0)
-            use.upcast = None
+            use.cast = None
         i = use.unit
         acc = self._acc[i]
         if acc is None:
@@ -187,9 +125,14 @@ class ParamFetcher:
                 dst.zero_()
             else:
                 dst.copy_(g * self.grad_scale if self.grad_scale != 1.0 else g)
-        if self.grad_fault is not None:
-            self.grad_fault(i, slot[:unit.numel])
+        self.grad_written(i, slot[:unit.numel])
         self.stage.grad_ready(i, slot)
+
+    def grad_written(self, i: int, grad16: torch.Tensor) -> None:
+        """Unit i's fp16 gradient (real elements), written and not yet handed to the stage.
+
+        Does nothing: a seam for fault injection, patched by zerospec/testing/faults.py (the
+        library never imports it) to put an inf where a GPU's fp16 backward would overflow."""
 
     def check_complete(self) -> None:
         """After backward: every use got its gradient and every saved tensor was consumed."""
@@ -197,9 +140,7 @@ class ParamFetcher:
                    if self._n_grads[i] != self._n_uses[i]]
         if missing:
             raise RuntimeError(f"units without a complete gradient after backward: {missing}")
-        for key, (count, t) in list(self._acts.items()):  # saved but never unpacked
-            self.memory.free(t)
-        self._acts.clear()
+        self.saved.release_unconsumed()
 
 
 class _UnitViews(torch.autograd.Function):

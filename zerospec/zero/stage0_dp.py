@@ -14,11 +14,12 @@ import torch
 
 from ..optim.adam import AdamConfig, adam_update
 from ..optim.precision import POLICIES, Precision
+from ..paper import theory
 
 
 class DataParallel:
     stage = 0
-    label = "DP"
+    label = theory.stage(0).label          # DP
     pad = False   # stage 0 partitions nothing, so it needs no padding
     resident = True   # every rank keeps the full fp16 parameters between uses (stages 0–2)
 
@@ -41,14 +42,15 @@ class DataParallel:
     def _alloc(self, category: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self.memory.alloc(category, (numel,), dtype)
 
-    def _owned(self, u) -> slice:
-        """The slice of the unit's flat vector whose optimizer state this rank holds."""
+    def owned_slice(self, u) -> slice:
+        """The slice of unit ``u``'s flat (padded) vector whose optimizer state this rank holds:
+        all of it in stage 0, chunk ``rank`` from P_os on (clipping and checkpoints read it too)."""
         return slice(0, u.padded)
 
     def _allocate_optimizer(self, init) -> None:
         self.master, self.exp_avg, self.exp_avg_sq = [], [], []
         for i, (u, w) in enumerate(zip(self.units, init)):
-            own = self._owned(u)
+            own = self.owned_slice(u)
             if self.precision.master:
                 m = self._alloc("master32", own.stop - own.start, torch.float32)
                 m.copy_(w[own])
@@ -68,7 +70,7 @@ class DataParallel:
 
     def _param_chunk(self, i: int) -> torch.Tensor:
         """This rank's fp16 parameters that mirror its master weights."""
-        return self.param16[i][self._owned(self.units[i])]
+        return self.param16[i][self.owned_slice(self.units[i])]
 
     # -- forward/backward hooks used by ParamFetcher --------------------------------------------
     def acquire(self, i: int) -> torch.Tensor:
@@ -95,14 +97,16 @@ class DataParallel:
             for g in self.grad16:
                 self.comm.all_reduce(g, "mean")
 
-    def _grad_for_step(self, i: int) -> torch.Tensor:
-        return self.grad16[i][self._owned(self.units[i])]
+    def grad_for_step(self, i: int) -> torch.Tensor:
+        """The reduced gradient of unit i that this rank's optimizer step uses (its owned slice):
+        what the overflow vote, the clipping norm and Adam read, in every stage."""
+        return self.grad16[i][self.owned_slice(self.units[i])]
 
     def optimizer_step(self, step: int, grad_mul: float = 1.0) -> None:
         """Adam on the owned elements; ``grad_mul`` unscales and clips (zerospec/optim/update.py)."""
         self.optim_elements = 0
         for i in range(len(self.units)):
-            adam_update(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self._grad_for_step(i),
+            adam_update(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], self.grad_for_step(i),
                         step, self.adam, grad_mul)
             self.optim_elements += self.master[i].numel()
 
@@ -115,4 +119,4 @@ class DataParallel:
     # -- results -------------------------------------------------------------------------------
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]:
         """(slice of the padded unit, fp32 master) for each unit this rank owns."""
-        return [(self._owned(u), m) for u, m in zip(self.units, self.master)]
+        return [(self.owned_slice(u), m) for u, m in zip(self.units, self.master)]

@@ -16,6 +16,7 @@ memory 4Ψ + 12Ψ/N rather than stage 2's 2Ψ + 14Ψ/N.
 """
 from __future__ import annotations
 
+from ..paper import theory
 from .stage0_dp import DataParallel
 
 ZERO1_COMM = ("reduce_scatter", "all_reduce")
@@ -23,7 +24,7 @@ ZERO1_COMM = ("reduce_scatter", "all_reduce")
 
 class OptimizerStates(DataParallel):
     stage = 1
-    label = "P_os"
+    label = theory.stage(1).label          # P_os
     pad = True
 
     def __init__(self, ctx, units, init, adam, precision=None, zero1_comm: str = "reduce_scatter"):
@@ -32,7 +33,7 @@ class OptimizerStates(DataParallel):
         self.zero1_comm = zero1_comm
         super().__init__(ctx, units, init, adam, precision)
 
-    def _owned(self, u) -> slice:
+    def owned_slice(self, u) -> slice:
         return u.shard(self.ctx.rank)
 
     def reduce_gradients(self) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from ..paper import theory
 from .stage1_os import OptimizerStates
 
 
 class Gradients(OptimizerStates):
     stage = 2
-    label = "P_os+g"
+    label = theory.stage(2).label          # P_os+g
 
     def _allocate_gradients(self) -> None:
         self.grad16 = [self._alloc("grad16", u.chunk, self.dtype) for u in self.units]
@@ -30,5 +31,5 @@ class Gradients(OptimizerStates):
     def reduce_gradients(self) -> None:
         """Nothing left to do: every unit was reduce-scattered inside backward."""
 
-    def _grad_for_step(self, i: int) -> torch.Tensor:
+    def grad_for_step(self, i: int) -> torch.Tensor:
         return self.grad16[i]

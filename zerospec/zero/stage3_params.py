@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from ..paper import theory
 from .stage2_grads import Gradients
 
 
 class Parameters(Gradients):
     stage = 3
-    label = "P_os+g+p"
+    label = theory.stage(3).label          # P_os+g+p
     resident = False   # a unit exists in full only between acquire and release
 
     def _allocate_params(self, init) -> None:

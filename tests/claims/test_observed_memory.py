@@ -1,0 +1,197 @@
+"""§5 ZeRO-DP memory, observed rather than declared: an independent observer (a dispatch mode per
+rank thread, zerospec/runtime/observe.py) sees every storage a rank makes and when it dies, and
+must agree with the memory ledger byte for byte up to a short list of named extras.
+
+Where they are compared, and why there:
+
+* at every phase *entry* (the first op of a phase: the previous phase has finished and let go)
+  the equality is exact: observed = ledger + the named persistent extras, nothing else;
+* at every phase *peak* the ledger lags the storages by design — it counts an activation from the
+  moment autograd saves it (the op after the one that made it) until backward unpacks it (a node
+  before autograd lets it go), and never counts a kernel's temporaries — so there every byte the
+  ledger does not count must belong to a named class with its own bound, and the rest must be
+  exactly what the ledger says (a stale or foreign ledger entry fails too).
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from tests.runs import MODELS, stage_id
+from zerospec.cluster.threads import VirtualCluster
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
+
+CLAIM = {0: "C6", 1: "C7", 2: "C8", 3: "C9"}
+N = 4
+STEPS = {"odd": 2, "small": 1}     # two steps where it is cheap: a leak across steps shows there
+
+
+@functools.lru_cache(maxsize=None)
+def observed(stage: int, model: str = "odd", steps: int = 2, **kw):
+    """One observed run: (Result, per-rank Observation)."""
+    cluster = VirtualCluster(N, observe=True)
+    r = train(TrainConfig(stage=stage, n_d=N, model=MODELS[model], steps=steps, **kw), cluster=cluster)
+    return r, cluster.observed
+
+
+def _phase_step(label: str) -> tuple[str, int]:
+    phase, step = label.split("@")
+    return phase, int(step)
+
+
+def _is_loss(s) -> bool:
+    """A loss the run returns: RankOutput keeps each micro-batch's fp32 loss (and with G > 1
+    their stack and mean) as its result, so they outlive their step by design."""
+    return s.dtype == torch.float32 and s.op.split(".")[1] in ("nll_loss_forward", "stack", "mean") \
+        and len(s.shape) <= 1
+
+
+def _is_cast(s, r) -> bool:
+    """The CPU compute copy of a unit: fetch casts its fp16 vector up to fp32 for the kernels
+    (a GPU computes from the fp16 storage; the ledger counts only that)."""
+    return s.op == "aten._to_copy.default" and s.dtype == torch.float32 \
+        and s.shape in {(u.numel,) for u in r.units}
+
+
+def _persistent_extras(r, label: str) -> int:
+    """What a phase entry may hold beyond the ledger, in closed form.
+
+    * the losses the run returns (RankOutput): 4 B per micro-batch, and with G > 1 the step's
+      mean (4 B) made after param_sync. Between phases (label ``setup@s``) the first op is the
+      zeroing of the exact fp64 sums at the step's start (exact accumulation), else micro-batch
+      0's loss being detached after its backward;
+    * stages 0–2, entering backward: the compute copy of every unit (4Ψ; the embedding's lookup
+      copy is dropped at once, its LM-head copy is kept) — they hold the fp16 units anyway, so
+      backward reuses the forward's cast instead of casting again; stage 3 drops each copy when
+      its use ends and casts again in backward."""
+    phase, step = _phase_step(label)
+    g = r.config.grad_accum_steps
+    before = (4 * g + (4 if g > 1 else 0)) * (step - 1)      # returned by the earlier steps
+    setup = before if r.config.exact else before + 4
+    losses = {"forward": before, "backward": before + 4, "setup": setup}.get(phase, before + 4 * g)
+    casts = 4 * r.psi if phase == "backward" and r.config.stage < 3 else 0
+    return (losses if step else 0) + casts
+
+
+CASES = [pytest.param(s, m, id=f"{stage_id(s)}/nd={N}/{m}",
+                      marks=[pytest.mark.claim(CLAIM[s])] + [pytest.mark.slow] * (m == "small"))
+         for m in ("odd", "small") for s in range(4)]   # SMALL: ~3 s a run observed on 2 cores
+
+
+@pytest.mark.parametrize("stage,model,g", [pytest.param(*c.values, 1, id=c.id, marks=c.marks)
+                                           for c in CASES] + [
+    pytest.param(s, "odd", g, id=f"{stage_id(s)}/nd={N}/odd/G={g}", marks=pytest.mark.claim(CLAIM[s]))
+    for g in (2, 4) for s in range(4)])
+def test_at_every_phase_entry_observed_bytes_equal_the_ledger_plus_named_extras(stage, model, g):
+    """Between phases every live storage is the ledger's, a returned loss, or (stages 0–2, entering
+    backward) the kept compute copies: byte for byte, on every rank. The stage-3 mutation that keeps
+    each unit's fp32 cast alive from forward to backward (fetch.py) turns this red: +4Ψ at backward."""
+    r, obs = observed(stage, model, STEPS[model], **({"grad_accum_steps": g} if g > 1 else {}))
+    for rank, o in enumerate(obs):
+        assert len(o.entries) >= 5 * STEPS[model]
+        for label, entry in o.entries.items():
+            counted = sum(s.nbytes for s in entry.live if s.category is not None)
+            assert counted == entry.ledger_bytes, f"rank {rank}: {entry.describe()}"
+            assert entry.bytes == entry.ledger_bytes + _persistent_extras(r, label), \
+                f"rank {rank}: unexplained bytes at the entry of {entry.describe()}"
+
+
+def _named_extras(r, label: str, peak) -> dict[str, list]:
+    """Every storage live at a phase peak that the ledger does not count, by name; what matches
+    no name lands in "UNNAMED", which must stay empty."""
+    phase, step = _phase_step(label)
+    out = {name: [] for name in ("loss", "cast", "adam", "tokens", "in flight", "UNNAMED")}
+    chunks = {(u.chunk if r.config.stage else u.padded,) for u in r.units}
+    for s in peak.extras():
+        if _is_loss(s):
+            name = "loss"
+        elif phase == "step" and s.born == label and s.dtype == torch.float32 and s.shape in chunks:
+            name = "adam"    # adam_update's two fp32 scratch buffers (g, tmp) for the chunk it updates
+        elif _is_cast(s, r):
+            name = "cast"
+        elif s.dtype == torch.int64 and s.op == "aten.clone.default":
+            name = "tokens"  # the micro-batch's token ids and targets, copied out of the global batch
+        elif s.dtype == torch.float32 and (s.born == label or (phase == "backward"
+                                                              and s.born == f"forward@{step}")):
+            # made by this phase's kernels and not (yet) saved, gradients between backward nodes,
+            # or a saved activation backward has unpacked (the ledger let it go) and still uses
+            name = "in flight"
+        else:
+            name = "UNNAMED"
+        out[name].append(s)
+    return out
+
+
+@pytest.mark.parametrize("stage,model", CASES)
+def test_at_every_phase_peak_each_uncounted_byte_is_named_and_bounded(stage, model):
+    """Observed peak = ledger at that instant + loss + compute cast + Adam scratch + token ids +
+    in flight, byte for byte, each bounded: stage 3 holds the cast of the unit in use only (the
+    stage-3 mutation that keeps every cast, fetch.py, turns this red), stages 0–2 at most one per
+    unit (4Ψ); Adam's scratch is 8 B × the largest chunk it updates; in flight is at most the
+    activations once more. The principled gap: the ledger counts an activation from its save
+    (after the op that made it) to its unpack (before autograd drops it), never a temporary."""
+    r, obs = observed(stage, model, STEPS[model])
+    cfg = r.config
+    largest_cast = 4 * max(u.numel for u in r.units)
+    scratch = 8 * max((u.chunk if stage else u.padded) for u in r.units)
+    tokens = 2 * 8 * (cfg.batch // (N * cfg.grad_accum_steps)) * cfg.model.block_size
+    for rank, o in enumerate(obs):
+        for label, peak in o.peaks.items():
+            why = f"rank {rank}, stage {stage}: {peak.describe()}"
+            named = _named_extras(r, label, peak)
+            b = {name: sum(s.nbytes for s in group) for name, group in named.items()}
+            counted = sum(s.nbytes for s in peak.live if s.category is not None)
+            assert counted == peak.ledger_bytes, why
+            assert peak.bytes == peak.ledger_bytes + sum(b.values()), why
+            assert not named["UNNAMED"], why
+            if stage == 3:
+                assert len(named["cast"]) <= 1 and b["cast"] <= largest_cast, why
+            else:
+                assert b["cast"] <= 4 * r.psi, why
+            if label.startswith("step@"):
+                assert b["adam"] == scratch, why
+            assert b["tokens"] <= tokens, why
+            assert b["in flight"] <= r.memory[rank].peak["activations"], why
+
+
+def _step_peak(o, step: int) -> int:
+    """The most bytes live at once during ``step``, less the losses the run returns (4 B per
+    micro-batch: they are results, and G of them is the point of G)."""
+    return max(p.bytes - sum(s.nbytes for s in p.extras() if _is_loss(s))
+               for label, p in o.peaks.items() if _phase_step(label)[1] == step
+               and not label.startswith("setup"))
+
+
+@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+@pytest.mark.claim("P6")
+def test_observed_peak_during_a_step_does_not_grow_with_g(stage):
+    """G = 1, 2, 4 micro-batches of the same size: the same observed peak during step 2, byte for
+    byte (G = 1 with exact fp64 sums, the accumulating layout; the returned losses set apart).
+    Keeping each micro-batch's freed fp16 gradient slot alive (zero/exact.py) turns DP and P_os red."""
+    peaks = {}
+    for g in (1, 2, 4):
+        kw = {"exact_grads": True} if g == 1 else {"grad_accum_steps": g}
+        r, obs = observed(stage, "odd", 2, **kw)
+        peaks[g] = [_step_peak(o, 2) for o in obs]
+    assert peaks[1][0] > 0 and peaks[2] == peaks[1] and peaks[4] == peaks[1]
+
+
+@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+@pytest.mark.claim("C7")
+def test_the_optimizer_writes_each_owned_master_element_once(stage, claim_values):
+    """Seen by the observer, not a counter the stage keeps: during the step Adam writes Ψ master
+    elements per rank in DP and Ψ_p/N in every partitioned stage, each once (C7: P_os updates
+    only its 1/N_d of the optimizer states). An Adam that subtracts its update in two halves,
+    which the stage's counter cannot see, turns every stage red."""
+    r, obs = observed(stage, "odd", 2)
+    owned = r.psi if stage == 0 else r.psi_padded // N
+    for o in obs:
+        for step in (1, 2):
+            written = o.written[f"step@{step}"]
+            assert written["master32"] == owned
+            assert written["exp_avg"] == written["exp_avg_sq"] == 2 * owned   # mul_, add_
+    claim_values(f"{owned:,} master elements written per rank", f"Ψ/N_d = {r.psi_padded // N:,}"
+                 if stage else f"Ψ = {r.psi:,}", f"{stage_id(stage)}, N={N}, observed")

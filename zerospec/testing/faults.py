@@ -1,0 +1,68 @@
+"""Fault hooks for tests: ``with inject_overflow(step=2, rank=0): train(cfg)``.
+
+A hook patches one narrow seam of the library for the duration of a ``with`` block, as torch's
+FSDP test utilities patch ``reduce_scatter``; the library never imports this module, and a run
+outside the block is the plain product. The seam here is
+:meth:`zerospec.zero.fetch.ParamFetcher.grad_written`, which sees each unit's fp16 gradient after
+the cast and before the stage takes it (stages 2/3 reduce-scatter it right after).
+
+The patch is on the class, so it reaches every run in this process while the block is open (runs
+in parallel threads included; pytest-xdist's workers are processes, each with its own). Ranks on
+real processes run in forkserver children, which a patch in the parent does not reach: enter the
+hook inside each rank, as :func:`train_rank_with_overflow` does for ``launch`` (see
+tests/engine/test_robust_engine.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from unittest import mock
+
+import torch
+
+from ..training.run import train_rank
+from ..zero.fetch import ParamFetcher
+
+
+def poison_last(grad: torch.Tensor) -> None:
+    """Make the last element inf. In the embedding unit (unit 0) it lies in the last rank's shard,
+    so in stages 2 and 3 only that rank sees the inf after the reduce-scatter: a test that all
+    ranks skip the step fails unless the overflow decision is a collective."""
+    grad.view(-1)[-1] = float("inf")
+
+
+@contextlib.contextmanager
+def inject_overflow(step: int, rank: int, unit: int = 0):
+    """Inside the block, rank ``rank``'s gradient of unit ``unit`` gets an inf at step ``step``
+    (in its first micro-batch), in every run. Raises ValueError on exit if no run reached that
+    (step, rank, unit): a hook that never fires would make its test vacuous."""
+    for name, value, low in (("step", step, 1), ("rank", rank, 0), ("unit", unit, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"inject_overflow {name} must be an integer >= {low}, got {value!r}")
+    done: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # fetcher -> step poisoned
+    seen = {"step": 0, "rank": -1, "unit": -1, "fired": 0}
+
+    def grad_written(fetcher, i: int, grad16: torch.Tensor) -> None:
+        ctx = fetcher.stage.ctx
+        seen.update(step=max(seen["step"], ctx.step), rank=max(seen["rank"], ctx.rank),
+                    unit=max(seen["unit"], i))
+        # once per run and step: a later micro-batch of the same step stays clean (G > 1)
+        if (ctx.step, ctx.rank, i) == (step, rank, unit) and done.get(fetcher) != step:
+            done[fetcher] = step
+            seen["fired"] += 1
+            poison_last(grad16)
+
+    with mock.patch.object(ParamFetcher, "grad_written", grad_written):
+        yield
+    if not seen["fired"]:
+        raise ValueError(f"inject_overflow(step={step}, rank={rank}, unit={unit}) never fired: the "
+                         f"runs inside reached steps 1..{seen['step']}, ranks 0..{seen['rank']}, "
+                         f"units 0..{seen['unit']}")
+
+
+def train_rank_with_overflow(ctx, cfgs, step: int, rank: int) -> list[dict]:
+    """:func:`zerospec.training.run.train_rank` with :func:`inject_overflow` entered inside this
+    rank's process: a per-rank function for :func:`zerospec.cluster.processes.launch`."""
+    hook = inject_overflow(step, rank) if ctx.rank == rank else contextlib.nullcontext()
+    with hook:
+        return train_rank(ctx, cfgs)

@@ -1,0 +1,132 @@
+"""What autograd saves for backward: parameters as references, activations counted in the ledger.
+
+:class:`SavedTensors` is one micro-step's pair of ``saved_tensors_hooks``. When autograd saves a
+view of a parameter (a view of a fetched unit's fp32 leaf), the pack hook stores a
+:class:`ParamRef` (use, size, stride, offset) instead of the data; the unpack hook rebuilds the
+view from whatever the :class:`Use` holds at that point of its lifecycle (:class:`UseState`) — in
+stage 3 it gathers the unit again (the re-gather of C24/C57, in reverse order) and casts it again.
+Every other saved tensor is an activation: counted in the memory ledger once per storage
+(:class:`Activation`), released when backward has unpacked it as often as forward packed it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import torch
+
+from ..runtime.memory import storage_key
+
+
+class UseState(enum.Enum):
+    """Where one forward use of a unit is in its life; what it holds is said per state."""
+
+    FORWARD = "forward"          # in the fetch block: fp16 vector acquired, its fp32 cast is the leaf
+    CAST_KEPT = "cast kept"      # views saved; the stage keeps the unit, so backward reads the
+    #                              forward's own cast (stages 0–2: same bits, one cast fewer)
+    UNIT_KEPT = "unit kept"      # the last use in forward keeps the fp16 vector: backward starts
+    #                              with it (stage 3's tied LM head, as FSDP2 keeps its root)
+    SAVED = "saved"              # views saved as references only: backward must gather again (stage 3)
+    REGATHERED = "regathered"    # in backward: the fp16 vector gathered again (or kept), cast again
+    RELEASED = "released"        # no saved view left to unpack: nothing held for backward
+
+
+@dataclasses.dataclass
+class Use:
+    """One forward use of unit ``unit`` (one fetch block) and what backward still needs of it."""
+
+    unit: int
+    leaf: torch.Tensor                  # the forward's fp32 cast: autograd's leaf for this use
+    state: UseState = UseState.FORWARD
+    refs: int = 0                       # saved views not yet unpacked
+    full16: torch.Tensor | None = None  # the stage's fp16 vector, while backward needs it
+    cast: torch.Tensor | None = None    # the fp32 values backward's views read
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamRef:
+    """What the pack hook stores for a saved parameter view: where it lies in its use's cast."""
+
+    use: Use
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+    version: int      # the parameter's version counter when autograd saved it
+
+
+@dataclasses.dataclass
+class Activation:
+    """A saved non-parameter storage: counted once in the ledger, freed at its last unpack."""
+
+    tensor: torch.Tensor
+    unpacks_left: int = 1
+
+
+class SavedTensors:
+    """One micro-step's saved-tensor hooks for a rank: ``with saved.hooks(): forward``."""
+
+    def __init__(self, stage, compute_dtype: torch.dtype):
+        self.stage = stage
+        self.units = stage.units
+        self.memory = stage.ctx.memory
+        self.compute_dtype = compute_dtype
+        self.uses: dict[int, Use] = {}            # by the storage of the use's fp32 leaf
+        self.activations: dict[int, Activation] = {}  # by storage
+
+    def add_use(self, use: Use) -> None:
+        """Views of ``use.leaf`` saved from now on are packed as references to ``use``."""
+        self.uses[storage_key(use.leaf)] = use
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, t: torch.Tensor):
+        key = storage_key(t)
+        use = self.uses.get(key)
+        if use is not None:
+            use.refs += 1
+            return ParamRef(use, t.size(), t.stride(), t.storage_offset(), t._version)
+        act = self.activations.get(key)
+        if act is None:
+            self.activations[key] = Activation(t)
+            self.memory.track("activations", t)
+        else:
+            act.unpacks_left += 1
+        return t
+
+    def unpack(self, packed):
+        if not isinstance(packed, ParamRef):
+            key = storage_key(packed)
+            act = self.activations[key]
+            act.unpacks_left -= 1
+            if act.unpacks_left == 0:
+                self.memory.free(act.tensor)
+                del self.activations[key]
+            return packed
+        use = packed.use
+        if use.leaf._version != packed.version:
+            # autograd's own check for saved tensors, which the reference bypasses: backward
+            # must not see (stages 0–2, which reuse the forward's cast) or miss (stage 3, which
+            # casts again) an in-place write made after the save
+            raise RuntimeError(f"a parameter of unit {self.units[use.unit].name!r} was modified in "
+                               f"place after autograd saved it for backward (version "
+                               f"{packed.version} -> {use.leaf._version})")
+        if use.state in (UseState.SAVED, UseState.UNIT_KEPT):
+            if use.state is UseState.SAVED:
+                use.full16 = self.stage.acquire(use.unit)
+            use.cast = use.full16[:self.units[use.unit].numel].to(self.compute_dtype, copy=True)
+            use.state = UseState.REGATHERED
+        view = use.cast.as_strided(packed.size, packed.stride, packed.offset)
+        use.refs -= 1
+        if use.refs == 0:
+            if use.full16 is not None:
+                self.stage.release(use.unit, use.full16)
+            use.full16 = use.cast = None
+            use.state = UseState.RELEASED
+        return view
+
+    def release_unconsumed(self) -> None:
+        """After backward: free activations saved but never unpacked (a branch backward skipped)."""
+        for act in self.activations.values():
+            self.memory.free(act.tensor)
+        self.activations.clear()
