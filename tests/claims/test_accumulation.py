@@ -13,8 +13,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from tests.robust_runs import assert_same_training, run
-from tests.runs import stage_id
+from tests.runs import assert_same_training, odd_run, stage_id
 from zerospec.report import robust_tables
 from zerospec.paper import theory
 
@@ -31,8 +30,8 @@ def _psi(r):
 @pytest.mark.claim("P6")
 def test_accumulated_training_is_bit_identical_in_every_stage(stage, n_d, g, claim_values):
     """G micro-batches per step: every stage's losses and weights equal DP's bit for bit."""
-    assert_same_training(run(0, n_d, steps=3, grad_accum_steps=g),
-                         run(stage, n_d, steps=3, grad_accum_steps=g))
+    assert_same_training(odd_run(0, n_d, steps=3, grad_accum_steps=g),
+                         odd_run(stage, n_d, steps=3, grad_accum_steps=g))
     claim_values(f"Δ vs DP = 0 ({stage_id(stage)}, N={n_d}, G={g})", "same algorithm")
 
 
@@ -42,7 +41,7 @@ def test_only_stages_2_and_3_pay_per_micro_batch_on_the_wire(stage, claim_values
     """Elements per step: DP and P_os are flat in G; P_os+g grows by G reduce-scatters, P_os+g+p by 3G passes."""
     got = {}
     for g in GS:
-        r = run(stage, 4, steps=3, grad_accum_steps=g)
+        r = odd_run(stage, 4, steps=3, grad_accum_steps=g)
         expected = PASSES[stage](g) * Fraction(_psi(r)) * theory.ring_factor(4)
         assert r.comm.mean_elements(step=2) == expected
         got[g] = r.comm.mean_elements(step=2) / _psi(r)
@@ -54,7 +53,7 @@ def test_only_stages_2_and_3_pay_per_micro_batch_on_the_wire(stage, claim_values
 @pytest.mark.claim("P6")
 def test_exact_accumulation_reduces_in_fp64_and_gathers_parameters_in_fp16(stage):
     """With G > 1 every gradient reduction carries fp64 (exact sums); parameter all-gathers stay fp16."""
-    r = run(stage, 4, steps=3, grad_accum_steps=2)
+    r = odd_run(stage, 4, steps=3, grad_accum_steps=2)
     recs = r.comm.records(step=2)
     assert {x.dtype for x in recs if x.op in ("all_reduce", "reduce_scatter")} == {torch.float64}
     assert {x.dtype for x in recs if x.op == "all_gather"} <= {torch.float16}
@@ -66,7 +65,7 @@ def test_model_states_do_not_grow_with_g(stage):
     """G = 2 and 4 hold the same model states: 2Ψ params, 8Ψ exact gradients, 12Ψ Adam, sharded per stage."""
     n = 4
     for g in (2, 4):
-        r = run(stage, n, steps=3, grad_accum_steps=g)
+        r = odd_run(stage, n, steps=3, grad_accum_steps=g)
         p = _psi(r)
         expected = {0: 22 * p, 1: 10 * p + 12 * p // n, 2: 2 * p + 20 * p // n, 3: 22 * p // n}[stage]
         assert r.model_states(0) == expected
@@ -75,14 +74,14 @@ def test_model_states_do_not_grow_with_g(stage):
 @pytest.mark.claim("P6")
 def test_with_exact_sums_only_the_set_of_micro_batches_matters():
     """The same 8 micro-batches spread as N×G = 4×2, 2×4, 1×8 or 8×1: bit-identical weights and losses."""
-    base = run(3, 4, steps=3, global_batch=16, grad_accum_steps=2)
+    base = odd_run(3, 4, steps=3, global_batch=16, grad_accum_steps=2)
     for n, g in [(2, 4), (1, 8), (8, 1)]:
-        other = run(3, n, steps=3, global_batch=16, grad_accum_steps=g, exact_grads=True)
+        other = odd_run(3, n, steps=3, global_batch=16, grad_accum_steps=g, exact_grads=True)
         assert all(torch.equal(base.master[k], other.master[k]) for k in base.master)
         assert other.losses == base.losses
 
 
 def test_accumulation_table(md_snapshot):
     """spec/accumulation.md's table: memory and traffic per stage and G."""
-    rs = [run(s, 4, steps=3, grad_accum_steps=g) for g in GS for s in range(4)]
+    rs = [odd_run(s, 4, steps=3, grad_accum_steps=g) for g in GS for s in range(4)]
     assert robust_tables.accumulation_table(rs) == md_snapshot

@@ -12,8 +12,7 @@ import math
 import pytest
 import torch
 
-from tests.robust_runs import CLIP, assert_same_training, config, run
-from tests.runs import stage_id
+from tests.runs import CLIP, assert_same_training, config, odd_run, stage_id
 from zerospec.report import robust_tables
 from zerospec.training.run import train
 
@@ -23,7 +22,7 @@ from zerospec.training.run import train
 @pytest.mark.claim("P5")
 def test_clipped_training_is_bit_identical_in_every_stage(stage, n_d, claim_values):
     """Clipping at 0.5 (active every step): losses, weights and pre-clip norms equal DP's bit for bit."""
-    dp, zero = run(0, n_d, clip_grad_norm=CLIP), run(stage, n_d, clip_grad_norm=CLIP)
+    dp, zero = odd_run(0, n_d, clip_grad_norm=CLIP), odd_run(stage, n_d, clip_grad_norm=CLIP)
     assert_same_training(dp, zero)
     assert zero.grad_norms == dp.grad_norms
     assert all(n > CLIP for n in dp.grad_norms)          # clipping acted at every step
@@ -54,7 +53,7 @@ def test_the_norm_from_shards_is_the_exact_unsharded_norm(n_d):
 @pytest.mark.claim("P5")
 def test_the_norm_does_not_depend_on_how_the_gradient_is_sharded():
     """The same 8 micro-batches on N×G = 1×8, 2×4, 4×2, 8×1 (exact sums): the same norms and weights."""
-    runs = [run(3, n, steps=3, global_batch=16, grad_accum_steps=g, exact_grads=True, clip_grad_norm=CLIP)
+    runs = [odd_run(3, n, steps=3, global_batch=16, grad_accum_steps=g, exact_grads=True, clip_grad_norm=CLIP)
             for n, g in [(1, 8), (2, 4), (4, 2), (8, 1)]]
     assert all(r.grad_norms == runs[0].grad_norms for r in runs)
     assert all(torch.equal(r.master[k], runs[0].master[k]) for r in runs for k in r.master)
@@ -78,12 +77,12 @@ def test_the_clipped_gradient_has_norm_max_norm():
 @pytest.mark.claim("P5")
 def test_a_threshold_above_the_norm_changes_nothing():
     """max_norm = 100 (above every norm): the trajectory is the unclipped one, bit for bit."""
-    assert_same_training(run(3, clip_grad_norm=100.0), run(3))
+    assert_same_training(odd_run(3, clip_grad_norm=100.0), odd_run(3))
 
 
 def test_clipping_table(md_table_snapshot):
     """spec/clipping.md's table: pre-clip norms per stage next to the exact unsharded norm."""
     full, _ = _unsharded_norms()
-    rs = [run(s, clip_grad_norm=CLIP) for s in range(4)]
+    rs = [odd_run(s, clip_grad_norm=CLIP) for s in range(4)]
     # norms within fp32 rounding per step (spec/determinism.md); counts and Δ = 0 exactly
     assert robust_tables.clip_table(rs, full) == md_table_snapshot(steps=["pre-clip ‖g‖ at steps 1…"])

@@ -14,7 +14,7 @@ import functools
 import pytest
 import torch
 
-from tests.robust_runs import CLIP, OVERFLOW, SCALER, config, train_with
+from tests.runs import CLIP, OVERFLOW, SCALER, config, train_with
 from zerospec.report import robust_tables
 from zerospec.cluster.threads import VirtualCluster
 

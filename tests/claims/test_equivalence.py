@@ -15,20 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runs import MODELS, N_DS, run, stage_id
+from tests.runs import MODELS, N_DS, assert_same_training, run, stage_id
 from zerospec.testing.reference import reference_train
 
 CASES = [pytest.param(s, n, m, v, id=f"{stage_id(s)}{'-allreduce' if v == 'all_reduce' else ''}/nd={n}/{m}")
          for m in MODELS for n in N_DS for s, v in [(1, "reduce_scatter"), (2, None), (3, None)]
          ] + [pytest.param(1, n, "small", "all_reduce", id=f"P_os-allreduce/nd={n}/small") for n in (2, 8, 32)]
-
-
-def assert_stage_parity(a, b) -> None:
-    assert len(a.rank_losses[0]) == len(b.rank_losses[0]) >= 5
-    for la, lb in zip(a.rank_losses, b.rank_losses):
-        assert all(torch.equal(x, y) for x, y in zip(la, lb))
-    assert a.master.keys() == b.master.keys()
-    assert all(torch.equal(a.master[k], b.master[k]) for k in a.master)
 
 
 @pytest.mark.parametrize("stage,n_d,model,variant", CASES)
@@ -37,7 +29,7 @@ def test_every_stage_is_bit_identical_to_data_parallelism(stage, n_d, model, var
     """Same seed and data: per-step losses and final master weights equal stage 0's bit for bit."""
     kw = {"zero1_comm": variant} if variant else {}
     dp, zero = run(0, n_d, model), run(stage, n_d, model, **kw)
-    assert_stage_parity(dp, zero)
+    assert_same_training(dp, zero)
     claim_values(f"max|Δloss| = 0, max|Δmaster| = 0 ({stage_id(stage)}, N={n_d})", "identical")
 
 

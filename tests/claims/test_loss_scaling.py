@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.robust_runs import INJECT, OVERFLOW, SCALER, assert_same_training, config, run, train_with
-from tests.runs import stage_id
+from tests.runs import INJECT, OVERFLOW, SCALER, assert_same_training, config, odd_run, stage_id, train_with
 from zerospec.report import robust_tables
 from zerospec.optim.loss_scale import LossScale
 from zerospec.training.run import train
@@ -26,7 +25,7 @@ from zerospec.training.run import train
 @pytest.mark.claim("P4")
 def test_an_overflow_on_one_rank_is_skipped_by_every_rank_and_stages_stay_bit_identical(stage, claim_values):
     """Rank 0's inf at step 2: every rank of every stage skips step 2; losses and weights equal DP's."""
-    dp, zero = run(0, **INJECT), run(stage, **INJECT)
+    dp, zero = odd_run(0, **INJECT), odd_run(stage, **INJECT)
     assert_same_training(dp, zero)
     assert [[rep.skipped for rep in o.reports] for o in zero.ranks] == [[False, True, False, False, False]] * 4
     claim_values(f"step 2 skipped on 4/4 ranks, Δ vs DP = 0 ({stage_id(stage)})", "all ranks skip")
@@ -35,8 +34,8 @@ def test_an_overflow_on_one_rank_is_skipped_by_every_rank_and_stages_stay_bit_id
 @pytest.mark.claim("P4")
 def test_the_scale_backs_off_on_overflow_and_grows_after_clean_steps():
     """Scale 1024 → ×0.5 after the overflow at step 2 → ×2 after two clean steps (3, 4)."""
-    assert run(3, **INJECT).loss_scales == [1024.0, 1024.0, 512.0, 512.0, 1024.0]
-    assert run(3, **INJECT).skipped == [False, True, False, False, False]
+    assert odd_run(3, **INJECT).loss_scales == [1024.0, 1024.0, 512.0, 512.0, 1024.0]
+    assert odd_run(3, **INJECT).skipped == [False, True, False, False, False]
 
 
 @pytest.mark.claim("P4")
@@ -73,7 +72,7 @@ def test_only_the_owner_sees_the_inf_so_the_decision_must_be_a_collective():
 def test_a_scale_too_large_for_fp16_backs_off_until_gradients_fit():
     """init 2^20: the first three steps overflow by themselves and are skipped, identically in DP and P_os+g+p."""
     ls = {"loss_scale": LossScale(init_scale=2.0 ** 20, growth_interval=2)}
-    dp, zero = run(0, **ls), run(3, **ls)
+    dp, zero = odd_run(0, **ls), odd_run(3, **ls)
     assert_same_training(dp, zero)
     assert zero.skipped[:4] == [True, True, True, False]
     assert zero.loss_scales[:4] == [2.0 ** 20, 2.0 ** 19, 2.0 ** 18, 2.0 ** 17]
@@ -96,5 +95,5 @@ def test_unscaling_gives_the_unscaled_gradient_to_adam():
 def test_loss_scaling_table(md_table_snapshot):
     """spec/loss_scaling.md's table: scale, skipped steps, votes and Δ vs DP per stage."""
     # losses within fp32 rounding per step (spec/determinism.md); scales, skips, votes, Δ exactly
-    assert robust_tables.loss_scale_table([run(s, **INJECT) for s in range(4)]) == \
+    assert robust_tables.loss_scale_table([odd_run(s, **INJECT) for s in range(4)]) == \
         md_table_snapshot(steps=["loss at steps 1…"])

@@ -16,17 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine import runs
-from tests.runs import run, stage_id
+from tests import runs
+from tests.runs import assert_same_training, run, stage_id
 
 STAGES = range(4)
-
-
-def assert_bit_identical(a, b) -> None:
-    for la, lb in zip(a.rank_losses, b.rank_losses, strict=True):
-        assert all(torch.equal(x, y) for x, y in zip(la, lb, strict=True))
-    assert a.master.keys() == b.master.keys()
-    assert all(torch.equal(a.master[k], b.master[k]) for k in a.master)
 
 
 def assert_close(ours, sim) -> None:
@@ -41,14 +34,14 @@ def assert_close(ours, sim) -> None:
 def test_every_stage_on_gloo_is_bit_identical_to_data_parallelism(stage, model, precision):
     """On 4 gloo processes, each stage's per-rank losses and final weights equal stage 0's bits."""
     res = runs.gloo(4, model, precision)
-    assert_bit_identical(res[0], res[stage])
+    assert_same_training(res[0], res[stage])
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
 @pytest.mark.parametrize("stage", STAGES, ids=stage_id)
 def test_two_gloo_processes_equal_the_simulator_exactly(stage, precision):
     """N = 2, same thread count: a two-term sum has one order, so gloo equals the simulator's bits."""
-    assert_bit_identical(runs.gloo(2, "odd", precision)[stage],
+    assert_same_training(runs.gloo(2, "odd", precision)[stage],
                          runs.sim_matched(stage, 2, "odd", precision))
 
 
