@@ -1,4 +1,4 @@
-"""``python -m zerospec`` / ``zerospec``: the command line. Subcommands live in zerospec/cli/."""
+"""zerospec: the ZeRO paper, executable (report, plan, scale, train, demo)."""
 from __future__ import annotations
 
 import argparse
@@ -25,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 0
+        if args.command is None:   # a command is required: help on stderr, exit 2
+            parser.print_help(sys.stderr)
+            return 2
         return SUBCOMMANDS[args.command].run(args) or 0
     except (UsageError, ValueError) as exc:
         # bad input is one line; ZEROSPEC_DEBUG=1 shows the traceback (a ValueError from deep

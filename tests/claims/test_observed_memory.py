@@ -195,3 +195,38 @@ def test_the_optimizer_writes_each_owned_master_element_once(stage, claim_values
             assert written["exp_avg"] == written["exp_avg_sq"] == 2 * owned   # mul_, add_
     claim_values(f"{owned:,} master elements written per rank", f"Ψ/N_d = {r.psi_padded // N:,}"
                  if stage else f"Ψ = {r.psi:,}", f"{stage_id(stage)}, N={N}, observed")
+
+
+@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+@pytest.mark.claim("C27")
+def test_with_activation_checkpointing_the_observer_still_agrees_with_the_ledger(stage):
+    """One checkpoint per block (zerospec/zero_r/checkpointing.py): at every phase entry observed
+    = ledger + losses + kept casts, byte for byte, and at every peak each uncounted byte is named —
+    so the checkpoints, and the recomputed activations backward holds, are all in the ledger.
+    Stages 0–2 now keep only the embedding's and ln_f's casts into backward (a checkpointed block
+    is served without a Use). Counting no checkpoint (saved.py) turns every stage red."""
+    r, obs = observed(stage, "odd", 2, checkpoint_activations=1)
+    cfg = r.config
+    kept = sum(u.numel for u in r.units if not u.name.startswith("h."))    # embed, ln_f
+    acts = sum(r.memory[0].peak[c] for c in ("activations", "checkpoints", "recomputed"))
+    for rank, o in enumerate(obs):
+        assert r.memory[rank].peak["checkpoints"] > 0 and r.memory[rank].peak["recomputed"] > 0
+        for label, entry in o.entries.items():
+            casts = 4 * (r.psi - kept) if label.startswith("backward") and stage < 3 else 0
+            counted = sum(s.nbytes for s in entry.live if s.category is not None)
+            assert counted == entry.ledger_bytes, f"rank {rank}: {entry.describe()}"
+            assert entry.bytes == entry.ledger_bytes + _persistent_extras(r, label) - casts, \
+                f"rank {rank}: unexplained bytes at the entry of {entry.describe()}"
+        for label, peak in o.peaks.items():
+            why = f"rank {rank}, stage {stage}: {peak.describe()}"
+            named = _named_extras(r, label, peak)
+            # a checkpointed block's causal mask is a temporary of its no-autograd forward
+            named["mask"] = [s for s in named["UNNAMED"] if s.op == "aten.triu.default"
+                             and s.born == label and s.shape == (cfg.model.block_size,) * 2]
+            named["UNNAMED"] = [s for s in named["UNNAMED"] if s not in named["mask"]]
+            b = {name: sum(s.nbytes for s in group) for name, group in named.items()}
+            assert peak.bytes == peak.ledger_bytes + sum(b.values()), why
+            assert not named["UNNAMED"], why
+            assert len(named["mask"]) <= 1, why
+            assert len(named["cast"]) <= (1 if stage == 3 else len(r.units)), why
+            assert b["in flight"] <= acts, why

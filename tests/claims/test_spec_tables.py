@@ -65,8 +65,8 @@ def test_scale_7_5b_on_64_gpus(md_snapshot):
 
 def test_scale_table1_measured(md_snapshot):
     """Table 1 measured on meta tensors at the paper's round Ψ, bold where a stage first fits."""
-    from tests.claims.test_scale import _at_round_psi
-    assert tables.measured_table1_md(_at_round_psi) == md_snapshot
+    from tests.claims.test_scale import at_round_psi
+    assert tables.measured_table1_md(at_round_psi) == md_snapshot
 
 
 SNAPSHOTS = ROOT / "tests" / "claims" / "__snapshots__"

@@ -76,7 +76,7 @@ def test_bad_launch_arguments_name_the_value_and_what_is_accepted():
         launch(workers.collectives, 0)
     with pytest.raises(ValueError, match=r"backend must be one of \('gloo', 'nccl'\), got 'mpi'"):
         launch(workers.collectives, 2, backend="mpi")
-    with pytest.raises(ValueError, match=r"timeout must be > 0 seconds, got -1"):
+    with pytest.raises(ValueError, match=r"timeout must be a finite number of seconds > 0, got -1"):
         launch(workers.collectives, 2, timeout=-1)
 
 

@@ -64,6 +64,22 @@ def test_peer_with_torch_adam_matches_the_stage_within_the_derived_tolerance(two
     assert_close_every_step(row, row["peers"]["torch"], _cfg(2).adam.lr)
 
 
+def test_the_peer_model_calls_every_submodule_once_per_forward():
+    """Wrappers hook submodules (DeepSpeed ZeRO-3 gathers a Linear's weight in its pre-hook): every
+    nn.Linear and nn.LayerNorm of the peer GPT must run as a module, once per forward."""
+    from zerospec.testing.oracles import GPT
+    cfg = _cfg(2)
+    model = GPT.from_init(cfg.model, cfg.seed)
+    calls: dict[str, int] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, (torch.nn.Linear, torch.nn.LayerNorm)):
+            mod.register_forward_pre_hook(
+                lambda m, a, name=name: calls.update({name: calls.get(name, 0) + 1}))
+    idx = torch.zeros(2, cfg.model.block_size, dtype=torch.long)
+    model(idx, idx)
+    assert len(calls) == 6 * cfg.model.n_layer + 1 and set(calls.values()) == {1}
+
+
 def test_the_comparison_is_not_vacuous(two):
     """Weights move every step by far more than the tolerance on most elements, and losses fall."""
     row = two[0]

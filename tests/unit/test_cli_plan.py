@@ -77,8 +77,54 @@ def test_plan_estimators_side_by_side(capsys):
     assert "L (largest layer) = 100,000,000" in out
 
 
+def test_largest_layer_zero_is_the_default_it_says(capsys):
+    """`--largest-layer 0` is accepted and prints exactly what no --largest-layer prints ("default 0")."""
+    default = run_cli(capsys, "plan")
+    assert run_cli(capsys, "plan", "--largest-layer", "0") == default
+    assert default[0] == 0 and "L (largest layer) = 0 parameters" in default[1]
+
+
+@pytest.mark.parametrize("zero,params,traffic", [
+    ({"stage": 1}, "7.5B", "3Ψ(N−1)/N = 2.625Ψ"),                       # multi-rank all-reduce
+    ({"stage": 2, "use_multi_rank_bucket_allreduce": False}, "7.5B", "2Ψ(N−1)/N = 1.75Ψ"),
+    ({"stage": 3}, "175M", "2Ψ(N−1)/N = 1.75Ψ"),                         # R = 1e9 >= 2Ψ: all kept
+    ({"stage": 3}, "7.5B", "between 2Ψ and 3Ψ"),                         # R < 2Ψ: depends on sizes
+    ({"stage": 3, "stage3_max_reuse_distance": 0}, "7.5B", "between 2Ψ and 3Ψ"),  # small ones whole
+    ({"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
+     "7.5B", "3Ψ(N−1)/N = 2.625Ψ"),
+], ids=["zero1-default", "zero2-paper", "zero3-default-small", "zero3-default-large",
+        "zero3-no-reuse", "zero3-paper"])
+def test_plan_reads_a_deepspeed_config_and_names_its_traffic(capsys, tmp_path, zero, params, traffic):
+    """`plan --deepspeed-config`: the closed-form traffic per step its settings imply (N = 8), and
+    its stage's memory per estimator; spec/deepspeed.md measures each case on a real DeepSpeed."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}))
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", str(cfg), "--params", params,
+                         "--gpus", "8", "--format", "json")
+    assert rc == 0
+    tables = {t["name"]: t for t in json.loads(out)["tables"]}
+    rows = {r[0]: r for r in tables["deepspeed_config"]["rows"]}
+    assert rows["traffic per step (closed form)"][2].startswith(traffic)
+    assert rows["stage"][1] == str(zero["stage"])
+    assert [r[0][:6] for r in tables["estimators"]["rows"]] == [f"ZeRO-{zero['stage']}"]   # its stage only
+
+
+@pytest.mark.parametrize("text,named", [
+    ('{"zero_optimization": {"stage": 5}}', "zero_optimization.stage = 5; accepted: 0, 1, 2 or 3"),
+    ('{"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": -1}}',
+     "stage3_max_reuse_distance = -1; accepted: an integer >= 0"),
+    ("stage: 3", "cannot read DeepSpeed config"),
+])
+def test_a_bad_deepspeed_config_is_a_usage_error_naming_the_value(capsys, tmp_path, text, named):
+    """A config that DeepSpeed would refuse: exit code 2, one line naming the setting and its value."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(text)
+    assert_usage_error(capsys, "plan", "--deepspeed-config", str(cfg), named=named)
+
+
 @pytest.mark.parametrize("argv,named", [
     (["plan", "--params", "-5"], "'-5'"),
+    (["plan", "--largest-layer", "-3"], "largest layer must be a parameter count >= 0"),
     (["plan", "--params", "0"], "'0'"),
     (["plan", "--gpus", "0"], "'0'"),
     (["plan", "--gpus", "two"], "'two'"),

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "zerospec"
-LAYERS = ["paper", "model", "runtime", "comm", "cluster", "optim", "zero", "training", "report",
-          "testing", "cli"]   # bottom to top; zerospec/__init__ and __main__ (the public face) sit above
+LAYERS = ["paper", "model", "runtime", "comm", "cluster", "optim", "zero", "zero_r", "training",
+          "report", "testing", "cli"]   # bottom to top; zerospec/__init__ and __main__ (the public face) sit above
 
 
 def module_name(path: Path) -> str:
@@ -35,6 +35,8 @@ def imports(path: Path, *, top_level_only: bool = False) -> set[str]:
     for node in nodes:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("zerospec")}
+        elif isinstance(node, ast.Call) and dynamic_import(node):   # importlib.import_module("…")
+            out.add(node.args[0].value)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[:len(package.split(".")) - node.level + 1]
@@ -49,8 +51,22 @@ def imports(path: Path, *, top_level_only: bool = False) -> set[str]:
     return out
 
 
+def dynamic_import(node: ast.Call) -> bool:
+    """``importlib.import_module("zerospec…")`` or ``__import__("zerospec…")``: an import too."""
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    return (name in ("import_module", "__import__") and node.args
+            and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("zerospec"))
+
+
 FILES = sorted(ROOT.rglob("*.py"))
 MODULES = {module_name(p): p for p in FILES}
+
+
+def test_every_package_is_a_named_layer():
+    """A new package must be placed in LAYERS: otherwise it would silently count as the top."""
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages == set(LAYERS), f"packages not in LAYERS: {sorted(packages - set(LAYERS))}; " \
+                                    f"layers with no package: {sorted(set(LAYERS) - packages)}"
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: module_name(p))

@@ -208,7 +208,7 @@ def test_cli_scale_lists_presets_with_their_exact_psi(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--stages", "0,5"], "--stages must be a comma-separated list of 0, 1, 2, 3; got '0,5'"),
-    (["--gpus", "0"], "--gpus must be >= 1, got 0"),
+    (["--gpus", "0"], "argument --gpus: expected an integer >= 1, got '0'"),
     (["--preset", "9B"], "unknown preset '9B'; accepted: 1.5B"),
     (["--preset", "1T", "--layers", "2"], "give either --preset or --layers"),
     (["--hidden", "64"], "a custom model needs at least --layers and --hidden"),

@@ -27,6 +27,55 @@ bandwidth = _wrap(plan.parse_bandwidth)
 gpus = _wrap(plan.parse_gpus)
 
 
+def layer_count(text: str) -> int:
+    """A parameter count that may be 0 (``--largest-layer``: 0 means "not counted", its default)."""
+    if re.fullmatch(r"0+(\.0*)?(e[+-]?\d+)?\s*[KMBGT]?", str(text).strip(), re.IGNORECASE):
+        return 0
+    try:
+        return plan.parse_count(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"largest layer must be a parameter count >= 0 (0: not counted), got {text!r}") from None
+
+
+# DeepSpeed 0.19.8's defaults (runtime/zero/config.py) for the settings `plan --deepspeed-config` reads
+DS_DEFAULTS = {"stage": 0, "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
+               "use_multi_rank_bucket_allreduce": True, "stage3_param_persistence_threshold": 100_000,
+               "stage3_max_reuse_distance": 1_000_000_000, "stage3_prefetch_bucket_size": 50_000_000}
+
+
+def deepspeed_config(path: str) -> dict:
+    """A DeepSpeed JSON config → its zero_optimization settings that decide traffic, each with
+    DeepSpeed's default where absent, and ``"given"``: the names the file sets."""
+    import json
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot read DeepSpeed config {path!r} ({exc}); accepted: a JSON file such as "
+            f"deepspeed.initialize(config=...) takes") from None
+    zero = doc.get("zero_optimization", {}) if isinstance(doc, dict) else None
+    if not isinstance(zero, dict):
+        raise argparse.ArgumentTypeError(f"{path!r}: zero_optimization must be an object, got {zero!r}")
+    out = {"given": sorted(k for k in DS_DEFAULTS if k in zero)}
+    for key, default in DS_DEFAULTS.items():
+        value = zero.get(key, default)
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        else:   # DeepSpeed accepts 5e8 for an integer setting
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 \
+                and float(value) == int(value)
+            value = int(value) if ok else value
+        if not ok or (key == "stage" and value not in (0, 1, 2, 3)):
+            accepted = ("true or false" if isinstance(default, bool) else
+                        "0, 1, 2 or 3" if key == "stage" else "an integer >= 0")
+            raise argparse.ArgumentTypeError(f"{path!r}: zero_optimization.{key} = {value!r}; "
+                                             f"accepted: {accepted}")
+        out[key] = value
+    return out
+
+
 def accept_negative_values(parser: argparse.ArgumentParser) -> None:
     """Let ``--gpu-mem -1GB`` reach our converter (which names the bad value) instead of argparse's
     "expected one argument": argparse treats only plain negative numbers as values. No option of

@@ -29,9 +29,12 @@ def add_parser(sub) -> None:
     p.add_argument("--estimator", type=T.choice_list(ESTIMATOR_NAMES, "estimator"),
                    default=list(ESTIMATOR_NAMES),
                    help=f"comma list of {', '.join(ESTIMATOR_NAMES)} (default all, side by side)")
-    p.add_argument("--largest-layer", type=T.count, default=None,
+    p.add_argument("--largest-layer", type=T.layer_count, default=0,
                    help="parameters of the largest layer, for DeepSpeed's ZeRO-3 gather buffer "
                         "(default 0: not counted)")
+    p.add_argument("--deepspeed-config", type=T.deepspeed_config, default=None, metavar="DS.JSON",
+                   help="a DeepSpeed config: what its ZeRO settings imply (closed form: traffic per "
+                        "step, what stays whole) and its stage's memory, for --params and --gpus")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
     p.add_argument("--table2", action="store_true", help="print the paper's Table 2 layout (C17)")
     p.add_argument("--mp", type=T.list_of(T.plan.parse_mp, "MP degree"), default=None,
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from ..paper import theory
     from ..report.format import render
     tables = []
-    largest = args.largest_layer or 0
+    largest = args.largest_layer
     if args.table1:
         psis = args.params or list(theory.TABLE1_PSI.values())
         tables.append(plan.table1(psis, args.gpus or list(theory.TABLE1_ND), args.gpu_mem))
@@ -56,6 +59,13 @@ def run(args: argparse.Namespace) -> int:
     if args.max_model:
         for n in args.gpus or [64]:
             tables.append(plan.max_model_table(n, args.gpu_mem, args.stage, largest, args.estimator))
+    if args.deepspeed_config is not None:
+        ds = args.deepspeed_config
+        for psi in args.params or [7_500_000_000]:
+            for n in args.gpus or [64]:
+                tables.append(deepspeed_table(ds, psi, n))
+                tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds["stage"]], args.units,
+                                                   largest, args.estimator))
     if not tables:
         for psi in args.params or [7_500_000_000]:
             for n in args.gpus or [64]:
@@ -64,3 +74,59 @@ def run(args: argparse.Namespace) -> int:
                                                    largest, args.estimator))
     sys.stdout.write(render(tables, args.format))
     return 0
+
+
+def deepspeed_table(ds: dict, psi: int, n_d: int):
+    """What a DeepSpeed config's ZeRO settings imply for Ψ on N_d GPUs, from the closed forms
+    (spec/deepspeed.md measures each on a real DeepSpeed). Per-tensor effects (which tensors stay
+    whole) need the model's tensor sizes: a meta-tensor prediction is a follow-up."""
+    from fractions import Fraction
+
+    from ..paper import theory
+    from ..report.format import Table, fmt_count, fmt_psi
+    s = ds["stage"]
+    t = Table("deepspeed_config", f"DeepSpeed ZeRO-{s} config for Ψ = {fmt_count(psi)} on N_d = {n_d} "
+              f"GPUs (closed form)", ["Setting", "Value", "What it implies (closed form)"])
+
+    def row(key: str, effect: str) -> None:
+        given = "" if key in ds["given"] else " (default)"
+        t.add(key, f"{ds[key]:,}{given}" if not isinstance(ds[key], bool) else f"{ds[key]}{given}", effect)
+
+    buckets = lambda size: -(-psi // size) if size else None   # noqa: E731
+    row("stage", f"{theory.stage(s).name}: partitions {theory.stage(s).partitioned}")
+    if s in (1, 2):
+        multi = ds["use_multi_rank_bucket_allreduce"]
+        row("use_multi_rank_bucket_allreduce", "each gradient bucket all-reduced (2Ψ), then the "
+            "updated partitions all-gathered (Ψ): 3Ψ" if multi else
+            "each bucket's partition reduced to its owner (Ψ), then all-gathered (Ψ): the paper's 2Ψ")
+        row("reduce_bucket_size", f"{buckets(ds['reduce_bucket_size']) or '—'} gradient buckets per step")
+        row("allgather_bucket_size", f"{buckets(ds['allgather_bucket_size']) or '—'} all-gathers per step")
+        k, elems = (3, theory.comm_elements(1, psi, n_d, "all_reduce")) if multi else \
+            (2, theory.comm_elements(s, psi, n_d))
+    elif s == 3:
+        T_, R = ds["stage3_param_persistence_threshold"], ds["stage3_max_reuse_distance"]
+        row("stage3_param_persistence_threshold", "nothing kept whole" if T_ == 0 else
+            f"tensors of <= {T_:,} elements are not partitioned: whole on every GPU, all-gathered "
+            f"again after each step")
+        row("stage3_max_reuse_distance", "parameters released after each use: gathered again in "
+            "backward" if R == 0 else f"parameters reused within {R:,} elements stay gathered from "
+            f"forward to backward" + (" (all of them: R >= 2Ψ)" if R >= 2 * psi else ""))
+        row("stage3_prefetch_bucket_size", "elements gathered ahead of use: when, not how much")
+        # between a tensor's forward and backward use every other one is fetched at most twice
+        if R >= 2 * psi:
+            k, elems = 2, theory.comm_elements(2, psi, n_d)      # RS + one gather of each tensor
+        elif T_ == 0 and R == 0:
+            k, elems = 3, theory.comm_elements(3, psi, n_d)      # the paper's P_os+g+p
+        else:
+            k, elems = None, None
+    else:
+        k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
+    volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
+              if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
+                        "prediction is a follow-up)")
+    paper = theory.comm_in_psi(s)
+    t.add("traffic per step (closed form)", "—", volume + (f"; the paper's stage moves {paper}Ψ"
+                                                           if k != paper else "; the paper's volume"))
+    t.notes.append("Closed form from the settings and Ψ only (paper.theory); measured against a "
+                   "real DeepSpeed in spec/deepspeed.md. Memory per GPU below, by estimator.")
+    return t

@@ -13,19 +13,20 @@ def _usage(message: str) -> Exception:
 
 
 def add_parser(sub) -> None:
+    from . import argtypes as T
     p = sub.add_parser("scale", description=__doc__.splitlines()[0].replace("``", ""), help="measure per-GPU model states and traffic of a paper-size "
                                      "model on meta tensors (no memory needed)")
     p.add_argument("--preset", default=None, help="a model from zerospec.model.presets (see --list); "
                                                   "default 7.5B unless --layers/--hidden are given")
-    p.add_argument("--gpus", type=int, default=64, help="data-parallel degree N_d, default 64")
+    p.add_argument("--gpus", type=T.positive_int, default=64, help="data-parallel degree N_d, default 64")
     p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages, default 0,1,2,3")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU, default 1")
+    p.add_argument("--micro-batch", type=T.positive_int, default=1, help="sequences per GPU, default 1")
     p.add_argument("--zero1-comm", default="reduce_scatter", help="stage 1 gradient sync: "
                    "reduce_scatter (2Ψ, default) or all_reduce (3Ψ)")
     for flag, what in (("layers", "transformer blocks"), ("hidden", "width d"), ("heads", "heads"),
                        ("vocab", "vocabulary (default 50257)"),
                        ("seq", "sequence length (default 1024)")):
-        p.add_argument(f"--{flag}", type=int, default=None, help=f"custom model: {what}")
+        p.add_argument(f"--{flag}", type=T.positive_int, default=None, help=f"custom model: {what}")
     p.add_argument("--list", action="store_true", help="list the presets with their exact Ψ")
 
 
@@ -48,12 +49,13 @@ def _model(args):
             raise _usage("give either --preset or --layers/--hidden/--heads/--vocab/--seq, not both")
         if args.layers is None or args.hidden is None:
             raise _usage("a custom model needs at least --layers and --hidden")
-        heads = args.heads or max(1, args.hidden // 128)
+        heads = args.heads if args.heads is not None else max(1, args.hidden // 128)
         if args.hidden % heads:
-            given = "--heads" if args.heads else "heads (default: --hidden/128, GPT-2's head width)"
+            given = "--heads" if args.heads is not None else "heads (default: --hidden/128, GPT-2's head width)"
             raise _usage(f"--hidden {args.hidden} must be divisible by {given} {heads}: every head "
                          f"gets --hidden/heads dimensions")
-        model = GPTConfig(vocab_size=args.vocab or GPT2_VOCAB, block_size=args.seq or GPT2_CONTEXT,
+        model = GPTConfig(vocab_size=GPT2_VOCAB if args.vocab is None else args.vocab,
+                          block_size=GPT2_CONTEXT if args.seq is None else args.seq,
                           n_layer=args.layers, n_head=heads, n_embd=args.hidden)
         return f"custom {args.layers}×{args.hidden}", model
     p = preset(args.preset or "7.5B")
@@ -70,8 +72,6 @@ def run(args) -> int:
                        [[p.name, p.model.n_layer, p.model.n_embd, p.model.n_head, f"{p.psi:,}", p.source]
                         for p in PRESETS.values()]), end="")
         return 0
-    if args.gpus < 1:
-        raise _usage(f"--gpus must be >= 1, got {args.gpus}")
     stages = _stages(args.stages)
     name, model = _model(args)
     results = measure_stages(model, args.gpus, stages, micro_batch=args.micro_batch,

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--zero1-comm", choices=ZERO1_COMM, default="reduce_scatter",
                    help="stage 1 gradient sync (default reduce_scatter)")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=T.positive_float, default=120.0,
                    help="seconds a collective may wait before every rank fails, default 120")
     r = p.add_argument_group("surviving real conditions (spec/loss_scaling.md, clipping.md, "
                              "accumulation.md)")
@@ -46,6 +46,29 @@ def add_parser(sub) -> None:
                    help="clip the global gradient norm to MAX (default off)")
     r.add_argument("--grad-accum", type=T.positive_int, default=1, metavar="G",
                    help="micro-batches per optimizer step, summed exactly (default 1)")
+    z = p.add_argument_group("ZeRO-R (spec/activations.md)")
+    z.add_argument("--checkpoint-activations", type=int, default=0, metavar="K",
+                   help="activation checkpointing: keep the input of every K-th transformer block, "
+                        "recompute the rest in backward (1: one checkpoint per block; "
+                        "default 0: off)")
+    z.add_argument("--bucket-size", type=_bucket_size, default=None, metavar="B|model",
+                   help="reduce gradients (and stage 1/2's parameter gathers) through buckets of "
+                        "at most B elements (C_B, spec/buffers.md); 'model': one fp32 buffer of "
+                        "the whole model (C29's naive buffer); default: one collective per unit")
+
+
+def _bucket_size(text: str):
+    """``--bucket-size``: an integer >= 1, or ``model``."""
+    import argparse
+    if text == "model":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'model', got {text!r}")
+    return n
 
 
 def _config(args, n_d: int):
@@ -56,7 +79,9 @@ def _config(args, n_d: int):
     return TrainConfig(stage=args.stage, n_d=n_d, model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
                        steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
                        precision=args.precision, timeout=args.timeout, loss_scale=scale,
-                       clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum)
+                       clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
+                       checkpoint_activations=args.checkpoint_activations,
+                       bucket_elements=args.bucket_size)
 
 
 def summary(result, backend: str) -> str:
@@ -72,7 +97,9 @@ def summary(result, backend: str) -> str:
             *(name for name, _ in extra)]
     lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}, Ψ = {result.psi:,}, "
              f"{cfg.precision}, backend {backend}"
-             + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else ""),
+             + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else "")
+             + (f", activation checkpoint every {cfg.checkpoint_activations} block(s)"
+                if cfg.checkpoint_activations else ""),
              f"model states on rank 0: {result.model_states(0):,} B", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in range(1, cfg.steps + 1):

@@ -123,8 +123,8 @@ def launch(fn: Callable[..., Any], n_ranks: int, *args, backend: str = "gloo",
         raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
     if not isinstance(torch_threads, int) or torch_threads < 1:
         raise ValueError(f"torch_threads must be an integer >= 1, got {torch_threads!r}")
     if backend == "nccl" and not torch.cuda.is_available():

@@ -112,8 +112,8 @@ class VirtualCluster:
                  transport: str = "direct", observe: bool = False):
         if not isinstance(n_ranks, int) or n_ranks < 1:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if not 0 < timeout < float("inf"):   # NaN fails both comparisons
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         if jitter is not None and (not isinstance(jitter, int) or isinstance(jitter, bool)):
             raise ValueError(f"jitter must be an integer seed or None, got {jitter!r}")
         if transport not in TRANSPORTS:

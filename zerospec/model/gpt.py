@@ -83,35 +83,51 @@ def init_params(cfg: GPTConfig, seed: int) -> dict[str, dict[str, torch.Tensor]]
     return out
 
 
-def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
-    B, T, C = x.shape
-    nh, hd = cfg.n_head, C // cfg.n_head
-    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
-    q, k, v = F.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]).split(C, dim=2)
-    q = q.view(B, T, nh, hd).transpose(1, 2)                 # (B, nh, T, hd)
-    k = k.view(B, T, nh, hd).transpose(1, 2)
-    v = v.view(B, T, nh, hd).transpose(1, 2)
+def attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Causal self-attention from the fused q, k, v projection: (B, T, 3C) → (B, T, C)."""
+    B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    hd = C // n_head
+    q, k, v = qkv.split(C, dim=2)
+    q = q.view(B, T, n_head, hd).transpose(1, 2)             # (B, nh, T, hd)
+    k = k.view(B, T, n_head, hd).transpose(1, 2)
+    v = v.view(B, T, n_head, hd).transpose(1, 2)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+    mask = torch.ones(T, T, dtype=torch.bool, device=qkv.device).triu(1)
     att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+    return (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+
+
+def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    C = x.shape[-1]
+    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
+    y = attention(F.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]), cfg.n_head)
     x = x + F.linear(y, p["attn.c_proj.weight"], p["attn.c_proj.bias"])
     h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"])
     h = F.gelu(F.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]))
     return x + F.linear(h, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
 
 
-def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch) -> torch.Tensor:
-    """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters."""
+def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range) -> torch.Tensor:
+    """Blocks ``layers`` in order, each with its unit's parameters (unit 1 + i for block i)."""
+    for i in layers:
+        with fetch(1 + i) as p:
+            x = block(cfg, x, p)                               # (B, T, C)
+    return x
+
+
+def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
+            run_blocks=blocks) -> torch.Tensor:
+    """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.
+
+    ``run_blocks(cfg, x, fetch, layers)`` runs the transformer blocks: :func:`blocks` by default,
+    the seam activation checkpointing wraps (zerospec/zero_r/checkpointing.py)."""
     B, T = idx.shape
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
     L = cfg.n_layer
     with fetch(0) as p:
         x = F.embedding(idx, p["wte"]) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
-    for i in range(L):
-        with fetch(1 + i) as p:
-            x = block(cfg, x, p)                               # (B, T, C)
+    x = run_blocks(cfg, x, fetch, range(L))                    # (B, T, C)
     with fetch(L + 1) as p:
         x = F.layer_norm(x, (cfg.n_embd,), p["weight"], p["bias"])
     with fetch(0, last=True) as p:                             # LM head tied to wte

@@ -189,3 +189,13 @@ def mp_over_zero_comm(batch: int, seq: int, hd: int) -> Fraction:
 def fused_buffer_bytes(psi, dtype_bytes: int = 4):
     """A flat fused buffer over all Ψ gradients: 4Ψ bytes in fp32 (C29: 6 GB at 1.5B; C36: 12 GB at 3B)."""
     return dtype_bytes * psi
+
+
+def bucket_collectives(columns: int, bucket_elements: int, rows: int = 1) -> int:
+    """C_B (C36): collectives for one stream of ``columns`` columns of ``rows`` rows reduced (or
+    gathered) through buckets of at most B elements: ⌈columns / ⌊B/rows⌋⌉. An all-reduce is one row
+    of Σ padded columns; a reduce-scatter or all-gather is N rows of Σ chunk (zero_r/buffers.py)."""
+    width = bucket_elements // rows
+    if width < 1:
+        raise ValueError(f"a bucket of {bucket_elements} elements holds no column of {rows} rows")
+    return -(-columns // width)

@@ -4,7 +4,7 @@ Every persistent or transient buffer the stage code holds is allocated through :
 (or registered with :meth:`MemoryLedger.track`) under a category, and released with
 :meth:`MemoryLedger.free`. Bytes are the real ``nbytes`` of what is held (numel × element size), so
 tests compare with ``==``. Activations come in through ``saved_tensors_hooks`` (see
-:mod:`zerospec.activations`), deduplicated by storage.
+:mod:`zerospec.zero.saved`), deduplicated by storage.
 
 Temporary casts made only because CPU kernels compute in fp32 (fp16 storage cast up for one op) are
 *not* counted: a GPU would not make them. That is the one deliberate omission.
@@ -16,8 +16,14 @@ from collections import defaultdict
 
 import torch
 
+# activations: what autograd saves in forward; checkpoints: the inputs of checkpointed segments
+# (kept from forward to backward); recomputed: a segment's activations saved again by its
+# recompute in backward and freed as its backward consumes them (zerospec/zero_r/checkpointing.py)
+# bucket: the fused buffer gradients are reduced and parameters gathered through, C_B or the naive
+# whole-model one (zerospec/zero_r/buffers.py)
 CATEGORIES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq", "gathered",
-              "activations", "buffer")
+              "activations", "checkpoints", "recomputed", "buffer", "bucket")
+ACTIVATIONS = ("activations", "checkpoints", "recomputed")
 MODEL_STATES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq")
 
 

@@ -1,11 +1,12 @@
 """torch's own data-parallel engines as oracles: DDP, ZeroRedundancyOptimizer and FSDP2.
 
-:class:`GPT` is :mod:`zerospec.model.gpt` as an ``nn.Module``, with the same math: each block's forward
-*is* ``model.block`` called on the module's own parameters, and the rest repeats ``model.forward``
-op for op. Module boundaries follow zerospec's sharding units, so FSDP2 shards the same groups:
-the root holds the embedding unit (wte, wpe) — the LM head is tied to wte and used outside any
-block, which FSDP2 handles only when the tied weight belongs to the root — and every block and the
-final LayerNorm is its own FSDP2 unit.
+:class:`GPT` is :mod:`zerospec.model.gpt` as an ``nn.Module``, with the same math: ``model.block``
+and ``model.forward`` repeated op for op, each Linear and LayerNorm called as its submodule (so
+wrappers that hook submodules see every use; tests/engine/test_peers.py checks the bits). Module
+boundaries follow zerospec's sharding units, so FSDP2 shards the same groups: the root holds the
+embedding unit (wte, wpe) — the LM head is tied to wte and used outside any block, which FSDP2
+handles only when the tied weight belongs to the root — and every block and the final LayerNorm
+is its own FSDP2 unit.
 
 Peer of each stage (fp32, torch.optim.Adam with zerospec's hyper-parameters):
 
@@ -56,7 +57,13 @@ class Block(nn.Module):
         self.mlp.c_fc, self.mlp.c_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gpt.block(self.cfg, x, dict(self.named_parameters()))   # the same function
+        # model.block, op for op, through the submodules (so wrappers that hook them, as DeepSpeed
+        # ZeRO-3's parameter gathering does, see every use): nn.LayerNorm is F.layer_norm(x, (C,),
+        # w, b, eps=1e-5) and nn.Linear is F.linear(x, w, b), exactly model.block's calls
+        y = gpt.attention(self.attn.c_attn(self.ln_1(x)), self.cfg.n_head)   # (B, T, C)
+        x = x + self.attn.c_proj(y)
+        h = F.gelu(self.mlp.c_fc(self.ln_2(x)))
+        return x + self.mlp.c_proj(h)
 
 
 class GPT(nn.Module):

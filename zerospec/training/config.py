@@ -15,6 +15,7 @@ from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision, policy
 from ..zero import STAGES, ZERO1_COMM
 from ..zero.exact import MAX_TERMS
+from ..zero_r import buffers, checkpointing
 
 DEVICES = ("cpu", "meta")
 
@@ -38,6 +39,9 @@ class TrainConfig:
     clip_grad_norm: float | None = None       # global-norm clipping threshold
     grad_accum_steps: int = 1                 # micro-batches per optimizer step (G)
     exact_grads: bool = False                 # exact fp64 gradient sums also when G = 1
+    checkpoint_activations: int = 0           # ZeRO-R: blocks per checkpoint, 0 = off (zero_r/)
+    bucket_elements: int | str | None = None  # ZeRO-R C_B: B-element buckets; "model": C29's
+    #                                           naive fp32 buffer; None: per unit (zero_r/buffers.py)
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -60,6 +64,8 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         policy(self.precision)
+        checkpointing.check(self.checkpoint_activations, self.model.n_layer)
+        buffers.check(self.bucket_elements, self.stage, self.n_d)
         check_config(self)
 
     @property

@@ -191,17 +191,22 @@ class _SetupOnlyContext(RankContext):
 # -- running ----------------------------------------------------------------------------------------
 def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             zero1_comm: str = "reduce_scatter", precision: str = "fp16",
-            setup_only: bool = False, cache_kernels: bool = True) -> ScaleResult:
+            setup_only: bool = False, cache_kernels: bool = True, checkpoint_activations: int = 0,
+            count_flops: bool = False, bucket_elements: int | str | None = None) -> ScaleResult:
     """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
 
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
     Table 1, whose cells are model states only; the step does not change them).
+    ``checkpoint_activations``, ``count_flops``: as in TrainConfig (ZeRO-R's C27, C28).
+    ``bucket_elements``: as in TrainConfig (ZeRO-R's C_B, C29, C36).
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
                          f"got {micro_batch!r}")
     cfg = TrainConfig(stage=stage, n_d=n_d, model=model, global_batch=micro_batch * n_d, steps=1,
-                      zero1_comm=zero1_comm, precision=precision, device="meta")
+                      zero1_comm=zero1_comm, precision=precision, device="meta",
+                      checkpoint_activations=checkpoint_activations, count_flops=count_flops,
+                      bucket_elements=bucket_elements)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(n_d), MetaBackend(n_d)

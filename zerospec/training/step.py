@@ -21,6 +21,8 @@ from .resume import meta as resume_meta
 from ..optim.update import Updater
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.fetch import ParamFetcher
+from ..zero_r import buffers
+from ..zero_r import block_runner
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -56,6 +58,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
+    kwargs["buckets"] = buffers.for_rank(ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
     with ctx.phase("setup"):
         stage = cls(ctx, units, init, cfg.adam, cfg.policy, **kwargs)
         if resume is not None:
@@ -66,6 +69,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     out = RankOutput([], stage.owned_master(), ctx.memory.model_states(), [], [],
                      {p: 0.0 for p in PHASES})
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
+    blocks = block_runner(cfg.checkpoint_activations, fetcher)   # zero_r/checkpointing.py
     out.step_end.append(time.perf_counter())
     G = cfg.grad_accum_steps
 
@@ -87,7 +91,8 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
             with phase("forward"), _flops(cfg.count_flops) as fc:
                 with fetcher.hooks():
                     loss = gpt.forward(cfg.model, micro_batch(idx, ctx.rank, cfg.n_d, k, G),
-                                       micro_batch(tgt, ctx.rank, cfg.n_d, k, G), fetcher.fetch)
+                                       micro_batch(tgt, ctx.rank, cfg.n_d, k, G), fetcher.fetch,
+                                       blocks)
                 fetcher.end_forward()
             flops["forward"] += fc.get_total_flops() if fc else 0
             with phase("backward"), _flops(cfg.count_flops) as fc:

@@ -6,6 +6,11 @@ state, and is named after that state — ``DataParallel`` (stage 0, nothing part
 ``Parameters`` (P_os+g+p). So ``Gradients(OptimizerStates)`` reads "partition the gradients too",
 not "a gradient is an optimizer state". ``EXACT_STAGES`` holds the same four with exact fp64
 gradient sums (zerospec/zero/exact.py).
+
+Gradient reductions and the post-step parameter gathers go to ``stage.fused``: the interconnect
+itself (one collective per unit), or fused buffers with its signatures that a run passes in as
+``buckets`` — ZeRO-R's constant-size buckets or the naive whole-model buffer
+(zerospec/zero_r/buffers.py; the stage code stays backend- and buffer-agnostic).
 """
 from .stage0_dp import DataParallel
 from .stage2_grads import Gradients

@@ -71,12 +71,12 @@ class FullAccumulation(_Exact):
         self.memory.free(slot)
 
     def reduce_gradients(self) -> None:
-        with self.comm.batch():
+        with self.fused.batch():
             for u, a in zip(self.units, self.grad_acc):
                 if self.stage == 0 or self.zero1_comm == "all_reduce":
-                    self.comm.all_reduce(a, "sum")
+                    self.fused.all_reduce(a, "sum")
                 else:
-                    self.comm.reduce_scatter(a[u.shard(self.ctx.rank)], a, "sum")
+                    self.fused.reduce_scatter(a[u.shard(self.ctx.rank)], a, "sum")
         self._average()
 
     def grad_for_step(self, i: int) -> torch.Tensor:
@@ -90,6 +90,10 @@ class ShardedAccumulation(_Exact):
         self.grad_acc = [self._alloc("grad16", u.chunk, torch.float64) for u in self.units]  # 8Ψ/N
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+        if self.buckets is not None:   # the bucket is fp64: the cast and the sums stay exact
+            self.buckets.reduce_scatter(self.grad_acc[i], slot, "sum", accumulate=True)
+            self.memory.free(slot)
+            return
         u = self.units[i]
         wide = self.memory.alloc("buffer", (u.padded,), torch.float64, zero=False)
         wide.copy_(slot)                   # exact; the wire carries fp64 so the sum stays exact

@@ -6,10 +6,14 @@ view of a parameter (a view of a fetched unit's fp32 leaf), the pack hook stores
 view from whatever the :class:`Use` holds at that point of its lifecycle (:class:`UseState`) — in
 stage 3 it gathers the unit again (the re-gather of C24/C57, in reverse order) and casts it again.
 Every other saved tensor is an activation: counted in the memory ledger once per storage
-(:class:`Activation`), released when backward has unpacked it as often as forward packed it.
+(:class:`Activation`), released when backward has unpacked it as often as forward packed it —
+under ``"activations"``, or the category :meth:`SavedTensors.counting` names (activation
+checkpointing, zerospec/zero_r/checkpointing.py: a segment's kept input is ``"checkpoints"``, what
+its recompute saves in backward is ``"recomputed"``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 
@@ -72,6 +76,7 @@ class SavedTensors:
         self.compute_dtype = compute_dtype
         self.uses: dict[int, Use] = {}            # by the storage of the use's fp32 leaf
         self.activations: dict[int, Activation] = {}  # by storage
+        self.category = "activations"             # what a newly saved storage is counted as
 
     def add_use(self, use: Use) -> None:
         """Views of ``use.leaf`` saved from now on are packed as references to ``use``."""
@@ -79,6 +84,16 @@ class SavedTensors:
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    @contextlib.contextmanager
+    def counting(self, category: str):
+        """Activations saved inside are counted under ``category`` (a storage already counted
+        keeps its category: the ledger counts each storage once)."""
+        before, self.category = self.category, category
+        try:
+            yield
+        finally:
+            self.category = before
 
     def pack(self, t: torch.Tensor):
         key = storage_key(t)
@@ -89,7 +104,7 @@ class SavedTensors:
         act = self.activations.get(key)
         if act is None:
             self.activations[key] = Activation(t)
-            self.memory.track("activations", t)
+            self.memory.track(self.category, t)
         else:
             act.unpacks_left += 1
         return t

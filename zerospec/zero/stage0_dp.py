@@ -24,11 +24,16 @@ class DataParallel:
     resident = True   # every rank keeps the full fp16 parameters between uses (stages 0–2)
 
     def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig,
-                 precision: Precision | None = None):
-        """``init``: the full fp32 initial weights of each unit (length ``unit.padded`` or more)."""
+                 precision: Precision | None = None, buckets=None):
+        """``init``: the full fp32 initial weights of each unit (length ``unit.padded`` or more).
+        ``buckets``: None, one collective per unit; else fused buffers with the interconnect's
+        signatures (ZeRO-R's C_B, zerospec/zero_r/buffers.py) that gradient reductions and the
+        post-step parameter gathers go through."""
         self.ctx = ctx
         self.memory = ctx.memory
         self.comm = ctx.comm
+        self.buckets = buckets
+        self.fused = ctx.comm if buckets is None else buckets   # what fusable collectives go to
         self.units = units
         self.adam = adam
         self.precision = precision or POLICIES["fp16"]
@@ -93,9 +98,9 @@ class DataParallel:
 
     # -- after backward ---------------------------------------------------------------------------
     def reduce_gradients(self) -> None:
-        with self.comm.batch():   # one unit after another; a real backend overlaps them
+        with self.fused.batch():   # one unit after another; a real backend overlaps them
             for g in self.grad16:
-                self.comm.all_reduce(g, "mean")
+                self.fused.all_reduce(g, "mean")
 
     def grad_for_step(self, i: int) -> torch.Tensor:
         """The reduced gradient of unit i that this rank's optimizer step uses (its owned slice):

@@ -27,25 +27,26 @@ class OptimizerStates(DataParallel):
     label = theory.stage(1).label          # P_os
     pad = True
 
-    def __init__(self, ctx, units, init, adam, precision=None, zero1_comm: str = "reduce_scatter"):
+    def __init__(self, ctx, units, init, adam, precision=None, zero1_comm: str = "reduce_scatter",
+                 buckets=None):
         if zero1_comm not in ZERO1_COMM:
             raise ValueError(f"unknown ZeRO-1 variant {zero1_comm!r}; accepted: {', '.join(ZERO1_COMM)}")
         self.zero1_comm = zero1_comm
-        super().__init__(ctx, units, init, adam, precision)
+        super().__init__(ctx, units, init, adam, precision, buckets)
 
     def owned_slice(self, u) -> slice:
         return u.shard(self.ctx.rank)
 
     def reduce_gradients(self) -> None:
-        with self.comm.batch():
+        with self.fused.batch():
             for u, g in zip(self.units, self.grad16):
                 if self.zero1_comm == "all_reduce":
-                    self.comm.all_reduce(g, "mean")
+                    self.fused.all_reduce(g, "mean")
                 else:  # the mean of my chunk lands in my chunk of the (still resident) buffer
-                    self.comm.reduce_scatter(g[u.shard(self.ctx.rank)], g, "mean")
+                    self.fused.reduce_scatter(g[u.shard(self.ctx.rank)], g, "mean")
 
     def sync_params(self) -> None:
         super().sync_params()
-        with self.comm.batch():
+        with self.fused.batch():
             for i, u in enumerate(self.units):
-                self.comm.all_gather(self.param16[i], self._param_chunk(i))
+                self.fused.all_gather(self.param16[i], self._param_chunk(i))

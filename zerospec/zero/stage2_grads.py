@@ -25,7 +25,8 @@ class Gradients(OptimizerStates):
         return self._alloc("grad16", self.units[i].padded, self.dtype)  # one unit in flight
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
-        self.comm.reduce_scatter(self.grad16[i], slot, "mean")
+        # with buckets: copied into the current bucket, reduced when it is full (still in backward)
+        self.fused.reduce_scatter(self.grad16[i], slot, "mean")
         self.memory.free(slot)
 
     def reduce_gradients(self) -> None:

@@ -1,0 +1,228 @@
+"""DeepSpeed, the paper's reference implementation, as a peer: ZeRO-1/2/3 on the current process group.
+
+Optional (``pip install -e ".[peers]"``); DeepSpeed runs on CPU with ``DS_ACCELERATOR=cpu``, set
+here before its import, and JIT-builds a small op on its first engine start (cached after).
+
+The peer trains :class:`~zerospec.testing.oracles.GPT` (zerospec's model, init, data and Adam
+hyper-parameters, fp32) with ``deepspeed.initialize`` and a client optimizer: torch.optim.Adam, or
+:class:`~zerospec.testing.oracles.ZerospecAdam` so that only the engines differ. Two settings:
+
+* ``"default"``: DeepSpeed's defaults (what a user gets);
+* ``"paper"``: the settings under which DeepSpeed moves the paper's volumes (spec/deepspeed.md):
+  ZeRO-1/2 ``use_multi_rank_bucket_allreduce: false``; ZeRO-3 persistence threshold, max reuse
+  distance and prefetch bucket size all 0.
+
+ZeRO-3 always runs with ``memory_efficient_linear: false``: DeepSpeed's memory-efficient linear
+computes ``F.linear`` as a matmul and a separate bias add, which rounds differently.
+
+:func:`run_deepspeed` returns per-step losses, full weights and DeepSpeed's comms-logger records per
+phase, normalised to the paper's volume (:func:`ds_volume`), as
+:func:`~zerospec.testing.oracles.run_peer` does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..model.data import BigramData
+from ..optim.adam import reference_optimizer
+from .oracles import GPT, OPTIMIZERS, ZerospecAdam
+
+SETTINGS = ("default", "paper")
+# DeepSpeed's comms-logger names -> the Interconnect's (what each op is, whatever DeepSpeed calls it)
+DS_OPS = {"all_gather_into_tensor": "all_gather", "allgather_fn": "all_gather",
+          "all_gather": "all_gather", "all_gather_coalesced": "all_gather",
+          "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_fn": "reduce_scatter",
+          "reduce_scatter": "reduce_scatter", "reduce_scatter_coalesced": "reduce_scatter",
+          "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
+          "inference_all_reduce": "all_reduce", "broadcast": "broadcast", "barrier": "barrier"}
+
+
+def available() -> str | None:
+    """None if DeepSpeed imports, else why not (the reason tests skip with)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer"
+        return f"DeepSpeed is not importable ({type(exc).__name__}: {exc}); pip install -e '.[peers]'"
+    return None
+
+
+def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) -> dict:
+    """DeepSpeed's JSON config for ZeRO-``stage`` on zerospec's ``cfg`` (fp32, no clipping)."""
+    if stage not in (1, 2, 3):
+        raise ValueError(f"DeepSpeed peer stage must be 1, 2 or 3, got {stage!r}")
+    if settings not in SETTINGS:
+        raise ValueError(f"settings must be one of {SETTINGS}, got {settings!r}")
+    zero: dict = {"stage": stage}
+    if stage == 3:
+        zero["memory_efficient_linear"] = False   # same F.linear as zerospec (module docstring)
+    if settings == "paper":
+        if stage in (1, 2):
+            zero["use_multi_rank_bucket_allreduce"] = False   # reduce-scatter, not all-reduce
+        else:   # nothing kept whole, nothing kept gathered from forward to backward
+            zero.update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0,
+                        stage3_prefetch_bucket_size=0)
+    return {"train_micro_batch_size_per_gpu": cfg.batch // cfg.n_d,
+            "gradient_accumulation_steps": 1, "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
+            "steps_per_print": 2**31 - 1,
+            "comms_logger": {"enabled": comms, "prof_all": True, "verbose": False}}
+
+
+def build(stage: int, cfg, optimizer: str = "torch", settings: str = "default", comms: bool = True):
+    """DeepSpeed's engine for ZeRO-``stage`` around zerospec's model and init, on this group."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    reason = available()
+    if reason:
+        raise RuntimeError(reason)
+    import deepspeed
+    # DeepSpeed reads its rank from the environment a launcher would set; this rank process is ours
+    rank, n = dist.get_rank(), dist.get_world_size()
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n))
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # reuses our group
+    model = GPT.from_init(cfg.model, cfg.seed)
+    params = list(model.parameters())
+    opt = (reference_optimizer(params, cfg.adam) if optimizer == "torch"
+           else ZerospecAdam(params, cfg.adam))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt,
+                                      config=ds_config(stage, cfg, settings, comms))
+    return engine
+
+
+def full_weights(engine) -> dict[str, torch.Tensor]:
+    """Every weight, whole, "unit/param" → tensor (ZeRO-3 gathers its partitions: a collective)."""
+    import deepspeed
+    module = engine.module
+    named = module.unit_params()
+    with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=None):
+        return {k: p.detach().clone() for k, p in named.items()}
+
+
+def _take_comms() -> list[tuple[str, int, int]]:
+    """(op, recorded bytes, count) logged since the last call, and a fresh log."""
+    from deepspeed.comm.comm import comms_logger
+    out = [(DS_OPS.get(name, name), size, rec[0])
+           for name, sizes in comms_logger.comms_dict.items() for size, rec in sizes.items()]
+    comms_logger.comms_dict = {}
+    return sorted(out)
+
+
+# what one collective of full size S adds to the paper's per-step volume: a reduce-scatter, reduce,
+# all-gather or broadcast of S counts S, an all-reduce 2S (per rank the ring moves (N-1)/N of it)
+VOLUME = {"reduce_scatter": 1, "reduce": 1, "all_gather": 1, "broadcast": 1, "all_reduce": 2,
+          "barrier": 0}
+
+
+def full_numel(op: str, recorded: int, n: int, itemsize: int = 4) -> int:
+    """S of one DeepSpeed op from its logged size, which is the op's *input* in bytes: the shard
+    for all-gather (S = n × it), the whole S for reduce-scatter, reduce and all-reduce."""
+    return recorded // itemsize * (n if op == "all_gather" else 1)
+
+
+def volume(op: str, numel: int) -> int:
+    """Elements of the paper's per-step volume that one ``op`` of full size ``numel`` moves."""
+    if op not in VOLUME:
+        raise ValueError(f"unknown collective {op!r}; accepted: {', '.join(VOLUME)}")
+    return VOLUME[op] * numel
+
+
+def ds_volume(phases: dict, n: int) -> dict[str, int]:
+    """Phase → elements of volume for one step of :func:`run_deepspeed`'s ``comms``."""
+    return {ph: sum(volume(op, full_numel(op, size, n)) * c for op, size, c in ops)
+            for ph, ops in phases.items()}
+
+
+def ledger_volume(records, step: int) -> dict[str, int]:
+    """The same for zerospec's ledger records of ``step``, phases grouped as DeepSpeed's."""
+    from .oracles import PHASE_GROUP
+    out = {"forward": 0, "backward": 0, "step": 0}
+    for r in records:
+        if r.step == step:
+            out[PHASE_GROUP[r.phase]] += volume(r.op, r.numel)
+    return out
+
+
+def run_deepspeed(stage: int, cfg, *, optimizer: str = "torch", settings: str = "default",
+                  weights: bool = True) -> dict:
+    """Train DeepSpeed ZeRO-``stage`` for ``cfg.steps`` steps on this process group.
+
+    Returns this rank's ``losses`` and, with ``weights``, the full weights after every step; without,
+    ``comms``: per step, phase ("forward", "backward", "step") → sorted (op, recorded bytes, count).
+    One or the other: gathering ZeRO-3's weights re-partitions the parameters DeepSpeed keeps whole
+    (persistent ones), which the next forward would then gather again — traffic of ours, not its.
+    """
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if cfg.n_d != n:
+        raise ValueError(f"config n_d={cfg.n_d} but the process group has {n} ranks")
+    comms = not weights
+    engine = build(stage, cfg, optimizer, settings, comms)
+    data = BigramData(cfg.model.vocab_size, cfg.model.block_size, cfg.seed)
+    out: dict = {"losses": [], "weights": [], "comms": []}
+    if comms:
+        _take_comms()   # engine start-up (parameter broadcast, partitioning) is not a step
+    for step in range(cfg.steps):
+        idx, tgt = data.batch(step, cfg.batch)
+        loss = engine(BigramData.shard(idx, rank, n), BigramData.shard(tgt, rank, n))
+        fwd = _take_comms() if comms else None
+        engine.backward(loss)
+        bwd = _take_comms() if comms else None
+        engine.step()
+        if comms:
+            out["comms"].append({"forward": fwd, "backward": bwd, "step": _take_comms()})
+        out["losses"].append(loss.detach().clone())
+        if weights:
+            out["weights"].append(full_weights(engine))
+    return out
+
+
+# -- zerospec next to DeepSpeed, in the same processes --------------------------------------------
+def compare_rank(ctx, cfg, stages, *, optimizers=("torch",), settings=("default",),
+                 weights: bool = True) -> list[dict]:
+    """For each stage: zerospec's run, then DeepSpeed's for each optimizer × settings (with
+    weights, or with comms: :func:`run_deepspeed`)."""
+    from ..cluster.processes import new_context
+    from .oracles import _zerospec_rank
+    out = []
+    for k, stage in enumerate(stages):
+        c = dataclasses.replace(cfg, stage=stage)
+        zs = _zerospec_rank(ctx if k == 0 else new_context(), c, count=False, weights=weights)
+        ds = {(o, s): run_deepspeed(stage, c, optimizer=o, settings=s, weights=weights)
+              for o in optimizers for s in settings}
+        out.append({"stage": stage, "zerospec": zs, "deepspeed": ds})
+    return out
+
+
+def compare(cfg, stages=(1, 2, 3), *, optimizers=("torch",), settings=("default",),
+            weights: bool = True, **launch_kw) -> list[dict]:
+    """Launch ``cfg.n_d`` gloo processes; one row per stage: zerospec's losses (mean over ranks),
+    weights per step (or None) and ledger records per rank, and DeepSpeed's per (optimizer,
+    settings): losses and weights per step, or (``weights=False``) comms per rank, step and phase."""
+    from types import SimpleNamespace
+
+    from ..cluster.processes import launch
+    from ..training.result import gather_master
+    from .oracles import _mean_losses
+    per_rank = launch(compare_rank, cfg.n_d, cfg, list(stages), optimizers=tuple(optimizers),
+                      settings=tuple(settings), weights=weights, timeout=cfg.timeout, **launch_kw)
+    rows = []
+    for k, stage in enumerate(stages):
+        scfg = dataclasses.replace(cfg, stage=stage)
+        zs = [per_rank[r][k]["zerospec"] for r in range(cfg.n_d)]
+        row = {"stage": stage, "losses": _mean_losses(zs, cfg), "records": [z["records"] for z in zs],
+               "deepspeed": {}}
+        if weights:
+            units = scfg.units()
+            row["weights"] = [gather_master(
+                units, [SimpleNamespace(master=z["weights"][s]) for z in zs], scfg)
+                for s in range(cfg.steps)]
+        for key in per_rank[0][k]["deepspeed"]:
+            ds = [per_rank[r][k]["deepspeed"][key] for r in range(cfg.n_d)]
+            row["deepspeed"][key] = {"losses": _mean_losses(ds, cfg), "weights": ds[0]["weights"],
+                                     "comms": [d["comms"] for d in ds]}
+        rows.append(row)
+    return rows

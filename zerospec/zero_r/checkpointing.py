@@ -1,0 +1,118 @@
+"""Activation checkpointing (ZeRO-R, §3.2 and C27): keep a segment's input, recompute the rest.
+
+**k.** ``TrainConfig.checkpoint_activations = k``: 0 is off; k >= 1 cuts the L transformer blocks
+into segments of k consecutive blocks (Megatron-LM's ``--checkpoint-num-layers``; the last segment
+is shorter when k does not divide L), so there are ceil(L/k) checkpoints. k = 1 is the paper's
+"one checkpoint per transformer layer". Embeddings, the final LayerNorm and the LM head are never
+checkpointed: only blocks are.
+
+**Forward.** A segment runs without autograd: nothing inside it is saved; its input is saved once,
+the *checkpoint* (ledger category ``"checkpoints"``, through the same saved-tensor hooks as every
+activation, zerospec/zero/saved.py). **Backward.** When backward reaches the segment, it runs the
+segment's forward again with autograd and the hooks on (what it saves is ``"recomputed"``) and
+backpropagates through that recompute at once, so the recomputed activations live only while this
+segment's backward consumes them. Same kernels, same order, same inputs: the recompute saves
+exactly the tensors the plain forward saves, so gradients, losses and weights are bit-identical to
+a run without checkpointing (tests/claims/test_checkpointing.py).
+
+**Parameters.** The recompute takes its units through the rank's ParamFetcher like any forward
+use: a Use whose parameter gradients reach the stage's gradient slots exactly as without
+checkpointing. Stage 3 all-gathers each unit again there (phase "backward") and keeps it until the
+segment's backward is done (``fetch(i, last=True)``), so a unit is gathered twice per step, as
+without checkpointing (forward; recompute instead of backward's re-gather): still 3Ψ (C24). The
+checkpointed forward needs no Use — nothing is saved and no gradient comes back through it, and a
+Use would wait for one — so it serves each unit straight from the fetcher's stage with the
+fetcher's cast: ``acquire`` (stage 3: the forward all-gather) → fp32 cast → views → ``release``.
+
+Why not ``torch.utils.checkpoint(..., use_reentrant=False)``: it re-runs the wrapped function to
+recompute, which would fetch every unit a second time as a new Use whose gradient never arrives
+(the fetcher's completeness check fails, and stage 3's keep/re-gather life is bypassed); it keeps
+the segment inputs in a closure and the recomputed tensors in its own frame, so the ledger would
+see neither; and its saved-tensor hooks replace the fetcher's for everything inside the segment.
+The recompute here is a dozen lines and keeps all of that in the ledger's sight.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from ..model import gpt
+
+
+def segments(k: int, n_layer: int) -> list[range]:
+    """The checkpointed segments of blocks ``0..n_layer-1`` for ``k`` (0: none)."""
+    check(k, n_layer)
+    return _cut(range(n_layer), k) if k else []
+
+
+def _cut(layers: range, k: int) -> list[range]:
+    return [layers[a:a + k] for a in range(0, len(layers), k)]
+
+
+def check(k, n_layer: int) -> None:
+    """ValueError unless ``k`` is 0 (off) or a whole number of blocks 1..n_layer."""
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= n_layer:
+        raise ValueError(f"checkpoint_activations must be 0 (off) or blocks per checkpoint "
+                         f"1..{n_layer} (n_layer), got {k!r}")
+
+
+def block_runner(k: int, fetcher):
+    """``gpt.forward``'s ``run_blocks`` for one rank's run: plain blocks when k = 0, else a
+    checkpoint every k blocks, recomputed in backward through ``fetcher`` (``fetch``, which
+    gpt.forward passes, is ``fetcher.fetch``: a segment needs the fetcher's stage and hooks too)."""
+    if k == 0:
+        return gpt.blocks
+
+    def run_blocks(cfg: gpt.GPTConfig, x: torch.Tensor, fetch, layers: range) -> torch.Tensor:
+        for seg in _cut(layers, k):
+            with fetcher.saved.counting("checkpoints"):   # the one tensor the segment saves
+                x = _Segment.apply(x, _Run(cfg, fetcher, seg))           # (B, T, C)
+        return x
+    return run_blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One segment: the blocks ``layers`` of ``cfg``, parameters from ``fetcher``."""
+
+    cfg: gpt.GPTConfig
+    fetcher: object
+    layers: range
+
+    @contextlib.contextmanager
+    def serve(self, i: int):
+        """Unit i for the no-autograd forward: the stage's fp16 vector, cast as the fetcher casts."""
+        stage, unit = self.fetcher.stage, self.fetcher.units[i]
+        full16 = stage.acquire(i)
+        flat = full16[:unit.numel].to(self.fetcher.compute_dtype, copy=True)
+        try:
+            yield unit.views(flat)
+        finally:   # the cast dies with the use, as the fetcher's does in stage 3
+            flat.untyped_storage().resize_(0)
+            stage.release(i, full16)
+
+    def refetch(self, i: int):
+        """Unit i for the recompute: a fetcher Use, kept until the segment's backward releases it."""
+        return self.fetcher.fetch(i, last=True)
+
+
+class _Segment(torch.autograd.Function):
+    """Blocks of one segment: forward without saving, backward = recompute + its backward."""
+
+    @staticmethod
+    def forward(ctx, x, run: _Run):
+        ctx.run = run
+        ctx.save_for_backward(x)                  # the checkpoint
+        return gpt.blocks(run.cfg, x, run.serve, run.layers)    # grad mode is off in here
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, = ctx.saved_tensors                    # the ledger lets the checkpoint go here
+        run, saved = ctx.run, ctx.run.fetcher.saved
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad(), saved.hooks(), saved.counting("recomputed"):
+            y = gpt.blocks(run.cfg, x, run.refetch, run.layers)
+        torch.autograd.backward(y, grad_y)        # parameter gradients go to the fetcher
+        return x.grad, None
