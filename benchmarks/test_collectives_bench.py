@@ -1,15 +1,23 @@
-"""The simulated interconnect is cheap: an all-reduce costs about what summing the tensors costs."""
+"""The simulated interconnect is cheap: an all-reduce costs about what summing the tensors costs.
+
+It also says how close it runs to the memory-traffic bound: a rank-ordered sum must at least read
+every rank's fp16 input (2·N·numel bytes) and write every rank's fp16 output (2·N·numel bytes);
+that traffic over the copy bandwidth measured in the same run (a plain ``copy_`` of as many bytes)
+is the least time any implementation could take on this machine.
+"""
 from __future__ import annotations
 
 import torch
 
 from zerospec import VirtualCluster
 
+from conftest import best_of
+
 N, NUMEL = 32, 1 << 20
 
 
-def test_all_reduce_1m_fp16_over_32_ranks_vs_torch_sum(ratio_to):
-    """all_reduce of 1M fp16 elements on 32 ranks ≤ 3× a plain torch.sum over the 32 tensors."""
+def test_all_reduce_1m_fp16_over_32_ranks_vs_torch_sum(ratio_to, benchmark, capsys):
+    """all_reduce of 1M fp16 elements on 32 ranks ≤ 1.5× a plain torch.sum over the 32 tensors."""
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(NUMEL, generator=g).half() for _ in range(N)]
     work = [x.clone() for x in xs]
@@ -21,4 +29,24 @@ def test_all_reduce_1m_fp16_over_32_ranks_vs_torch_sum(ratio_to):
     def baseline():
         torch.stack(xs).sum(dim=0)
 
-    assert ratio_to(ours, baseline, rounds=5) <= 3.0
+    ratio = ratio_to(ours, baseline, rounds=5)
+    # the memory-traffic bound: read N inputs + write N outputs, at the bandwidth of one copy_
+    # (read + write) of the N inputs' bytes, single-threaded like the cluster's ranks
+    src, dst = torch.cat(xs), torch.empty(N * NUMEL, dtype=torch.float16)
+    traffic = 2 * N * NUMEL * 2                     # bytes: fp16 in, fp16 out, every rank
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        dst.copy_(src)
+        copy_s = best_of(lambda: dst.copy_(src), 5)
+    finally:
+        torch.set_num_threads(n_threads)
+    bandwidth = 2 * src.nbytes / copy_s             # bytes read + written per second
+    bound_s = traffic / bandwidth
+    ours_s = benchmark.stats.stats.min
+    benchmark.extra_info.update(copy_GBps=bandwidth / 1e9, bound_s=bound_s,
+                                over_bound=ours_s / bound_s)
+    with capsys.disabled():
+        print(f"memory-traffic bound ({traffic / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s): "
+              f"{bound_s * 1e3:.1f} ms; ours {ours_s * 1e3:.1f} ms = {ours_s / bound_s:.2f}× the bound")
+    assert ratio <= 1.5   # issue 18

@@ -132,7 +132,9 @@ def test_table1_bold_cells_are_the_first_n_d_that_fits_32gb(name, claim_values):
     for stage in (1, 2, 3):
         fits = [n for n in theory.TABLE1_ND if at_round_psi(name, stage, n) <= theory.V100_BYTES]
         first[stage] = fits[0] if fits else None
-    claim_values(f"{name}: {first}", f"{BOLD[name]} (C15)")
+    def show(cells):   # P_os / P_os+g / P_os+g+p: the first N_d that fits, "–" where none does
+        return " / ".join("–" if n is None else f"N_d={n}" for n in cells.values())
+    claim_values(f"{name}: {show(first)}", f"{show(BOLD[name])} (C15)")
     assert first == BOLD[name]
 
 

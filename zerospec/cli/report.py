@@ -86,6 +86,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"zerospec: wrote report.{ext} and {len(figs)} figure files to {args.out}/",
                   file=sys.stderr)
     if not args.quiet:
-        print(f"zerospec: measured {len(m.runs)} runs on {cfg.ranks} virtual GPUs in {m.seconds:.1f} s",
+        print(f"zerospec: measured {len(m.runs)} run{'s' * (len(m.runs) != 1)} on {cfg.ranks} virtual GPUs in {m.seconds:.1f} s",
               file=sys.stderr)
     return 0

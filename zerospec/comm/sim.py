@@ -16,6 +16,10 @@ from ..runtime.errors import ClusterAborted, CollectiveError
 from .checks import accumulator_dtype, check_calls
 from .interconnect import Call, shares_storage
 
+# elements per all-reduce block: its fp32 accumulator (256 KiB) stays in L2 while N ranks add
+# into it (1M fp16 × 32 ranks on AVX-512: 25 ms unblocked, 17 ms at 2^15, 15 ms at 2^16 and 2^17)
+BLOCK = 1 << 16
+
 
 def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
     """Elementwise reduction of ``tensors`` in list order, in the accumulator dtype."""
@@ -120,11 +124,23 @@ class SimBackend:
         op = calls[0].op
         n = self.n
         if op == "all_reduce":
-            acc = reduce_in_rank_order([c.inp for c in calls], calls[0].reduce_op)
-            first = calls[0].out
-            first.copy_(acc)              # the one rounding to the tensor's dtype …
-            for c in calls[1:]:
-                c.out.copy_(first)        # … then plain copies (same bits, half the bytes read)
+            # block by block, so the fp32 accumulator stays in cache while N ranks add into it
+            # (the same elementwise operations in the same order: the same bits); within a
+            # block every input is read before any output, which may alias it, is written. One
+            # block when ranks share a storage: a view at another offset would be read after
+            # an earlier block wrote it
+            flat = (all(c.inp.is_contiguous() and c.out.is_contiguous() for c in calls)
+                    and len({c.inp.untyped_storage()._cdata for c in calls}) == n)
+            ins = [c.inp.view(-1) if flat else c.inp for c in calls]
+            outs = [c.out.view(-1) if flat else c.out for c in calls]
+            size = ins[0].numel() if flat else 0
+            blocks = [slice(b, b + BLOCK) for b in range(0, size, BLOCK)] or [slice(None)]
+            for b in blocks:
+                acc = reduce_in_rank_order([x[b] for x in ins], calls[0].reduce_op)
+                first = outs[0][b]
+                first.copy_(acc)          # the one rounding to the tensor's dtype …
+                for o in outs[1:]:
+                    o[b].copy_(first)     # … then plain copies (same bits, half the bytes read)
         elif op == "reduce_scatter":
             # the whole reduction once, then each rank its chunk: the same elementwise operations
             # in the same order as reducing chunk by chunk, in N + 1 kernels instead of N², and
