@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ..model.data import BigramData
 from ..optim.adam import reference_optimizer
-from .oracles import GPT, OPTIMIZERS, ZerospecAdam
+from .oracles import GPT, OPTIMIZERS, ZerospecAdam, mean_losses, zerospec_row
 
 SETTINGS = ("default", "paper")
 # DeepSpeed's comms-logger names -> the Interconnect's (what each op is, whatever DeepSpeed calls it)
@@ -202,27 +202,16 @@ def compare(cfg, stages=(1, 2, 3), *, optimizers=("torch",), settings=("default"
     """Launch ``cfg.n_d`` gloo processes; one row per stage: zerospec's losses (mean over ranks),
     weights per step (or None) and ledger records per rank, and DeepSpeed's per (optimizer,
     settings): losses and weights per step, or (``weights=False``) comms per rank, step and phase."""
-    from types import SimpleNamespace
-
     from ..cluster.processes import launch
-    from ..training.result import gather_master
-    from .oracles import _mean_losses
     per_rank = launch(compare_rank, cfg.n_d, cfg, list(stages), optimizers=tuple(optimizers),
                       settings=tuple(settings), weights=weights, timeout=cfg.timeout, **launch_kw)
     rows = []
     for k, stage in enumerate(stages):
-        scfg = dataclasses.replace(cfg, stage=stage)
         zs = [per_rank[r][k]["zerospec"] for r in range(cfg.n_d)]
-        row = {"stage": stage, "losses": _mean_losses(zs, cfg), "records": [z["records"] for z in zs],
-               "deepspeed": {}}
-        if weights:
-            units = scfg.units()
-            row["weights"] = [gather_master(
-                units, [SimpleNamespace(master=z["weights"][s]) for z in zs], scfg)
-                for s in range(cfg.steps)]
+        row = {**zerospec_row(cfg, stage, zs, weights), "deepspeed": {}}
         for key in per_rank[0][k]["deepspeed"]:
             ds = [per_rank[r][k]["deepspeed"][key] for r in range(cfg.n_d)]
-            row["deepspeed"][key] = {"losses": _mean_losses(ds, cfg), "weights": ds[0]["weights"],
+            row["deepspeed"][key] = {"losses": mean_losses(ds, cfg), "weights": ds[0]["weights"],
                                      "comms": [d["comms"] for d in ds]}
         rows.append(row)
     return rows

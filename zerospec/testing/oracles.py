@@ -294,8 +294,22 @@ def compare_rank(ctx, cfg, stages, *, count: bool = True, weights: bool = True,
     return out
 
 
-def _mean_losses(runs, cfg) -> list[float]:
+def mean_losses(runs, cfg) -> list[float]:
+    """Per step, the mean of the ranks' losses, summed in fp64 in rank order."""
     return [float(sum(r["losses"][s].double() for r in runs) / cfg.n_d) for s in range(cfg.steps)]
+
+
+def zerospec_row(cfg, stage: int, zs: list[dict], weights: bool) -> dict:
+    """The zerospec side of a comparison row from every rank's output: losses (rank-mean),
+    ledger records per rank and, with ``weights``, the full master weights after every step."""
+    row = {"stage": stage, "losses": mean_losses(zs, cfg), "records": [z["records"] for z in zs]}
+    if weights:
+        from ..training.result import gather_master
+        scfg = dataclasses.replace(cfg, stage=stage)
+        units = scfg.units()
+        row["weights"] = [gather_master(units, [SimpleNamespace(master=z["weights"][s]) for z in zs],
+                                        scfg) for s in range(cfg.steps)]
+    return row
 
 
 def compare(cfg, stages=(0, 1, 2, 3), *, count: bool = True, weights: bool = True,
@@ -303,27 +317,18 @@ def compare(cfg, stages=(0, 1, 2, 3), *, count: bool = True, weights: bool = Tru
     """Launch ``cfg.n_d`` gloo processes; one row per stage with zerospec's and each peer's losses
     (mean over ranks, rank order), weights after every step ("unit/param" → tensor), per-step
     collective counts of the last step by phase, and step times (rank 0's)."""
-    from ..training.result import gather_master
-    from ..training import run as train
     from ..cluster.processes import launch
     per_rank = launch(compare_rank, cfg.n_d, cfg, list(stages), count=count, weights=weights,
                       optimizers=tuple(optimizers), timeout=cfg.timeout, **launch_kw)
     rows = []
     for k, stage in enumerate(stages):
-        scfg = dataclasses.replace(cfg, stage=stage)
         zs = [per_rank[r][k]["zerospec"] for r in range(cfg.n_d)]
-        row = {"stage": stage, "peer": PEERS[stage], "losses": _mean_losses(zs, cfg),
+        row = {**zerospec_row(cfg, stage, zs, weights), "peer": PEERS[stage],
                "counts": zs[0]["counts"], "seconds": zs[0]["seconds"],
-               "c10d_last_step": zs[0]["c10d_last_step"], "records": [z["records"] for z in zs],
-               "peers": {}}
-        if weights:
-            units = scfg.units()
-            row["weights"] = [gather_master(
-                units, [SimpleNamespace(master=z["weights"][s]) for z in zs], scfg)
-                for s in range(cfg.steps)]
+               "c10d_last_step": zs[0]["c10d_last_step"], "peers": {}}
         for o in optimizers:
             ps = [per_rank[r][k]["peers"][o] for r in range(cfg.n_d)]
-            row["peers"][o] = {"losses": _mean_losses(ps, cfg), "counts": ps[0]["counts"],
+            row["peers"][o] = {"losses": mean_losses(ps, cfg), "counts": ps[0]["counts"],
                                "seconds": ps[0]["seconds"], "weights": ps[0]["weights"]}
         rows.append(row)
     return rows
