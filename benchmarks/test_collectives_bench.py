@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from zerospec import VirtualCluster
+from zerospec.cluster.threads import torch_threads
 
 from conftest import best_of
 
@@ -34,13 +35,9 @@ def test_all_reduce_1m_fp16_over_32_ranks_vs_torch_sum(ratio_to, benchmark, caps
     # (read + write) of the N inputs' bytes, single-threaded like the cluster's ranks
     src, dst = torch.cat(xs), torch.empty(N * NUMEL, dtype=torch.float16)
     traffic = 2 * N * NUMEL * 2                     # bytes: fp16 in, fp16 out, every rank
-    n_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         dst.copy_(src)
         copy_s = best_of(lambda: dst.copy_(src), 5)
-    finally:
-        torch.set_num_threads(n_threads)
     bandwidth = 2 * src.nbytes / copy_s             # bytes read + written per second
     bound_s = traffic / bandwidth
     ours_s = benchmark.stats.stats.min

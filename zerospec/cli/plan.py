@@ -92,7 +92,7 @@ def deepspeed_table(ds: dict, psi: int, n_d: int):
         given = "" if key in ds["given"] else " (default)"
         t.add(key, f"{ds[key]:,}{given}" if not isinstance(ds[key], bool) else f"{ds[key]}{given}", effect)
 
-    buckets = lambda size: -(-psi // size) if size else None   # noqa: E731
+    buckets = lambda size: theory.bucket_collectives(psi, size) if size else None   # noqa: E731
     row("stage", f"{theory.stage(s).name}: partitions {theory.stage(s).partitioned}")
     if s in (1, 2):
         multi = ds["use_multi_rank_bucket_allreduce"]

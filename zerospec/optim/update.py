@@ -19,7 +19,7 @@ import dataclasses
 import math
 
 from .clip import clip_coefficient, global_norm
-from .loss_scale import LossScale, LossScaler, found_overflow
+from .loss_scale import LossScaler, found_overflow
 
 
 @dataclasses.dataclass(frozen=True)

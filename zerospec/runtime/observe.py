@@ -132,12 +132,11 @@ class Observer(TorchDispatchMode):
         seen = {t.untyped_storage()._cdata for t in inputs}
         for t in inputs:       # aten-level resizes (resize_, out= of another size) show here
             self._refresh(t.untyped_storage())
-        for k, a in enumerate(func._schema.arguments):
-            if a.alias_info is not None and a.alias_info.is_write:
-                written = args[k] if k < len(args) and not a.kwarg_only else kwargs.get(a.name)
-                for t in (written if isinstance(written, (list, tuple)) else [written]):
-                    if isinstance(t, torch.Tensor):
-                        self._written[label][self._category(t.untyped_storage())] += t.numel()
+        for k, name, kwarg_only in _written_arguments(func):
+            written = args[k] if k < len(args) and not kwarg_only else kwargs.get(name)
+            for t in (written if isinstance(written, (list, tuple)) else [written]):
+                if isinstance(t, torch.Tensor):
+                    self._written[label][self._category(t.untyped_storage())] += t.numel()
         grew = False
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -269,3 +268,14 @@ class _ResizePatch:
 
 
 _resize_patch = _ResizePatch()
+
+
+_WRITES: dict = {}   # aten op -> its written arguments: the schema is fixed, read it once per op
+
+
+def _written_arguments(func) -> list[tuple[int, str, bool]]:
+    """(position, name, keyword-only) of each argument ``func`` writes (``out=``, in-place self)."""
+    if func not in _WRITES:
+        _WRITES[func] = [(k, a.name, a.kwarg_only) for k, a in enumerate(func._schema.arguments)
+                         if a.alias_info is not None and a.alias_info.is_write]
+    return _WRITES[func]

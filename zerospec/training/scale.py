@@ -11,7 +11,7 @@ padding. So ranks are grouped into *classes* with the same number of real elemen
 shard; a class is an interval of ranks, cut where some unit's shard turns from all-real to partly
 padding to all padding. Typically: ranks 0..N−2, and the padded last rank N−1; plus, for a unit
 smaller than N (a LayerNorm at N = 1024), the ranks whose shard is padding only. One rank per class
-(its first) runs the unchanged per-rank step :func:`zerospec.training.run.rank_main`, alone, against a
+(its first) runs the unchanged per-rank step :func:`zerospec.training.step.rank_main`, alone, against a
 :class:`~zerospec.comm.meta.MetaBackend` (no rendezvous) and a :class:`CommLedger` for the true N.
 Stage 0 partitions nothing, so it has one class.
 

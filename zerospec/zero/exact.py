@@ -90,8 +90,8 @@ class ShardedAccumulation(_Exact):
         self.grad_acc = [self._alloc("grad16", u.chunk, torch.float64) for u in self.units]  # 8Ψ/N
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
-        if self.buckets is not None:   # the bucket is fp64: the cast and the sums stay exact
-            self.buckets.reduce_scatter(self.grad_acc[i], slot, "sum", accumulate=True)
+        if self.fused is not self.comm:   # buckets: the bucket is fp64: the cast and the sums stay exact
+            self.fused.reduce_scatter(self.grad_acc[i], slot, "sum", accumulate=True)
             self.memory.free(slot)
             return
         u = self.units[i]

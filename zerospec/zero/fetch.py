@@ -28,7 +28,7 @@ import contextlib
 
 import torch
 
-from .saved import SavedTensors, Use, UseState
+from .saved import SavedTensors, Use, UseState, unit_cast
 
 
 class ParamFetcher:
@@ -61,7 +61,7 @@ class ParamFetcher:
         (backward starts with it, as FSDP2 keeps its root unsharded)."""
         unit = self.units[i]
         full16 = self.stage.acquire(i)
-        leaf = full16[:unit.numel].to(self.compute_dtype, copy=True).requires_grad_(True)
+        leaf = unit_cast(full16, unit.numel, self.compute_dtype).requires_grad_(True)
         use = Use(i, leaf)
         self.saved.add_use(use)
         self._n_uses[i] += 1

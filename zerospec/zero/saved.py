@@ -22,6 +22,13 @@ import torch
 from ..runtime.memory import storage_key
 
 
+def unit_cast(full16: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The one cast every use of a unit makes (forward, stage 3's re-gather, a checkpoint's
+    forward): its ``numel`` real elements, fp16 storage → compute dtype, a fresh copy. One
+    function, so the three can never differ by a bit."""
+    return full16[:numel].to(dtype, copy=True)
+
+
 class UseState(enum.Enum):
     """Where one forward use of a unit is in its life; what it holds is said per state."""
 
@@ -129,7 +136,7 @@ class SavedTensors:
         if use.state in (UseState.SAVED, UseState.UNIT_KEPT):
             if use.state is UseState.SAVED:
                 use.full16 = self.stage.acquire(use.unit)
-            use.cast = use.full16[:self.units[use.unit].numel].to(self.compute_dtype, copy=True)
+            use.cast = unit_cast(use.full16, self.units[use.unit].numel, self.compute_dtype)
             use.state = UseState.REGATHERED
         view = use.cast.as_strided(packed.size, packed.stride, packed.offset)
         use.refs -= 1

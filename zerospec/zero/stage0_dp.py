@@ -32,7 +32,6 @@ class DataParallel:
         self.ctx = ctx
         self.memory = ctx.memory
         self.comm = ctx.comm
-        self.buckets = buckets
         self.fused = ctx.comm if buckets is None else buckets   # what fusable collectives go to
         self.units = units
         self.adam = adam

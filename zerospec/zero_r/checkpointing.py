@@ -39,6 +39,7 @@ import dataclasses
 import torch
 
 from ..model import gpt
+from ..zero.saved import unit_cast
 
 
 def segments(k: int, n_layer: int) -> list[range]:
@@ -86,7 +87,7 @@ class _Run:
         """Unit i for the no-autograd forward: the stage's fp16 vector, cast as the fetcher casts."""
         stage, unit = self.fetcher.stage, self.fetcher.units[i]
         full16 = stage.acquire(i)
-        flat = full16[:unit.numel].to(self.fetcher.compute_dtype, copy=True)
+        flat = unit_cast(full16, unit.numel, self.fetcher.compute_dtype)
         try:
             yield unit.views(flat)
         finally:   # the cast dies with the use, as the fetcher's does in stage 3
