@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from .groups import Group
 from .ledger import CommLedger
 
 REDUCE_OPS = ("sum", "mean", "max")
@@ -32,6 +33,7 @@ class Call:
     reduce_op: str | None = None
     src: int = 0
     seconds: float = 0.0   # time the backend spent moving data for this collective (set by it)
+    group: Group | None = None   # None: every rank (the world); src is a position in the group
 
     def describe(self) -> str:
         return _describe(*self.summary())
@@ -65,40 +67,89 @@ class Backend(Protocol):
 
 
 class Interconnect:
-    """Per-rank handle on the collectives; books each completed collective in the ledger."""
+    """Per-rank handle on the collectives; books each completed collective in the ledger.
 
-    def __init__(self, ctx, backend: Backend, ledger: CommLedger):
+    ``group``: the collectives run over that :class:`~.groups.Group` (a DP or MP group of the
+    2-D grid), and ``rank``/``n_ranks`` are this rank's position in it and its size; None: over
+    every rank. :meth:`subgroup` makes one from the world's handle; all share one ledger."""
+
+    def __init__(self, ctx, backend: Backend, ledger: CommLedger, group: Group | None = None,
+                 root: Interconnect | None = None):
         self.ctx = ctx
         self.backend = backend
         self.ledger = ledger
+        self.group = group
+        self._root = root or self           # where the rank's last collective is remembered
         self._last: tuple | None = None   # (seq, Call.summary()) of the last collective
         self._issued: dict[int, tuple] | None = None   # in a batch: id(call) -> its _last
+
+    def subgroup(self, group: Group) -> Interconnect:
+        """This rank's handle on the collectives of ``group`` (which must contain it)."""
+        group.index(self.ctx.rank)
+        return Interconnect(self.ctx, self.backend, self.ledger, group, self._root)
+
+    def split(self, grid) -> tuple[Interconnect, Interconnect]:
+        """This rank's (DP, MP) handles on ``grid`` (comm/groups.py). The grid's groups are made
+        in the backend first: torch.distributed needs every process to make every group, in
+        the same order."""
+        make = getattr(self.backend, "new_groups", None)
+        if make is not None:
+            make(grid.groups())
+        r = self.ctx.rank
+        return self.subgroup(grid.dp_group(r)), self.subgroup(grid.mp_group(r))
 
     @property
     def last_op(self) -> str | None:
         """The last collective this rank issued, for error messages ("#seq op(shape, dtype)")."""
-        return None if self._last is None else f"#{self._last[0]} {_describe(*self._last[1])}"
+        last = self._root._last
+        return None if last is None else f"#{last[0]} {_describe(*last[1])}"
 
     @property
     def rank(self) -> int:
-        return self.ctx.rank
+        return self.ctx.rank if self.group is None else self.group.index(self.ctx.rank)
 
     @property
     def n_ranks(self) -> int:
-        return self.ctx.n_ranks
+        return self.ctx.n_ranks if self.group is None else self.group.size
+
+    @property
+    def group_name(self) -> str:
+        return "world" if self.group is None else self.group.name
 
     def _run(self, call: Call, numel: int) -> None:
         if call.reduce_op is not None and call.reduce_op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {call.reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
-        self._last = (self.ledger.next_seq(self.rank), call.summary())  # formatted on error only
+        call.group = self.group
+        last = self._root._last = (self.ledger.next_seq(self.ctx.rank), call.summary())
         if self._issued is not None:
-            self._issued[id(call)] = self._last
+            self._issued[id(call)] = last
         self.ctx.timeline.mark_compute()
-        self.backend.collective(self.rank, call)
+        self.backend.collective(self.ctx.rank, call)   # the backend speaks global ranks
         self.ctx.timeline.add(call.op, call.seconds)
         dtype = call.inp.dtype if call.inp is not None else None
-        self.ledger.book(self.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
-                         src=call.src, wire_factor=self.backend.wire_factor(call.op))
+        self.ledger.book(self.ctx.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
+                         src=call.src, wire_factor=self.backend.wire_factor(call.op),
+                         group=self.group_name, n=self.n_ranks, index=self.rank)
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of ``tensor`` in host memory (ZeRO-R's P_a+cpu), booked on this rank's own
+        device→host link (group ``"host"``). On meta the copy is meta too: no data, same bytes."""
+        host = torch.empty(tensor.shape, dtype=tensor.dtype,
+                           device="meta" if tensor.device.type == "meta" else "cpu")
+        host.copy_(tensor)
+        self._book_host("to_host", host)
+        return host
+
+    def from_host(self, host: torch.Tensor, device) -> torch.Tensor:
+        """``host`` copied back to the rank's device, booked on its host→device link."""
+        out = torch.empty(host.shape, dtype=host.dtype, device=device)
+        out.copy_(host)
+        self._book_host("from_host", host)
+        return out
+
+    def _book_host(self, op: str, t: torch.Tensor) -> None:
+        self.ledger.book(self.ctx.rank, op, t.dtype, t.numel(), self.ctx.phase_name,
+                         self.ctx.step, group="host", n=1, index=0)
 
     @contextlib.contextmanager
     def batch(self):

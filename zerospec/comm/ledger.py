@@ -24,6 +24,7 @@ from fractions import Fraction
 import torch
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
+HOST_OPS = ("to_host", "from_host")   # a rank's own device<->host copies (P_a+cpu), group "host"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,8 @@ class CommRecord:
     phase: str
     step: int
     wire_elements_sent: int  # what the backend really sends; differs from the model for gloo RS
+    group: str = "world"     # "world", or the grid's "dp"/"mp" group, or "host" (comm/groups.py)
+    group_size: int = 0      # ranks in the ring (the N of the ring model)
 
 
 def chunk_size(numel: int, n: int, rank: int) -> int:
@@ -53,6 +56,10 @@ def chunk_size(numel: int, n: int, rank: int) -> int:
 
 def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple[int, int]:
     """(sent, received) elements for ``rank`` under the ring model; ``numel`` is the full size S."""
+    if op == "to_host":       # over the rank's own link, not a ring: all of it, one way
+        return numel, 0
+    if op == "from_host":
+        return 0, numel
     if n == 1 or op == "barrier":
         return 0, 0
     if op == "all_reduce":
@@ -67,7 +74,7 @@ def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple
         # pipelined chain src -> src+1 -> ... : every rank but the last forwards S, all but src receive S
         last = (src - 1) % n
         return (0 if rank == last else numel), (0 if rank == src else numel)
-    raise ValueError(f"unknown collective {op!r}; accepted: {', '.join(OPS)}")
+    raise ValueError(f"unknown collective {op!r}; accepted: {', '.join(OPS + HOST_OPS)}")
 
 
 class CommLedger:
@@ -78,13 +85,17 @@ class CommLedger:
         self._records: list[list[CommRecord]] = [[] for _ in range(n_ranks)]
 
     def book(self, rank: int, op: str, dtype, numel: int, phase: str, step: int,
-             *, src: int = 0, wire_factor: int = 1) -> CommRecord:
-        sent, recv = ring_elements(op, numel, self.n_ranks, rank, src)
+             *, src: int = 0, wire_factor: int = 1, group: str = "world", n: int | None = None,
+             index: int | None = None) -> CommRecord:
+        """Book ``rank``'s side of a collective over a ring of ``n`` ranks (default: all) in which
+        it sits at ``index`` (default: ``rank``); ``group`` names the ring (comm/groups.py)."""
+        n = self.n_ranks if n is None else n
+        sent, recv = ring_elements(op, numel, n, rank if index is None else index, src)
         size = dtype.itemsize if dtype is not None else 0
         rec = CommRecord(rank=rank, seq=len(self._records[rank]), op=op, dtype=dtype, numel=numel,
                          elements_sent=sent, elements_recv=recv, bytes_sent=sent * size,
                          bytes_recv=recv * size, phase=phase, step=step,
-                         wire_elements_sent=sent * wire_factor)
+                         wire_elements_sent=sent * wire_factor, group=group, group_size=n)
         self._records[rank].append(rec)
         return rec
 
@@ -101,11 +112,12 @@ class CommLedger:
         self._records[rank] = list(records)
 
     def records(self, rank: int | None = None, *, phase: str | None = None,
-                step: int | None = None, op: str | None = None) -> list[CommRecord]:
+                step: int | None = None, op: str | None = None,
+                group: str | None = None) -> list[CommRecord]:
         ranks = range(self.n_ranks) if rank is None else [rank]
         return [r for k in ranks for r in self._records[k]
                 if (phase is None or r.phase == phase) and (step is None or r.step == step)
-                and (op is None or r.op == op)]
+                and (op is None or r.op == op) and (group is None or r.group == group)]
 
     def elements(self, rank: int, **where) -> int:
         """Elements ``rank`` sent, filtered like :meth:`records` (= received, except in an

@@ -42,7 +42,7 @@ class MetaBackend:
                                       f"data, so its {name} must be a meta tensor, got {t.device}")
         # The same per-rank checks as the thread backend (N × chunk sizes, contiguous outputs);
         # checks *across* ranks are vacuous with one call, and symmetry is what scale.py relies on.
-        problem = check_calls([call], self.n)
+        problem = check_calls([call], call.group.size if call.group is not None else self.n)
         if problem:
             raise CollectiveError(f"rank {rank}: {problem}")
         self.srcs[rank].append(call.src)

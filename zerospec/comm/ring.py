@@ -62,9 +62,12 @@ class Wire:
         self.records.append(rec)
         return rec
 
-    def carry(self, rec: WireRecord, src: int, dst: int, msg: torch.Tensor) -> torch.Tensor:
-        """Move ``msg`` from ``src`` to ``dst``: count it on the link, hand the receiver a copy."""
-        if dst != (src + 1) % self.n_ranks:
+    def carry(self, rec: WireRecord, src: int, dst: int, msg: torch.Tensor,
+              ring: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Move ``msg`` from global rank ``src`` to ``dst``, neighbours on ``ring`` (default: all
+        ranks in order): count it on the link, hand the receiver a copy."""
+        ring = ring or tuple(range(self.n_ranks))
+        if dst != ring[(ring.index(src) + 1) % len(ring)]:
             raise AssertionError(f"ring link {src}->{dst} is not a neighbour link")  # a schedule bug
         rec.elements[(src, dst)] += msg.numel()
         rec.bytes[(src, dst)] += msg.numel() * msg.element_size()
@@ -77,8 +80,13 @@ class RingTransport:
     def __init__(self, wire: Wire):
         self.wire = wire
         self.n = wire.n_ranks
+        self.ring = tuple(range(self.n))
 
-    def move(self, calls: list[Call]) -> None:
+    def move(self, calls: list[Call], members: tuple[int, ...] | None = None) -> None:
+        """One collective over ``members`` (global ranks in ring order; default: every rank);
+        ``calls[k]`` is ``members[k]``'s side. Within the group, position k plays rank k."""
+        self.ring = tuple(members) if members is not None else tuple(range(self.wire.n_ranks))
+        self.n = len(self.ring)
         op, inp = calls[0].op, calls[0].inp
         if op == "barrier":                          # a rendezvous: no payload on any link
             self.wire.open(op, None, 0)
@@ -106,6 +114,11 @@ class RingTransport:
         for c, b in zip(calls, bufs):
             c.out.view(-1).copy_(b)
 
+    def _carry(self, rec: WireRecord, k: int, msg: torch.Tensor) -> torch.Tensor:
+        """Position k of the ring sends ``msg`` to position k+1 (the wire counts global ranks)."""
+        ring = self.ring
+        return self.wire.carry(rec, ring[k], ring[(k + 1) % self.n], msg, ring)
+
     def _chunks(self, numel: int) -> list[slice]:
         """Chunk k of S, near-equal as the ledger splits it (equal when N divides S, as the
         interconnect requires of a reduce-scatter or all-gather)."""
@@ -118,7 +131,7 @@ class RingTransport:
         for s in range(n - 1):
             # every rank sends at once: take all messages before any receiver reduces
             sends = [(r, (r - s - 1) % n) for r in range(n)]
-            msgs = [self.wire.carry(rec, r, (r + 1) % n, bufs[r][chunks[k]]) for r, k in sends]
+            msgs = [self._carry(rec, r, bufs[r][chunks[k]]) for r, k in sends]
             last = s == n - 2
             for (r, k), msg in zip(sends, msgs):
                 mine = bufs[(r + 1) % n][chunks[k]]
@@ -135,7 +148,7 @@ class RingTransport:
         n = self.n
         for s in range(n - 1):
             sends = [(r, (r - s) % n) for r in range(n)]
-            msgs = [self.wire.carry(rec, r, (r + 1) % n, bufs[r][chunks[k]]) for r, k in sends]
+            msgs = [self._carry(rec, r, bufs[r][chunks[k]]) for r, k in sends]
             for (r, k), msg in zip(sends, msgs):
                 bufs[(r + 1) % n][chunks[k]] = msg
         rec.steps += n - 1
@@ -145,6 +158,6 @@ class RingTransport:
         msg = calls[src].inp.reshape(-1)
         for hop in range(self.n - 1):
             r = (src + hop) % self.n
-            msg = self.wire.carry(rec, r, (r + 1) % self.n, msg)
+            msg = self._carry(rec, r, msg)
             calls[(r + 1) % self.n].out.view(-1).copy_(msg)
         rec.steps += self.n - 1

@@ -46,7 +46,10 @@ class SimBackend:
         # around_move(rank): a context the completing rank moves every rank's data inside (the
         # memory observer pauses there: that data belongs to no one rank); None: nothing
         self.around_move = None
-        self._pending: dict[int, Call] = {}
+        # one rendezvous per group (its global ranks, in ring order): the grid's DP and MP
+        # groups run their collectives independently (comm/groups.py)
+        self._pending: dict[tuple[int, ...], dict[int, Call]] = {}
+        self._waiting: set[int] = set()
         self._seq = 0
         self._error: CollectiveError | None = None
         self._lock = threading.Lock()
@@ -55,27 +58,38 @@ class SimBackend:
         return 1
 
     def collective(self, rank: int, call: Call) -> None:
+        members = call.group.ranks if call.group is not None else tuple(range(self.n))
         with self._lock:
-            if any(self.baton.finished):
-                finished = [r for r in range(self.n) if self.baton.finished[r]]
+            finished = [r for r in members if self.baton.finished[r]]
+            if finished:
                 err = CollectiveError(f"rank {rank} called {call.describe()} (collective #{self._seq}) "
                                       f"but rank(s) {finished} already returned")
                 self._fail(rank, err)
-            self._pending[rank] = call
-            complete = len(self._pending) == self.n
+            pending = self._pending.setdefault(members, {})
+            pending[rank] = call
+            complete = len(pending) == len(members)
             if complete:
-                calls = [self._pending[r] for r in range(self.n)]
-                self._pending.clear()
+                calls = [pending[r] for r in members]
+                del self._pending[members]
+                self._waiting.difference_update(members)
                 self._seq += 1
             else:
-                nxt = self.baton.next_rank(rank, skip=lambda r: r in self._pending)
+                # a waiting rank holds no reference to its peers' calls: their buffers must
+                # die when their owners free them (the memory observer checks it)
+                del pending
+                self._waiting.add(rank)
+                nxt = self.baton.next_rank(rank, skip=self._waiting.__contains__)
+                if nxt is None:   # every rank waits, in rendezvous that cannot complete
+                    self._fail(rank, CollectiveError(
+                        f"deadlock: rank {rank} called {call.describe()} and every other rank "
+                        f"waits in another collective: {self._describe_pending()}"))
         if complete:
-            self._finalize(rank, calls)  # the last to arrive keeps the baton and carries on
+            self._finalize(rank, calls, members)  # the last to arrive keeps the baton, carries on
             return
         seq = self._seq
         self.baton.pass_to(nxt)
         try:
-            self.baton.wait_turn(rank, lambda: self._missing(call, seq))
+            self.baton.wait_turn(rank, lambda: self._missing(call, members, seq))
         except ClusterAborted:
             if self._error is not None:
                 raise CollectiveError(str(self._error)) from None
@@ -85,17 +99,27 @@ class SimBackend:
         """``rank``'s function returned: hand the baton on, or fail if peers wait in a collective."""
         with self._lock:
             self.baton.finished[rank] = True
-            if self._pending:
-                waiting = sorted(self._pending)
-                err = CollectiveError(f"rank {rank} returned while rank(s) {waiting} wait in collective "
-                                      f"#{self._seq} {self._pending[waiting[0]].describe()}")
-                self._fail(rank, err)
-            nxt = self.baton.next_rank(rank, skip=lambda r: False)
+            for members, pending in self._pending.items():
+                if rank in members and pending:
+                    waiting = sorted(pending)
+                    err = CollectiveError(f"rank {rank} returned while rank(s) {waiting} wait in "
+                                          f"collective #{self._seq} {pending[waiting[0]].describe()}")
+                    self._fail(rank, err)
+            nxt = self.baton.next_rank(rank, skip=self._waiting.__contains__)
+            if nxt is None and self._waiting:
+                self._fail(rank, CollectiveError(
+                    f"deadlock: rank {rank} returned and every other rank waits in a collective "
+                    f"that cannot complete: {self._describe_pending()}"))
         if nxt is not None:
             self.baton.pass_to(nxt)
 
-    def _missing(self, call: Call, seq: int) -> str:
-        missing = [r for r in range(self.n) if r not in self._pending]
+    def _describe_pending(self) -> str:
+        return "; ".join(f"rank {r} in {c.describe()} over {list(members)}"
+                         for members, pending in self._pending.items() for r, c in pending.items())
+
+    def _missing(self, call: Call, members, seq: int) -> str:
+        pending = self._pending.get(members, {})
+        missing = [r for r in members if r not in pending]
         return f"collective #{seq} {call.describe()}: rank(s) {missing} never arrived"
 
     def _fail(self, rank: int, err: CollectiveError):
@@ -104,25 +128,25 @@ class SimBackend:
         raise err
 
     # -- data movement ----------------------------------------------------------------------------
-    def _finalize(self, rank: int, calls: list[Call]) -> None:
+    def _finalize(self, rank: int, calls: list[Call], members) -> None:
         t0 = time.perf_counter()
         if self.around_move is None:
-            self._move(rank, calls)
+            self._move(rank, calls, members)
         else:
             with self.around_move(rank):
-                self._move(rank, calls)
+                self._move(rank, calls, members)
         for c in calls:
             c.seconds = time.perf_counter() - t0
 
-    def _move(self, rank: int, calls: list[Call]) -> None:
-        problem = check_calls(calls, self.n)
+    def _move(self, rank: int, calls: list[Call], members) -> None:
+        n = len(calls)
+        problem = check_calls(calls, n)
         if problem:
             self._fail(rank, CollectiveError(f"collective #{self._seq - 1}: {problem}"))
         if self.transport is not None:
-            self.transport.move(calls)
+            self.transport.move(calls, members)
             return
         op = calls[0].op
-        n = self.n
         if op == "all_reduce":
             # block by block, so the fp32 accumulator stays in cache while N ranks add into it
             # (the same elementwise operations in the same order: the same bits); within a

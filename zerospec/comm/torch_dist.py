@@ -89,6 +89,25 @@ class TorchDistBackend:
         self.rank = dist.get_rank(group)
         self.name = str(dist.get_backend(group))
         self._batch: list | None = None   # (call, work, finish) in flight inside Interconnect.batch
+        self._groups: dict[tuple[int, ...], object] = {}   # grid group ranks -> process group
+
+    def new_groups(self, groups) -> None:
+        """Create a process group for each grid group (comm/groups.py). Every process must call
+        this with the same groups in the same order (``dist.new_group`` is collective)."""
+        for g in groups:
+            if g.ranks not in self._groups:
+                self._groups[g.ranks] = (self.group if len(g.ranks) == self.n
+                                         else dist.new_group(list(g.ranks)))
+
+    def _pg(self, c: Call):
+        """(process group, its size) of a call: its grid group's, or this backend's own."""
+        if c.group is None:
+            return self.group, self.n
+        try:
+            return self._groups[c.group.ranks], c.group.size
+        except KeyError:
+            raise CollectiveError(f"{c.describe()}: group {c.group.name} {list(c.group.ranks)} "
+                                  f"was never created (call new_groups first)") from None
 
     def wire_factor(self, op: str) -> int:
         """Wire elements per ring-model element: 2 for gloo's reduce_scatter (an all-reduce)."""
@@ -98,7 +117,7 @@ class TorchDistBackend:
         if rank != self.rank:
             raise CollectiveError(f"this process is rank {self.rank} of the process group, "
                                   f"but the interconnect called it rank {rank}")
-        _check_local(call, self.n)
+        _check_local(call, self._pg(call)[1])
         t0 = time.perf_counter()
         try:
             getattr(self, f"_{call.op}")(call)
@@ -141,41 +160,46 @@ class TorchDistBackend:
         buf[:t.numel()].copy_(t.reshape(-1))
         return buf
 
-    def _finish(self, buf: torch.Tensor, op: str) -> torch.Tensor:
+    def _finish(self, buf: torch.Tensor, op: str, n: int) -> torch.Tensor:
         if op == "mean":
-            buf.div_(self.n)
+            buf.div_(n)
         return buf
 
     def _op(self, reduce_op: str):
         return dist.ReduceOp.MAX if reduce_op == "max" else dist.ReduceOp.SUM
 
     def _all_reduce(self, c: Call) -> None:
+        pg, n = self._pg(c)
         numel = c.inp.numel()
-        buf = self._buffer(c.inp, -(-numel // self.n) * self.n)   # padded: same order as an RS
-        self._issue(c, lambda a: dist.all_reduce(buf, op=self._op(c.reduce_op), group=self.group,
+        buf = self._buffer(c.inp, -(-numel // n) * n)   # padded: same order as an RS
+        self._issue(c, lambda a: dist.all_reduce(buf, op=self._op(c.reduce_op), group=pg,
                                                  async_op=a),
-                    lambda: c.out.copy_(self._finish(buf, c.reduce_op)[:numel].view(c.out.shape)))
+                    lambda: c.out.copy_(self._finish(buf, c.reduce_op, n)[:numel].view(c.out.shape)))
 
     def _reduce_scatter(self, c: Call) -> None:
+        pg, n = self._pg(c)
         buf = self._buffer(c.inp, c.inp.numel())      # also breaks any aliasing of out with inp
         out = torch.empty(c.out.numel(), dtype=buf.dtype, device=buf.device)
-        self._issue(c, lambda a: _reduce_scatter(out, buf, op=self._op(c.reduce_op), group=self.group,
+        self._issue(c, lambda a: _reduce_scatter(out, buf, op=self._op(c.reduce_op), group=pg,
                                                  async_op=a),
-                    lambda: c.out.copy_(self._finish(out, c.reduce_op).view(c.out.shape)))
+                    lambda: c.out.copy_(self._finish(out, c.reduce_op, n).view(c.out.shape)))
 
     def _all_gather(self, c: Call) -> None:
+        pg, _ = self._pg(c)
         inp = c.inp.reshape(-1)
         if shares_storage(inp, c.out):       # stage 1 gathers its own chunk of the output buffer
             inp = inp.clone()
-        self._issue(c, lambda a: _all_gather(c.out.view(-1), inp, group=self.group, async_op=a),
+        self._issue(c, lambda a: _all_gather(c.out.view(-1), inp, group=pg, async_op=a),
                     lambda: None)
 
     def _broadcast(self, c: Call) -> None:
-        dist.broadcast(c.out, src=dist.get_global_rank(self.group, c.src) if self.group else c.src,
-                       group=self.group)
+        pg, _ = self._pg(c)
+        src = c.group.ranks[c.src] if c.group is not None else c.src
+        dist.broadcast(c.out, src=dist.get_global_rank(pg, src) if pg and c.group is None else src,
+                       group=pg)
 
     def _barrier(self, c: Call) -> None:
-        dist.barrier(group=self.group)
+        dist.barrier(group=self._pg(c)[0])
 
     # -- failures --------------------------------------------------------------------------------
     def failed_peers(self, wait: float = 0.0) -> dict[int, str]:

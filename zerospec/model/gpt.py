@@ -35,29 +35,41 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
 
-    def unit_spec(self) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
-        """Sharding units in forward order: embeddings, one per block, final LayerNorm."""
-        d, blocks = self.n_embd, []
+    def unit_spec(self, n_m: int = 1) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+        """Sharding units in forward order: embeddings, one per block, final LayerNorm — as one
+        of ``n_m`` model-parallel ranks holds them (Megatron-LM's slicing, zerospec/model/megatron.py:
+        QKV and MLP-up split by rows, attention-out and MLP-down by columns; the rest replicated)."""
+        check_mp(self, n_m)
+        d, e, blocks = self.n_embd, self.n_embd // n_m, []
         for i in range(self.n_layer):
             blocks.append((f"h.{i}", [
                 ("ln_1.weight", (d,)), ("ln_1.bias", (d,)),
-                ("attn.c_attn.weight", (3 * d, d)), ("attn.c_attn.bias", (3 * d,)),
-                ("attn.c_proj.weight", (d, d)), ("attn.c_proj.bias", (d,)),
+                ("attn.c_attn.weight", (3 * e, d)), ("attn.c_attn.bias", (3 * e,)),
+                ("attn.c_proj.weight", (d, e)), ("attn.c_proj.bias", (d,)),
                 ("ln_2.weight", (d,)), ("ln_2.bias", (d,)),
-                ("mlp.c_fc.weight", (4 * d, d)), ("mlp.c_fc.bias", (4 * d,)),
-                ("mlp.c_proj.weight", (d, 4 * d)), ("mlp.c_proj.bias", (d,)),
+                ("mlp.c_fc.weight", (4 * e, d)), ("mlp.c_fc.bias", (4 * e,)),
+                ("mlp.c_proj.weight", (d, 4 * e)), ("mlp.c_proj.bias", (d,)),
             ]))
         return ([("embed", [("wte", (self.vocab_size, d)), ("wpe", (self.block_size, d))])]
                 + blocks + [("ln_f", [("weight", (d,)), ("bias", (d,))])])
 
-    def units(self, n_d: int, pad: bool = True) -> tuple[Unit, ...]:
-        return make_units(self.unit_spec(), n_d, pad)
+    def units(self, n_d: int, pad: bool = True, n_m: int = 1) -> tuple[Unit, ...]:
+        return make_units(self.unit_spec(n_m), n_d, pad)
 
     @property
     def psi(self) -> int:
         """Parameter count Ψ (LM head tied to wte, so counted once)."""
         d, L = self.n_embd, self.n_layer
         return (self.vocab_size + self.block_size) * d + L * (12 * d * d + 13 * d) + 2 * d
+
+
+def check_mp(cfg: GPTConfig, n_m) -> None:
+    """ValueError unless ``n_m`` model-parallel ranks can split ``cfg``'s heads evenly."""
+    if not isinstance(n_m, int) or isinstance(n_m, bool) or n_m < 1:
+        raise ValueError(f"n_m (model-parallel degree) must be an integer >= 1, got {n_m!r}")
+    if cfg.n_head % n_m:
+        raise ValueError(f"n_m={n_m} must divide n_head={cfg.n_head} (Megatron-LM splits attention "
+                         f"by heads; n_embd={cfg.n_embd} and 4·n_embd then split too)")
 
 
 SMALL = GPTConfig()
@@ -97,7 +109,13 @@ def attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     return (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
 
 
-def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp=None) -> torch.Tensor:
+    """One transformer block. ``mp``: this rank's model-parallel group (zerospec/parallel/megatron.py),
+    whose ``enter`` (identity forward, all-reduce backward) feeds a column-parallel layer and whose
+    ``exit`` (all-reduce forward, identity backward) sums a row-parallel layer's partial outputs
+    before its bias is added, as Megatron-LM does; None: the whole block on this rank."""
+    if mp is not None:
+        return _block_mp(cfg, x, p, mp)
     C = x.shape[-1]
     h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
     y = attention(F.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]), cfg.n_head)
@@ -107,11 +125,22 @@ def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.
     return x + F.linear(h, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
 
 
-def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range) -> torch.Tensor:
+def _block_mp(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp) -> torch.Tensor:
+    C = x.shape[-1]
+    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
+    y = attention(F.linear(mp.enter(h), p["attn.c_attn.weight"], p["attn.c_attn.bias"]),
+                  cfg.n_head // mp.n_m)                         # this rank's heads
+    x = x + (mp.exit(F.linear(y, p["attn.c_proj.weight"])) + p["attn.c_proj.bias"])
+    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"])
+    h = F.gelu(F.linear(mp.enter(h), p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]))
+    return x + (mp.exit(F.linear(h, p["mlp.c_proj.weight"])) + p["mlp.c_proj.bias"])
+
+
+def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None) -> torch.Tensor:
     """Blocks ``layers`` in order, each with its unit's parameters (unit 1 + i for block i)."""
     for i in layers:
         with fetch(1 + i) as p:
-            x = block(cfg, x, p)                               # (B, T, C)
+            x = block(cfg, x, p, mp)                           # (B, T, C)
     return x
 
 
@@ -120,7 +149,9 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
     """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.
 
     ``run_blocks(cfg, x, fetch, layers)`` runs the transformer blocks: :func:`blocks` by default,
-    the seam activation checkpointing wraps (zerospec/zero_r/checkpointing.py)."""
+    the seam activation checkpointing and model parallelism wrap (zerospec/zero_r/checkpointing.py).
+    The embedding, final LayerNorm and tied LM head are whole on every model-parallel rank
+    (replicated, not vocab-parallel: spec/model_parallel.md says why)."""
     B, T = idx.shape
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")

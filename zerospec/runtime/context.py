@@ -57,6 +57,7 @@ class RankContext:
         self.rank = rank
         self.n_ranks = n_ranks
         self.memory = memory
+        self.host = MemoryLedger("cpu")   # host memory this rank's code holds (P_a+cpu)
         self.comm = comm
         self.phase_name = "setup"
         self.failed_phase: str | None = None   # the innermost phase an exception left
@@ -82,3 +83,29 @@ class RankContext:
             self.timeline.mark_compute()
             self.memory.snapshot(f"{name}@{self.step}")
             self.phase_name = outer
+
+
+class GroupView:
+    """A rank's context seen through one group of the 2-D grid (comm/groups.py): ``rank`` and
+    ``n_ranks`` are its place in the group and the group's size, ``comm`` the group's
+    interconnect; memory, phase, step and timeline are the rank's own. ZeRO's stages get the DP
+    group's view, so the same stage code shards over N_d ranks whatever N_m is (C11)."""
+
+    def __init__(self, ctx, comm):
+        self._ctx = ctx
+        self.comm = comm
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def n_ranks(self) -> int:
+        return self.comm.n_ranks
+
+    @property
+    def global_rank(self) -> int:
+        return self._ctx.rank
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)

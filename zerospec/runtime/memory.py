@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +33,19 @@ def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+class TraceEvent(NamedTuple):
+    """One entry of a ledger's allocation trace (``MemoryLedger(trace=True)``), in program order:
+    ``op`` is "alloc" or "free" (of storage ``key``, ``nbytes`` bytes, under ``category``) or
+    "phase" (a :meth:`MemoryLedger.snapshot`: the phase ``label`` ends here). The allocator model
+    replays it (zerospec/runtime/trace.py)."""
+
+    op: str
+    key: int = 0
+    nbytes: int = 0
+    category: str = ""
+    label: str = ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
     label: str
@@ -43,8 +57,9 @@ class Snapshot:
 class MemoryLedger:
     """Current and peak bytes per category for one device."""
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    def __init__(self, device: torch.device | str = "cpu", *, trace: bool = False):
         self.device = torch.device(device)
+        self.trace: list[TraceEvent] | None = [] if trace else None   # see record_trace
         self.current: dict[str, int] = {c: 0 for c in CATEGORIES}
         self.peak: dict[str, int] = {c: 0 for c in CATEGORIES}
         self.peak_total = 0
@@ -67,6 +82,8 @@ class MemoryLedger:
         nbytes = t.untyped_storage().nbytes()
         self._live[key] = (category, nbytes)
         self._add(category, nbytes)
+        if self.trace is not None:
+            self.trace.append(TraceEvent("alloc", key, nbytes, category))
         return t
 
     def free(self, t: torch.Tensor) -> None:
@@ -77,6 +94,8 @@ class MemoryLedger:
                              f"{t.dtype}) on {self.device}")
         category, nbytes = self._live.pop(key)
         self._add(category, -nbytes)
+        if self.trace is not None:
+            self.trace.append(TraceEvent("free", key, nbytes, category))
 
     def counted(self, key: int) -> tuple[str, int] | None:
         """(category, bytes) of the live storage with :func:`storage_key` ``key``; None if uncounted."""
@@ -99,6 +118,8 @@ class MemoryLedger:
     def snapshot(self, label: str) -> Snapshot:
         snap = Snapshot(label, dict(self.current), self.total, self.peak_total)
         self.snapshots.append(snap)
+        if self.trace is not None:
+            self.trace.append(TraceEvent("phase", label=label))
         return snap
 
     def snapshots_by_label(self) -> dict[str, list[Snapshot]]:
@@ -106,6 +127,14 @@ class MemoryLedger:
         for s in self.snapshots:
             out[s.label].append(s)
         return dict(out)
+
+    def record_trace(self) -> list[TraceEvent]:
+        """Start recording every alloc, free and phase marker from now on (what ``trace=True``
+        does at construction; a cluster's ledgers are made before its run, so a caller turns the
+        trace on here). Activations come in through track/free too (zerospec/zero/saved.py)."""
+        if self.trace is None:
+            self.trace = []
+        return self.trace
 
     def reset_peaks(self) -> None:
         """Start a new peak window from what is held now (e.g. at the start of a step)."""

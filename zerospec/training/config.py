@@ -23,7 +23,7 @@ DEVICES = ("cpu", "meta")
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     stage: int = 0
-    n_d: int = 4
+    n_d: int = 4                       # data-parallel degree N_d (ZeRO shards over these ranks)
     model: gpt.GPTConfig = gpt.SMALL
     global_batch: int | None = None    # default: 2 sequences per rank per micro-step
     steps: int = 5
@@ -42,6 +42,9 @@ class TrainConfig:
     checkpoint_activations: int = 0           # ZeRO-R: blocks per checkpoint, 0 = off (zero_r/)
     bucket_elements: int | str | None = None  # ZeRO-R C_B: B-element buckets; "model": C29's
     #                                           naive fp32 buffer; None: per unit (zero_r/buffers.py)
+    n_m: int = 1                              # model-parallel degree N_m: N = N_d × N_m ranks
+    partition_activations: bool = False       # ZeRO-R's P_a: checkpoints split over the MP group
+    cpu_checkpointing: bool = False           # P_a+cpu: the partitioned checkpoints in host memory
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -66,7 +69,14 @@ class TrainConfig:
         policy(self.precision)
         checkpointing.check(self.checkpoint_activations, self.model.n_layer)
         buffers.check(self.bucket_elements, self.stage, self.n_d)
+        gpt.check_mp(self.model, self.n_m)
         check_config(self)
+        check_zero_r(self)
+
+    @property
+    def n_ranks(self) -> int:
+        """N = N_d × N_m: every rank of the grid (comm/groups.py)."""
+        return self.n_d * self.n_m
 
     @property
     def exact(self) -> bool:
@@ -91,7 +101,7 @@ class TrainConfig:
         return STAGES[self.stage].label
 
     def units(self) -> tuple[Unit, ...]:
-        return self.model.units(self.n_d, pad=STAGES[self.stage].pad)
+        return self.model.units(self.n_d, pad=STAGES[self.stage].pad, n_m=self.n_m)
 
 
 def check_config(cfg) -> None:
@@ -110,3 +120,18 @@ def check_config(cfg) -> None:
                          f"{MAX_TERMS}, the most fp16 gradients fp64 sums exactly")
     if (cfg.loss_scale or c) and cfg.device == "meta":
         raise ValueError("loss scaling and clipping need real values; device='meta' has none")
+
+
+def check_zero_r(cfg) -> None:
+    """Model parallelism and P_a's switches: ValueError naming the values and what is needed."""
+    if cfg.partition_activations and (cfg.n_m < 2 or not cfg.checkpoint_activations):
+        raise ValueError(f"partition_activations (P_a) splits activation checkpoints over the "
+                         f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1, "
+                         f"got n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
+    if cfg.cpu_checkpointing and not cfg.partition_activations:
+        raise ValueError("cpu_checkpointing (P_a+cpu) moves the partitioned checkpoints to host "
+                         "memory: it needs partition_activations=True")
+    if cfg.n_m > 1 and (cfg.loss_scale is not None or cfg.clip_grad_norm is not None):
+        raise ValueError(f"loss scaling and clipping are not supported with model parallelism yet "
+                         f"(n_m={cfg.n_m}): their overflow vote and global norm would need the "
+                         f"MP group too; use n_m=1")

@@ -8,6 +8,7 @@ import dataclasses
 import torch
 
 from ..comm.ledger import CommLedger
+from ..model import megatron
 from ..model.units import Sized, Unit
 from ..runtime.memory import MemoryLedger
 from . import checkpoint
@@ -91,21 +92,26 @@ def global_losses(outs: list[RankOutput], cfg: TrainConfig) -> list[float]:
             continue
         total = torch.zeros((), dtype=torch.float64)
         for k in range(cfg.grad_accum_steps):
-            for o in outs:
+            for o in outs[::cfg.n_m]:        # one rank per replica: its MP ranks agree bit for bit
                 total += o.micro_losses[s][k].to(torch.float64)
         losses.append(float(total / (cfg.n_d * cfg.grad_accum_steps)))
     return losses
 
 
 def gather_master(units, outs: list[RankOutput], cfg: TrainConfig) -> dict[str, torch.Tensor]:
-    """Reassemble full fp32 masters from the ranks' shards (host side: no collective, no bytes)."""
-    out = {}
-    for i, u in enumerate(units):
-        flat = torch.zeros(u.padded, device=cfg.device)
-        owners = outs[:1] if cfg.stage == 0 else outs
-        for o in owners:
-            sl, m = o.master[i]
-            flat[sl] = m
-        for name, t in u.views(flat).items():
-            out[f"{u.name}/{name}"] = t.clone()
-    return out
+    """Reassemble full fp32 masters from the ranks' shards (host side: no collective, no bytes);
+    with N_m > 1, each MP index's slices from its DP group, then Megatron's slices put together
+    (zerospec/model/megatron.py), so the keys and shapes are the whole model's at any N_m."""
+    parts = []
+    for j in range(cfg.n_m):
+        dp = outs[j::cfg.n_m]                # the DP group of MP index j, in DP order
+        out = {}
+        for i, u in enumerate(units):
+            flat = torch.zeros(u.padded, device=cfg.device)
+            for o in (dp[:1] if cfg.stage == 0 else dp):
+                sl, m = o.master[i]
+                flat[sl] = m
+            for name, t in u.views(flat).items():
+                out[f"{u.name}/{name}"] = t.clone()
+        parts.append(out)
+    return parts[0] if cfg.n_m == 1 else megatron.unshard(cfg.model, parts)

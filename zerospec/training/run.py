@@ -11,7 +11,7 @@ import torch
 from ..cluster.processes import launch, new_context
 from ..cluster.threads import VirtualCluster
 from ..comm.ledger import CommLedger
-from ..model import gpt
+from ..model import gpt, megatron
 from ..model.data import BigramData
 from . import checkpoint
 from .config import TrainConfig
@@ -20,11 +20,17 @@ from .resume import check as resume_check
 from .step import rank_main
 
 
-def initial_weights(cfg: TrainConfig, units) -> list[torch.Tensor]:
+def initial_weights(cfg: TrainConfig, units) -> list:
+    """Each unit's initial fp32 weights (padded flat vectors); with model parallelism
+    (``cfg.n_m`` > 1), one such list per MP index: Megatron's slices of the same model."""
     if cfg.device == "meta":
-        return [torch.empty(u.padded, device="meta") for u in units]
+        one = [torch.empty(u.padded, device="meta") for u in units]
+        return one if cfg.n_m == 1 else [one] * cfg.n_m
     params = gpt.init_params(cfg.model, cfg.seed)
-    return [u.flatten(params[u.name]) for u in units]
+    if cfg.n_m == 1:
+        return [u.flatten(params[u.name]) for u in units]
+    return [[u.flatten(part[u.name]) for u in units]
+            for part in (megatron.shard(cfg.model, params, cfg.n_m, j) for j in range(cfg.n_m))]
 
 
 def make_batches(cfg: TrainConfig):
@@ -49,9 +55,11 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     cfg.steps``; ``save={step: dir}`` writes a sharded checkpoint after those steps;
     ``keep_state`` keeps the final state for ``Result.state()``."""
     units = cfg.units()
-    cluster = cluster or VirtualCluster(cfg.n_d, device=cfg.device, timeout=cfg.timeout)
-    if cluster.n_ranks != cfg.n_d:
-        raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says n_d={cfg.n_d}")
+    cluster = cluster or VirtualCluster(cfg.n_ranks, device=cfg.device, timeout=cfg.timeout)
+    if cluster.n_ranks != cfg.n_ranks:
+        raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says "
+                         f"n_d × n_m = {cfg.n_d} × {cfg.n_m} = {cfg.n_ranks}")
+    check_mp_state(cfg, resume, save, keep_state)
     if resume is not None:
         resume_check(cfg, resume)
     init, batches = initial_weights(cfg, units), make_batches(cfg)
@@ -67,8 +75,9 @@ def train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
     """In one rank's process: train each config in turn (fresh ledgers after the first)."""
     outs = []
     for k, cfg in enumerate(cfgs):
-        if cfg.n_d != ctx.n_ranks:
-            raise ValueError(f"config n_d={cfg.n_d} but the process group has {ctx.n_ranks} ranks")
+        if cfg.n_ranks != ctx.n_ranks:
+            raise ValueError(f"config n_d × n_m = {cfg.n_d} × {cfg.n_m} but the process group has "
+                             f"{ctx.n_ranks} ranks")
         ctx = ctx if k == 0 else new_context()
         units = cfg.units()
         t0 = time.perf_counter()
@@ -81,7 +90,7 @@ def train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
 
 def assemble(cfg: TrainConfig, per_rank: list[dict]) -> Result:
     """The Result of a run on processes, from what each rank's :func:`train_rank` returned."""
-    comm = CommLedger(cfg.n_d)
+    comm = CommLedger(cfg.n_ranks)
     for r, x in enumerate(per_rank):   # each process booked only its own rank's records
         comm.adopt(r, x["records"])
     return build_result(cfg, [x["out"] for x in per_rank], [x["memory"] for x in per_rank], comm,
@@ -96,8 +105,10 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
     for a single config: a checkpoint written here resumes on the simulator and vice versa."""
     single = not isinstance(cfgs, (list, tuple))
     cfgs = [cfgs] if single else list(cfgs)
-    if not cfgs or len({c.n_d for c in cfgs}) != 1:
-        raise ValueError(f"configs must share one n_d, got {[c.n_d for c in cfgs]}")
+    if not cfgs or len({c.n_ranks for c in cfgs}) != 1:
+        raise ValueError(f"configs must share one number of ranks n_d × n_m, got "
+                         f"{[c.n_ranks for c in cfgs]}")
+    check_mp_state(cfgs[0], resume, save, False)
     if (resume is not None or save) and len(cfgs) != 1:
         raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
     if resume is not None:
@@ -107,6 +118,14 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
                          f"(the process's own device is chosen by the backend), got "
                          f"{[c.device for c in cfgs]}")
     launch_kw.setdefault("timeout", max(c.timeout for c in cfgs))
-    per_rank = launch(train_rank, cfgs[0].n_d, cfgs, resume, save, backend=backend, **launch_kw)
-    results = [assemble(cfg, [per_rank[r][k] for r in range(cfg.n_d)]) for k, cfg in enumerate(cfgs)]
+    per_rank = launch(train_rank, cfgs[0].n_ranks, cfgs, resume, save, backend=backend, **launch_kw)
+    results = [assemble(cfg, [per_rank[r][k] for r in range(cfg.n_ranks)])
+               for k, cfg in enumerate(cfgs)]
     return results[0] if single else results
+
+
+def check_mp_state(cfg: TrainConfig, resume, save, keep_state) -> None:
+    """Checkpoints hold one model replica's units: not yet written or read with N_m > 1."""
+    if cfg.n_m > 1 and (resume is not None or save or keep_state):
+        raise ValueError(f"checkpoints (resume, save, keep_state) are not supported with model "
+                         f"parallelism yet (n_m={cfg.n_m}); use n_m=1")

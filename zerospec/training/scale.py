@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..runtime.context import RankContext
+from ..comm.groups import Grid
 from ..comm.interconnect import Interconnect
 from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
@@ -129,7 +130,8 @@ class RankClass:
     memory: MemoryLedger
     model_states: int                          # bytes right after setup
     output: RankOutput | None                  # None when only the setup ran
-    trace: list[tuple]                         # (op, dtype, numel, phase, step, src) per collective
+    host: MemoryLedger                         # host memory (P_a+cpu)
+    trace: list[tuple]   # per collective: (op, dtype, numel, phase, step, src, group, group size)
 
     @property
     def rep(self) -> int:
@@ -144,10 +146,17 @@ class ScaleResult(Sized):
     seconds: float
     _comm: CommLedger | None = None
 
+    @property
+    def grid(self) -> Grid:
+        return Grid(self.config.n_d, self.config.n_m)
+
     def rank_class(self, rank: int) -> RankClass:
-        if not 0 <= rank < self.config.n_d:
-            raise ValueError(f"rank must be in 0..{self.config.n_d - 1}, got {rank}")
-        return next(c for c in self.classes if rank in c.ranks)
+        """The class of global rank ``rank``: its DP index's (every MP index of a DP index holds
+        equal slices, so runs the same)."""
+        if not 0 <= rank < self.config.n_ranks:
+            raise ValueError(f"rank must be in 0..{self.config.n_ranks - 1}, got {rank}")
+        d = self.grid.dp_index(rank)
+        return next(c for c in self.classes if d in c.ranks)
 
     def model_states(self, rank: int = 0) -> int:
         return self.rank_class(rank).model_states
@@ -155,14 +164,21 @@ class ScaleResult(Sized):
     def memory(self, rank: int = 0) -> MemoryLedger:
         return self.rank_class(rank).memory
 
+    def host(self, rank: int = 0) -> MemoryLedger:
+        """The rank's host-memory ledger (P_a+cpu's checkpoints)."""
+        return self.rank_class(rank).host
+
     def comm_ledger(self, ranks=None) -> CommLedger:
         """The N-rank ledger with the given ranks' collectives booked (all ranks by default)."""
         if ranks is None and self._comm is not None:
             return self._comm
-        ledger = CommLedger(self.config.n_d)
-        for r in range(self.config.n_d) if ranks is None else ranks:
-            for op, dtype, numel, phase, step, src in self.rank_class(r).trace:
-                ledger.book(r, op, dtype, numel, phase, step, src=src)
+        grid = self.grid
+        ledger = CommLedger(grid.n_ranks)
+        for r in range(grid.n_ranks) if ranks is None else ranks:
+            where = {"world": r, "dp": grid.dp_index(r), "mp": grid.mp_index(r), "host": 0}
+            for op, dtype, numel, phase, step, src, group, n in self.rank_class(r).trace:
+                ledger.book(r, op, dtype, numel, phase, step, src=src, group=group, n=n,
+                            index=where[group])
         if ranks is None:
             self._comm = ledger
         return ledger
@@ -192,13 +208,17 @@ class _SetupOnlyContext(RankContext):
 def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             zero1_comm: str = "reduce_scatter", precision: str = "fp16",
             setup_only: bool = False, cache_kernels: bool = True, checkpoint_activations: int = 0,
-            count_flops: bool = False, bucket_elements: int | str | None = None) -> ScaleResult:
+            count_flops: bool = False, bucket_elements: int | str | None = None, n_m: int = 1,
+            partition_activations: bool = False, cpu_checkpointing: bool = False) -> ScaleResult:
     """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
 
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
     Table 1, whose cells are model states only; the step does not change them).
     ``checkpoint_activations``, ``count_flops``: as in TrainConfig (ZeRO-R's C27, C28).
     ``bucket_elements``: as in TrainConfig (ZeRO-R's C_B, C29, C36).
+    ``n_m``, ``partition_activations``, ``cpu_checkpointing``: model parallelism on an
+    N_d × N_m grid and ZeRO-R's P_a, P_a+cpu, as in TrainConfig (C11, C17, C26, C32–C35).
+    Every MP index of a DP index holds equal slices, so MP index 0 stands for all of them.
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
@@ -206,23 +226,27 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     cfg = TrainConfig(stage=stage, n_d=n_d, model=model, global_batch=micro_batch * n_d, steps=1,
                       zero1_comm=zero1_comm, precision=precision, device="meta",
                       checkpoint_activations=checkpoint_activations, count_flops=count_flops,
-                      bucket_elements=bucket_elements)
+                      bucket_elements=bucket_elements, n_m=n_m,
+                      partition_activations=partition_activations,
+                      cpu_checkpointing=cpu_checkpointing)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
-    ledger, backend = CommLedger(n_d), MetaBackend(n_d)
+    ledger, backend = CommLedger(cfg.n_ranks), MetaBackend(cfg.n_ranks)
     t0 = time.perf_counter()
     classes = []
     with MetaKernelCache() if cache_kernels else contextlib.nullcontext():
         for ranks in rank_classes(units, n_d, partitioned=units[0].pad):
-            r = ranks[0]
+            r = ranks[0] * n_m                 # the DP index's MP rank 0
             make = _SetupOnlyContext if setup_only else RankContext
-            ctx = make(r, n_d, MemoryLedger("meta"), None)
+            ctx = make(r, cfg.n_ranks, MemoryLedger("meta"), None)
             ctx.comm = Interconnect(ctx, backend, ledger)
             out = _run_rank(ctx, cfg, units, init, batches)
-            trace = [(c.op, c.dtype, c.numel, c.phase, c.step, src)
-                     for c, src in zip(ledger.records(r), backend.srcs[r])]
+            recs = ledger.records(r)
+            srcs = iter(backend.srcs[r])       # the backend saw every collective, not host copies
+            trace = [(c.op, c.dtype, c.numel, c.phase, c.step,
+                      0 if c.group == "host" else next(srcs), c.group, c.group_size) for c in recs]
             states = out.model_states if out is not None else ctx.memory.model_states()
-            classes.append(RankClass(ranks, ctx.memory, states, out, trace))
+            classes.append(RankClass(ranks, ctx.memory, states, out, ctx.host, trace))
     return ScaleResult(cfg, units, classes, time.perf_counter() - t0)
 
 

@@ -21,8 +21,10 @@ from .resume import meta as resume_meta
 from ..optim.update import Updater
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.fetch import ParamFetcher
-from ..zero_r import buffers
-from ..zero_r import block_runner
+from ..comm.groups import Grid
+from ..parallel.megatron import TensorParallel
+from ..runtime.context import GroupView
+from ..zero_r import Partitioned, block_runner, buffers
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -53,14 +55,28 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
                keep_state=False) -> RankOutput:
     """One rank's run. ``on_step(step, stage)``, if given, is called after each step (the
     engine tests snapshot weights there to compare them with torch's own implementations);
-    ``resume``: a checkpoint.TrainState to start from; ``save``: {step: directory}."""
+    ``resume``: a checkpoint.TrainState to start from; ``save``: {step: directory}.
+    ``init``: each unit's initial fp32 weights; with model parallelism (``cfg.n_m`` > 1), one
+    such list per MP index (:func:`zerospec.training.run.initial_weights`).
+
+    With N_m > 1 the rank sits on the N_d × N_m grid (comm/groups.py): the ZeRO stage sees its
+    DP group only (a :class:`GroupView`: same stage code, sharding over N_d), the model its MP
+    group (Megatron's operators), and both MP ranks of a replica read the same micro-batch."""
+    dp_ctx, mp, keep = ctx, None, None
+    if cfg.n_m > 1:
+        grid = Grid(cfg.n_d, cfg.n_m)
+        dp_comm, mp_comm = ctx.comm.split(grid)
+        dp_ctx, mp = GroupView(ctx, dp_comm), TensorParallel(mp_comm)
+        init = init[grid.mp_index(ctx.rank)]
+        if cfg.partition_activations:
+            keep = Partitioned(mp, cfg.cpu_checkpointing, ctx.host)
     cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
-    kwargs["buckets"] = buffers.for_rank(ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
+    kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
     with ctx.phase("setup"):
-        stage = cls(ctx, units, init, cfg.adam, cfg.policy, **kwargs)
+        stage = cls(dp_ctx, units, init, cfg.adam, cfg.policy, **kwargs)
         if resume is not None:
             resume.restore(stage)
     meta = resume.meta if resume is not None else {}
@@ -69,7 +85,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     out = RankOutput([], stage.owned_master(), ctx.memory.model_states(), [], [],
                      {p: 0.0 for p in PHASES})
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
-    blocks = block_runner(cfg.checkpoint_activations, fetcher)   # zero_r/checkpointing.py
+    blocks = block_runner(cfg.checkpoint_activations, fetcher, mp, keep)   # zero_r/
     out.step_end.append(time.perf_counter())
     G = cfg.grad_accum_steps
 
@@ -90,8 +106,8 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
             fetcher.grad_scale = updater.scale
             with phase("forward"), _flops(cfg.count_flops) as fc:
                 with fetcher.hooks():
-                    loss = gpt.forward(cfg.model, micro_batch(idx, ctx.rank, cfg.n_d, k, G),
-                                       micro_batch(tgt, ctx.rank, cfg.n_d, k, G), fetcher.fetch,
+                    loss = gpt.forward(cfg.model, micro_batch(idx, dp_ctx.rank, cfg.n_d, k, G),
+                                       micro_batch(tgt, dp_ctx.rank, cfg.n_d, k, G), fetcher.fetch,
                                        blocks)
                 fetcher.end_forward()
             flops["forward"] += fc.get_total_flops() if fc else 0

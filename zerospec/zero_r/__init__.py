@@ -1,6 +1,7 @@
-"""ZeRO-R: memory beyond the model states (§3.2, §6). So far activation checkpointing
-(:mod:`.checkpointing`) and constant-size fused buffers (:mod:`.buffers`); partitioned
-activations (P_a, P_a+cpu) need model parallelism first."""
+"""ZeRO-R: memory beyond the model states (§3.2, §6): activation checkpointing
+(:mod:`.checkpointing`), partitioned activation checkpoints P_a and P_a+cpu (:mod:`.partition`,
+with model parallelism, zerospec/parallel) and constant-size fused buffers (:mod:`.buffers`)."""
 from .checkpointing import block_runner, segments
+from .partition import Partitioned
 
-__all__ = ["block_runner", "segments"]
+__all__ = ["block_runner", "segments", "Partitioned"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 
@@ -59,17 +60,20 @@ def check(k, n_layer: int) -> None:
                          f"1..{n_layer} (n_layer), got {k!r}")
 
 
-def block_runner(k: int, fetcher):
+def block_runner(k: int, fetcher, mp=None, keep=None):
     """``gpt.forward``'s ``run_blocks`` for one rank's run: plain blocks when k = 0, else a
     checkpoint every k blocks, recomputed in backward through ``fetcher`` (``fetch``, which
-    gpt.forward passes, is ``fetcher.fetch``: a segment needs the fetcher's stage and hooks too)."""
+    gpt.forward passes, is ``fetcher.fetch``: a segment needs the fetcher's stage and hooks too).
+    ``mp``: the rank's model-parallel group (zerospec/parallel/megatron.py) or None; ``keep``:
+    how a checkpoint is kept between forward and backward — None: whole, on the device; else a
+    :class:`zerospec.zero_r.partition.Partitioned` (ZeRO-R's P_a, P_a+cpu)."""
     if k == 0:
-        return gpt.blocks
+        return gpt.blocks if mp is None else functools.partial(gpt.blocks, mp=mp)
 
     def run_blocks(cfg: gpt.GPTConfig, x: torch.Tensor, fetch, layers: range) -> torch.Tensor:
         for seg in _cut(layers, k):
             with fetcher.saved.counting("checkpoints"):   # the one tensor the segment saves
-                x = _Segment.apply(x, _Run(cfg, fetcher, seg))           # (B, T, C)
+                x = _Segment.apply(x, _Run(cfg, fetcher, seg, mp, keep))    # (B, T, C)
         return x
     return run_blocks
 
@@ -81,6 +85,11 @@ class _Run:
     cfg: gpt.GPTConfig
     fetcher: object
     layers: range
+    mp: object = None
+    keep: object = None
+
+    def blocks(self, x: torch.Tensor, fetch) -> torch.Tensor:
+        return gpt.blocks(self.cfg, x, fetch, self.layers, self.mp)
 
     @contextlib.contextmanager
     def serve(self, i: int):
@@ -105,15 +114,21 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, run: _Run):
         ctx.run = run
-        ctx.save_for_backward(x)                  # the checkpoint
-        return gpt.blocks(run.cfg, x, run.serve, run.layers)    # grad mode is off in here
+        if run.keep is None:
+            ctx.save_for_backward(x)              # the checkpoint
+        else:                                     # P_a: 1/N_m of it (P_a+cpu: in host memory)
+            ctx.kept = run.keep.keep(x, ctx.save_for_backward)
+        return run.blocks(x, run.serve)           # grad mode is off in here
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, = ctx.saved_tensors                    # the ledger lets the checkpoint go here
         run, saved = ctx.run, ctx.run.fetcher.saved
+        if run.keep is None:
+            x, = ctx.saved_tensors                # the ledger lets the checkpoint go here
+        else:                                     # P_a: all-gathered over the MP group
+            x = run.keep.restore(ctx.kept, ctx.saved_tensors)
         x = x.detach().requires_grad_(True)
         with torch.enable_grad(), saved.hooks(), saved.counting("recomputed"):
-            y = gpt.blocks(run.cfg, x, run.refetch, run.layers)
+            y = run.blocks(x, run.refetch)
         torch.autograd.backward(y, grad_y)        # parameter gradients go to the fetcher
         return x.grad, None
