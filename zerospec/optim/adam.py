@@ -61,3 +61,24 @@ def reference_optimizer(params, cfg: AdamConfig) -> torch.optim.Adam:
     """torch's own Adam with the same hyper-parameters, for the fp32 single-process reference."""
     return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                             weight_decay=cfg.weight_decay, foreach=False)
+
+
+def update_bound(steps: int, cfg: AdamConfig) -> float:
+    """An upper bound on |w_t − w_0| summed over ``steps`` Adam updates, whatever the gradients:
+    so two runs from the same weights differ by at most twice this per element (spec/model_parallel.md
+    derives it; it is how runs whose gradients differ only by rounding are compared).
+
+    m_t = (1−β1)·Σ_k β1^k g_{t−k}, v_t = (1−β2)·Σ_k β2^k g²_{t−k} (k < t). By Cauchy–Schwarz,
+    |Σ β1^k g| ≤ sqrt(Σ (β1²/β2)^k) · sqrt(Σ β2^k g²), so with the bias corrections
+    |m̂_t| / sqrt(v̂_t) ≤ (1−β1)/(1−β1^t) · sqrt((1−β2^t)/(1−β2)) · sqrt(Σ_{k<t} (β1²/β2)^k)
+    (= 1 at t = 1); eps only shrinks the update. Each step's fp32 arithmetic (eight correctly
+    rounded operations) is covered by a factor 1 + 2⁻²⁰. Needs β1² < β2 and no weight decay."""
+    b1, b2 = cfg.beta1, cfg.beta2
+    if cfg.weight_decay or not b1 * b1 < b2:
+        raise ValueError(f"update_bound needs weight_decay = 0 and beta1² < beta2, got "
+                         f"weight_decay={cfg.weight_decay}, beta1={b1}, beta2={b2}")
+    total = 0.0
+    for t in range(1, steps + 1):
+        geo = sum((b1 * b1 / b2) ** k for k in range(t))
+        total += (1 - b1) / (1 - b1 ** t) * ((1 - b2 ** t) / (1 - b2)) ** 0.5 * geo ** 0.5
+    return cfg.lr * total * (1 + 2.0 ** -20)

@@ -1,0 +1,162 @@
+"""Model parallelism (Megatron-LM slicing on the N_d × N_m grid) and ZeRO-R's P_a, P_a+cpu on the
+tiny GPTs, on threads: exactness, memory per GPU from the ledger, MP traffic from the ledger.
+
+spec/model_parallel.md shows the measured tables and derives the bound used for N_m > 1 vs 1.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runs import assert_same_training, cached, stage_id
+from zerospec.model import megatron
+from zerospec.model.gpt import GPTConfig
+from zerospec.optim.adam import update_bound
+from zerospec.paper import theory
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
+
+# 4 heads of width 5: every unit pads unevenly at N_d = 2 and 3; N_m in (2, 4)
+MP_ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=20)
+STEPS = 3
+PAGE = "spec/model_parallel.md"
+
+
+def mp_run(stage: int, n_d: int, n_m: int, **kw):
+    cfg = TrainConfig(stage=stage, n_d=n_d, n_m=n_m, model=MP_ODD, steps=STEPS, **kw)
+    return cached(("threads", cfg, None), lambda: train(cfg))
+
+
+GRIDS = [(2, 2), (3, 2), (2, 4)]
+
+
+@pytest.mark.claim("P10")
+@pytest.mark.parametrize("n_d,n_m", GRIDS, ids=lambda g: str(g))
+@pytest.mark.parametrize("stage", [1, 2, 3], ids=stage_id)
+def test_at_a_fixed_n_m_every_zero_stage_is_bit_identical(stage, n_d, n_m):
+    """The stages shard over the DP group only, with unchanged code: at any N_d × N_m they give
+    the bits of stage 0 at the same grid (losses of every rank, final weights)."""
+    assert_same_training(mp_run(0, n_d, n_m), mp_run(stage, n_d, n_m))
+
+
+@pytest.mark.claim("P10")
+@pytest.mark.parametrize("n_d,n_m", GRIDS, ids=lambda g: str(g))
+def test_replicated_parameters_stay_identical_on_every_mp_rank(n_d, n_m):
+    """LayerNorms, row-parallel biases, the embedding and ln_f are whole on every MP rank: their
+    gradients come from identical inputs (the all-reduces hand every rank the same bits), so their
+    masters stay bit-identical across the MP group without any extra communication."""
+    r = mp_run(0, n_d, n_m)
+    units = r.units
+    for d in range(n_d):
+        ranks = r.ranks[d * n_m:(d + 1) * n_m]
+        for i, u in enumerate(units):
+            for p in u.params:
+                if u.name.startswith("h.") and p.name in megatron.SPLIT:
+                    continue
+                sl = slice(p.offset, p.offset + p.numel)
+                first = ranks[0].master[i][1][sl]
+                assert all(torch.equal(first, o.master[i][1][sl]) for o in ranks[1:]), (u.name, p.name)
+
+
+@pytest.mark.claim("P10")
+@pytest.mark.parametrize("n_m", [2, 4])
+def test_model_parallel_training_is_the_same_model_within_the_adam_bound(n_m, claim_values):
+    """N_m > 1 vs N_m = 1 differ only in the order row-parallel partial sums are added, so from
+    the same weights every master stays within 2·Σ_t max|Adam update| + storage rounding
+    (optim.adam.update_bound; spec/model_parallel.md) — and is not trivially equal."""
+    one, mp = mp_run(0, 2, 1), mp_run(0, 2, n_m)
+    assert mp.master.keys() == one.master.keys()
+    assert all(mp.master[k].shape == one.master[k].shape for k in one.master)
+    lr_bound = 2 * update_bound(STEPS, mp.config.adam)
+    worst = max(float((mp.master[k] - one.master[k]).abs().max()) for k in one.master)
+    wmax = max(float(t.abs().max()) for t in one.master.values())
+    assert worst <= lr_bound + 2 * STEPS * 2.0 ** -24 * wmax
+    assert worst > 0                    # the sum order matters: the comparison is not vacuous
+    claim_values(f"max |Δw| = {worst:.2e} after {STEPS} steps; step-1 loss {mp.losses[0]!r} vs "
+                 f"{one.losses[0]!r}", f"≤ {lr_bound:.2e} (derived bound)", f"N_d = 2, N_m = {n_m}")
+
+
+@pytest.mark.claim("C11")
+@pytest.mark.parametrize("n_d,n_m", GRIDS, ids=lambda g: str(g))
+@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+def test_model_states_per_gpu_are_the_stage_formula_at_psi_over_n_m(stage, n_d, n_m):
+    """Each rank holds Ψ_m = Megatron's slice of the model (model/megatron.py, exact) and its
+    stage's bytes for Ψ_m over N_d ranks: ZeRO-DP and MP multiply, N_d × N_m (C11)."""
+    r = mp_run(stage, n_d, n_m)
+    assert r.psi == megatron.psi_per_rank(MP_ODD, n_m)
+    for rank in range(n_d * n_m):
+        assert r.model_states(rank) == theory.model_state_bytes(stage, r.psi_held, n_d)
+
+
+# -- MP traffic and P_a ------------------------------------------------------------------------------
+def ckpt_run(stage: int, **kw):
+    return mp_run(stage, 2, 2, checkpoint_activations=1, **kw)
+
+
+P_A = {"plain": {}, "P_a": {"partition_activations": True},
+       "P_a+cpu": {"partition_activations": True, "cpu_checkpointing": True}}
+
+
+@pytest.mark.claim("P11")
+@pytest.mark.parametrize("variant", list(P_A))
+@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+def test_checkpointing_p_a_and_p_a_cpu_change_no_bit(stage, variant):
+    """A checkpoint per block, kept whole, split over the MP group (P_a) or moved to the host
+    (P_a+cpu): the recompute runs on the same values, so every bit equals the run without."""
+    assert_same_training(mp_run(0, 2, 2), ckpt_run(stage, **P_A[variant]))
+
+
+def block_message(r) -> int:
+    """b·s·hd: the activation each MP all-reduce carries (sequences per replica × seq × width)."""
+    return r.config.batch // r.config.n_d * MP_ODD.block_size * MP_ODD.n_embd
+
+
+@pytest.mark.claim("C33")
+def test_mp_moves_six_all_reduces_per_block_and_p_a_adds_one_twelfth(claim_values):
+    """Per block and step: 2 all-reduces of b·s·hd in forward, 2 in the recompute, 2 in backward
+    (ring: 2(N_m−1)/N_m each); P_a adds one all-gather of the checkpoint, (N_m−1)/N_m·b·s·hd:
+    1/12 of MP's traffic (C33), every figure read from the ledger's MP group."""
+    plain, pa = ckpt_run(0), ckpt_run(0, partition_activations=True)
+    S, L, n = block_message(plain), MP_ODD.n_layer, 2
+    for r in (plain, pa):
+        ar = r.comm.records(0, group="mp", op="all_reduce", step=1)
+        assert len(ar) == 6 * L and {x.numel for x in ar} == {S}
+        assert sum(x.elements_sent for x in ar) == 6 * L * 2 * (n - 1) * S // n
+    gathers = pa.comm.records(0, group="mp", op="all_gather", step=1)
+    assert len(gathers) == L and {x.numel for x in gathers} == {S}
+    assert plain.comm.records(0, group="mp", op="all_gather") == []
+    mp_elems = sum(x.elements_sent for x in pa.comm.records(0, group="mp", op="all_reduce", step=1))
+    ratio = sum(x.elements_sent for x in gathers) / mp_elems
+    claim_values(f"P_a all-gather / MP all-reduces = {ratio:.4f}", "1/12 ≈ 0.0833, < 10% (C33)",
+                 "N_m = 2, a checkpoint per block")
+    assert ratio * 12 == 1
+
+
+@pytest.mark.claim("C32")
+@pytest.mark.parametrize("n_d,n_m", [(2, 2), (2, 4)], ids=lambda g: str(g))
+def test_p_a_divides_checkpoint_memory_by_n_m(n_d, n_m):
+    """P_a keeps 1/N_m of every checkpoint per rank: the ledger's checkpoint peak is exactly the
+    whole-checkpoint peak / N_m, on every rank (C32)."""
+    whole = mp_run(0, n_d, n_m, checkpoint_activations=1)
+    part = mp_run(0, n_d, n_m, checkpoint_activations=1, partition_activations=True)
+    for rank in range(n_d * n_m):
+        w, p = whole.memory[rank].peak["checkpoints"], part.memory[rank].peak["checkpoints"]
+        assert w == MP_ODD.n_layer * block_message(whole) * 4 and p * n_m == w
+
+
+@pytest.mark.claim("C35")
+def test_p_a_cpu_moves_twice_p_a_bytes_over_the_host_link_and_leaves_no_checkpoint_on_device():
+    """P_a+cpu: 0 checkpoint bytes on the device; the host holds P_a's part; the rank's host link
+    carries each part out and back, twice P_a's checkpoint bytes per step (C35)."""
+    pa, cpu = ckpt_run(0, partition_activations=True), ckpt_run(0, partition_activations=True,
+                                                                cpu_checkpointing=True)
+    for rank in range(4):
+        part = pa.memory[rank].peak["checkpoints"]
+        assert cpu.memory[rank].peak["checkpoints"] == 0 and part > 0
+        assert cpu.ranks and cpu.memory[rank].current["checkpoints"] == 0
+        for step in range(1, STEPS + 1):
+            link = cpu.comm.records(rank, group="host", step=step)
+            assert {x.op for x in link} == {"to_host", "from_host"}
+            moved = sum(x.bytes_sent + x.bytes_recv for x in link)
+            assert moved == 2 * part
+    assert pa.comm.records(0, group="host") == []
