@@ -160,3 +160,18 @@ def test_p_a_cpu_moves_twice_p_a_bytes_over_the_host_link_and_leaves_no_checkpoi
             moved = sum(x.bytes_sent + x.bytes_recv for x in link)
             assert moved == 2 * part
     assert pa.comm.records(0, group="host") == []
+
+
+def test_model_parallel_table(md_snapshot):
+    """spec/model_parallel.md's tiny-GPT table (N_d = 2, N_m = 2, stage 3, a checkpoint per
+    block): per rank 0, Ψ held, model states, checkpoint bytes, and each group's traffic."""
+    rows = ["| variant | Ψ per rank | model states (B) | checkpoints (B) | host (B) "
+            "| DP elements | MP elements | host link (B) |", "|---|---|---|---|---|---|---|---|"]
+    for name, kw in P_A.items():
+        r = ckpt_run(3, **kw)
+        led = r.comm
+        rows.append(f"| {name} | {r.psi:,} | {r.model_states(0):,} "
+                    f"| {r.memory[0].peak['checkpoints']:,} | {r.host[0].peak['checkpoints']:,} "
+                    f"| {led.elements(0, group='dp'):,} | {led.elements(0, group='mp'):,} "
+                    f"| {sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group='host')):,} |")
+    assert md_snapshot == "\n".join(rows)

@@ -66,8 +66,10 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     t0 = time.perf_counter()
     outs = cluster.run(rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
     wall = time.perf_counter() - t0
-    return build_result(cfg, outs, cluster.memory, cluster.comm_ledger, wall,
-                        [ctx.timeline.events for ctx in cluster.contexts])
+    result = build_result(cfg, outs, cluster.memory, cluster.comm_ledger, wall,
+                          [ctx.timeline.events for ctx in cluster.contexts])
+    result.host = [ctx.host for ctx in cluster.contexts]
+    return result
 
 
 # -- training on processes ------------------------------------------------------------------------
@@ -84,6 +86,7 @@ def train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
         out = rank_main(ctx, cfg, units, initial_weights(cfg, units), make_batches(cfg),
                         resume=resume, save=save)
         outs.append({"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
+                     "host": ctx.host,
                      "timeline": ctx.timeline.events, "seconds": time.perf_counter() - t0})
     return outs
 
@@ -93,8 +96,10 @@ def assemble(cfg: TrainConfig, per_rank: list[dict]) -> Result:
     comm = CommLedger(cfg.n_ranks)
     for r, x in enumerate(per_rank):   # each process booked only its own rank's records
         comm.adopt(r, x["records"])
-    return build_result(cfg, [x["out"] for x in per_rank], [x["memory"] for x in per_rank], comm,
-                        max(x["seconds"] for x in per_rank), [x["timeline"] for x in per_rank])
+    result = build_result(cfg, [x["out"] for x in per_rank], [x["memory"] for x in per_rank], comm,
+                          max(x["seconds"] for x in per_rank), [x["timeline"] for x in per_rank])
+    result.host = [x["host"] for x in per_rank]
+    return result
 
 
 def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | None = None,
