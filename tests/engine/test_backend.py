@@ -83,3 +83,21 @@ def test_gloo_reduce_scatter_is_the_slice_of_its_all_reduce(n):
     outs = launch(workers.gloo_orders, n, timeout=30)
     assert all(o["raw_equal"] for o in outs)
     assert all(o["backend_equal"] for o in outs)
+
+
+def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
+    """``--ranks 4 --mp 2`` on real processes: the grid's DP and MP groups are gloo subgroups
+    (new_group, made in the same order on every process); the same stage code gives the
+    simulator's losses and weights bit for bit and books the same ledger, group by group."""
+    from tests.runs import assert_same_training
+    from zerospec.cluster.threads import VirtualCluster
+    from zerospec.training.config import TrainConfig
+    from zerospec.training.run import train, train_processes
+    cfg = TrainConfig(stage=3, n_d=2, n_m=2, steps=3, checkpoint_activations=1,
+                      partition_activations=True, timeout=60)
+    real = train_processes(cfg)
+    sim = train(cfg, cluster=VirtualCluster(4, torch_threads=1))
+    assert_same_training(sim, real)
+    for r in range(4):
+        assert [(x.op, x.group, x.numel, x.elements_sent) for x in real.comm.records(r)] == \
+               [(x.op, x.group, x.numel, x.elements_sent) for x in sim.comm.records(r)]

@@ -28,7 +28,11 @@ def add_parser(sub) -> None:
                    help="sim: virtual GPUs as threads; torch: real processes (default sim)")
     p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=3, help="ZeRO stage, default 3")
     p.add_argument("--ranks", type=int, default=None,
-                   help="data-parallel degree N_d (default 4; under torchrun: its world size)")
+                   help="GPUs N = N_d × N_m (default 4; under torchrun: its world size)")
+    p.add_argument("--mp", type=T.positive_int, default=1, metavar="N_M",
+                   help="model-parallel degree N_m: Megatron-LM slicing inside groups of N_M "
+                        "neighbouring ranks, ZeRO over the other N/N_M (spec/model_parallel.md; "
+                        "default 1)")
     p.add_argument("--steps", type=int, default=5, help="training steps, default 5")
     p.add_argument("--precision", choices=tuple(POLICIES), default="fp16", help="default fp16")
     p.add_argument("--model", choices=MODELS, default="small", help="tiny GPT preset, default small")
@@ -51,6 +55,12 @@ def add_parser(sub) -> None:
                    help="activation checkpointing: keep the input of every K-th transformer block, "
                         "recompute the rest in backward (1: one checkpoint per block; "
                         "default 0: off)")
+    z.add_argument("--partition-activations", action="store_true",
+                   help="P_a: keep 1/N_m of each checkpoint per MP rank, all-gathered before the "
+                        "recompute (needs --mp >= 2 and --checkpoint-activations)")
+    z.add_argument("--cpu-checkpointing", action="store_true",
+                   help="P_a+cpu: keep the partitioned checkpoints in host memory "
+                        "(needs --partition-activations)")
     z.add_argument("--bucket-size", type=_bucket_size, default=None, metavar="B|model",
                    help="reduce gradients (and stage 1/2's parameter gathers) through buckets of "
                         "at most B elements (C_B, spec/buffers.md); 'model': one fp32 buffer of "
@@ -71,12 +81,19 @@ def _bucket_size(text: str):
     return n
 
 
-def _config(args, n_d: int):
+def _config(args, n_ranks: int):
+    from . import UsageError
     from ..model import gpt
     from ..optim.loss_scale import LossScale
     from ..training.config import TrainConfig
+    if n_ranks % args.mp:
+        raise UsageError(f"--ranks {n_ranks} must be a multiple of --mp {args.mp} "
+                         f"(N = N_d × N_m)")
     scale = LossScale(init_scale=args.loss_scale) if args.loss_scale is not None else None
-    return TrainConfig(stage=args.stage, n_d=n_d, model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
+    return TrainConfig(stage=args.stage, n_d=n_ranks // args.mp, n_m=args.mp,
+                       partition_activations=args.partition_activations,
+                       cpu_checkpointing=args.cpu_checkpointing,
+                       model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
                        steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
                        precision=args.precision, timeout=args.timeout, loss_scale=scale,
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
@@ -93,18 +110,28 @@ def summary(result, backend: str) -> str:
                   ("skipped", lambda s: "yes" if result.skipped[s] else "no")]
     if cfg.clip_grad_norm is not None:
         extra += [("grad norm", lambda s: f"{result.grad_norms[s]:.6g}")]
-    head = ["step", "loss", "collectives", "elements sent (rank 0)", "wire elements (rank 0)",
+    if cfg.n_m > 1:   # each group's traffic on its own (MP inside a node, DP across)
+        extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
+                 ("host link bytes", lambda s: f"{sum(r.bytes_sent + r.bytes_recv for r in comm.records(0, step=s + 1, group='host')):,}"),
+                 *extra]
+    sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
+    head = ["step", "loss", "collectives", sent, "wire elements (rank 0)",
             *(name for name, _ in extra)]
-    lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}, Ψ = {result.psi:,}, "
+    own = "dp" if cfg.n_m > 1 else None
+    mp = f" × N_m = {cfg.n_m} (Ψ per MP rank)" if cfg.n_m > 1 else ""
+    lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}{mp}, Ψ = {result.psi:,}, "
              f"{cfg.precision}, backend {backend}"
              + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else "")
              + (f", activation checkpoint every {cfg.checkpoint_activations} block(s)"
-                if cfg.checkpoint_activations else ""),
-             f"model states on rank 0: {result.model_states(0):,} B", "",
+                if cfg.checkpoint_activations else "")
+             + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else ""),
+             f"model states on rank 0: {result.model_states(0):,} B"
+             + (f"; activation checkpoints: {result.memory[0].peak['checkpoints']:,} B on the "
+                f"device at the peak" if cfg.checkpoint_activations else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in range(1, cfg.steps + 1):
-        recs = comm.records(0, step=s)
-        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(len(recs)),
+        recs = comm.records(0, step=s, group=own)
+        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(len(comm.records(0, step=s))),
                  f"{sum(r.elements_sent for r in recs):,}", f"{sum(r.wire_elements_sent for r in recs):,}",
                  *(cell(s - 1) for _, cell in extra)]
         lines.append("| " + " | ".join(cells) + " |")
