@@ -112,3 +112,25 @@ def test_meta_representatives_give_every_rank_s_ledgers_of_the_thread_grid(stage
         assert full.comm.records(r) == comm.records(r), r
         assert scaled.memory(r).snapshots == full.memory[r].snapshots, r
     assert {c.group for c in comm.records()} == {"dp", "mp", "host"}
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--ranks", "4", "--mp", "3"], "--ranks 4 must be a multiple of --mp 3"),
+    (["--ranks", "4", "--mp", "0"], "'0'"),
+    (["--ranks", "4", "--partition-activations"], "got n_m=1"),
+    (["--ranks", "4", "--mp", "2", "--checkpoint-activations", "1", "--cpu-checkpointing"],
+     "needs partition_activations=True")])
+def test_zerospec_train_refuses_a_grid_or_p_a_it_cannot_run_in_one_line(capsys, argv, named):
+    from tests.cli import assert_usage_error
+    assert_usage_error(capsys, "train", "--steps", "1", *argv, named=named)
+
+
+def test_zerospec_train_mp_flags_reach_the_run_and_its_table(capsys):
+    """`--ranks 4 --mp 2 … --cpu-checkpointing`: N_d = 2 × N_m = 2, the MP and host-link columns,
+    and no checkpoint bytes left on the device."""
+    from tests.cli import run_cli
+    rc, out, _ = run_cli(capsys, "train", "--ranks", "4", "--mp", "2", "--steps", "1",
+                         "--model", "small", "--checkpoint-activations", "1",
+                         "--partition-activations", "--cpu-checkpointing")
+    assert rc == 0 and "N_d = 2 × N_m = 2" in out and "P_a+cpu" in out
+    assert "| MP elements | host link bytes |" in out and "checkpoints: 0 B on the device" in out
