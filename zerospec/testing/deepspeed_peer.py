@@ -17,7 +17,10 @@ computes ``F.linear`` as a matmul and a separate bias add, which rounds differen
 
 :func:`run_deepspeed` returns per-step losses, full weights and DeepSpeed's comms-logger records per
 phase, normalised to the paper's volume (:func:`ds_volume`), as
-:func:`~zerospec.testing.oracles.run_peer` does.
+:func:`~zerospec.testing.oracles.run_peer` does. ``cfg.precision`` "bf16" turns on DeepSpeed's bf16
+(the module computes in bf16). :func:`reduced_gradients` reads out, exactly, the step-1 gradient
+each engine reduced and every rank's local one: at N > 2 the engines add the ranks' values in
+different orders (spec/deepspeed.md).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from ..optim.adam import reference_optimizer
 from .oracles import GPT, OPTIMIZERS, ZerospecAdam, mean_losses, zerospec_row
 
 SETTINGS = ("default", "paper")
+PRECISIONS = ("fp32", "bf16")
 # DeepSpeed's comms-logger names -> the Interconnect's (what each op is, whatever DeepSpeed calls it)
 DS_OPS = {"all_gather_into_tensor": "all_gather", "allgather_fn": "all_gather",
           "all_gather": "all_gather", "all_gather_coalesced": "all_gather",
@@ -52,9 +56,11 @@ def available() -> str | None:
 
 
 def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) -> dict:
-    """DeepSpeed's JSON config for ZeRO-``stage`` on zerospec's ``cfg`` (fp32, no clipping)."""
+    """DeepSpeed's JSON config for ZeRO-``stage`` on zerospec's ``cfg`` (fp32 or bf16, no clipping)."""
     if stage not in (1, 2, 3):
         raise ValueError(f"DeepSpeed peer stage must be 1, 2 or 3, got {stage!r}")
+    if cfg.precision not in PRECISIONS:
+        raise ValueError(f"DeepSpeed peer precision must be one of {PRECISIONS}, got {cfg.precision!r}")
     if settings not in SETTINGS:
         raise ValueError(f"settings must be one of {SETTINGS}, got {settings!r}")
     zero: dict = {"stage": stage}
@@ -66,17 +72,38 @@ def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) ->
         else:   # nothing kept whole, nothing kept gathered from forward to backward
             zero.update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0,
                         stage3_prefetch_bucket_size=0)
-    return {"train_micro_batch_size_per_gpu": cfg.batch // cfg.n_d,
+    # bf16: DeepSpeed casts the module to bf16 and computes in it (fp32 master weights in ZeRO)
+    bf16 = {"bf16": {"enabled": True}} if cfg.precision == "bf16" else {}
+    return {**bf16, "train_micro_batch_size_per_gpu": cfg.batch // cfg.n_d,
             "gradient_accumulation_steps": 1, "zero_optimization": zero,
             "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
             "steps_per_print": 2**31 - 1,
             "comms_logger": {"enabled": comms, "prof_all": True, "verbose": False}}
 
 
+class GradientProbe(torch.optim.Optimizer):
+    """An "optimizer" that sets each parameter to its gradient: after one step an engine's weights
+    are the reduced gradient it handed its optimizer, in the model's layout (DeepSpeed's own
+    partition bookkeeping and gathers do the mapping, bit for bit)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.copy_(p.grad)
+
+
+PEER_OPTIMIZERS = (*OPTIMIZERS, "probe")
+
+
 def build(stage: int, cfg, optimizer: str = "torch", settings: str = "default", comms: bool = True):
     """DeepSpeed's engine for ZeRO-``stage`` around zerospec's model and init, on this group."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if optimizer not in PEER_OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {PEER_OPTIMIZERS}, got {optimizer!r}")
     reason = available()
     if reason:
         raise RuntimeError(reason)
@@ -88,7 +115,7 @@ def build(stage: int, cfg, optimizer: str = "torch", settings: str = "default", 
     model = GPT.from_init(cfg.model, cfg.seed)
     params = list(model.parameters())
     opt = (reference_optimizer(params, cfg.adam) if optimizer == "torch"
-           else ZerospecAdam(params, cfg.adam))
+           else GradientProbe(params) if optimizer == "probe" else ZerospecAdam(params, cfg.adam))
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt,
                                       config=ds_config(stage, cfg, settings, comms))
     return engine
@@ -181,37 +208,93 @@ def run_deepspeed(stage: int, cfg, *, optimizer: str = "torch", settings: str = 
 
 
 # -- zerospec next to DeepSpeed, in the same processes --------------------------------------------
-def compare_rank(ctx, cfg, stages, *, optimizers=("torch",), settings=("default",),
-                 weights: bool = True) -> list[dict]:
-    """For each stage: zerospec's run, then DeepSpeed's for each optimizer × settings (with
-    weights, or with comms: :func:`run_deepspeed`)."""
+def compare_rank(ctx, cfg, stages, *, runs=(("torch", "default"),), weights: bool = True) -> list[dict]:
+    """For each stage: zerospec's run, then DeepSpeed's for each (optimizer, settings) of ``runs``
+    (with weights, or with comms: :func:`run_deepspeed`)."""
     from ..cluster.processes import new_context
     from .oracles import _zerospec_rank
     out = []
     for k, stage in enumerate(stages):
         c = dataclasses.replace(cfg, stage=stage)
         zs = _zerospec_rank(ctx if k == 0 else new_context(), c, count=False, weights=weights)
-        ds = {(o, s): run_deepspeed(stage, c, optimizer=o, settings=s, weights=weights)
-              for o in optimizers for s in settings}
+        ds = {(o, s): run_deepspeed(stage, c, optimizer=o, settings=s, weights=weights) for o, s in runs}
         out.append({"stage": stage, "zerospec": zs, "deepspeed": ds})
     return out
 
 
-def compare(cfg, stages=(1, 2, 3), *, optimizers=("torch",), settings=("default",),
+def compare(cfg, stages=(1, 2, 3), *, optimizers=("torch",), settings=("default",), runs=None,
             weights: bool = True, **launch_kw) -> list[dict]:
     """Launch ``cfg.n_d`` gloo processes; one row per stage: zerospec's losses (mean over ranks),
     weights per step (or None) and ledger records per rank, and DeepSpeed's per (optimizer,
-    settings): losses and weights per step, or (``weights=False``) comms per rank, step and phase."""
+    settings) — every pair of ``optimizers`` × ``settings``, or the pairs ``runs`` — losses and
+    weights per step, or (``weights=False``) comms per rank, step and phase."""
     from ..cluster.processes import launch
-    per_rank = launch(compare_rank, cfg.n_d, cfg, list(stages), optimizers=tuple(optimizers),
-                      settings=tuple(settings), weights=weights, timeout=cfg.timeout, **launch_kw)
+    runs = tuple(runs) if runs is not None else tuple((o, s) for o in optimizers for s in settings)
+    per_rank = launch(compare_rank, cfg.n_d, cfg, list(stages), runs=runs, weights=weights,
+                      timeout=cfg.timeout, **launch_kw)
     rows = []
     for k, stage in enumerate(stages):
         zs = [per_rank[r][k]["zerospec"] for r in range(cfg.n_d)]
         row = {**zerospec_row(cfg, stage, zs, weights), "deepspeed": {}}
-        for key in per_rank[0][k]["deepspeed"]:
+        for key in runs:
             ds = [per_rank[r][k]["deepspeed"][key] for r in range(cfg.n_d)]
             row["deepspeed"][key] = {"losses": mean_losses(ds, cfg), "weights": ds[0]["weights"],
                                      "comms": [d["comms"] for d in ds]}
         rows.append(row)
     return rows
+
+
+# -- N > 2: which order each engine adds the ranks' gradients in ---------------------------------
+def _local_gradients(cfg) -> dict[str, torch.Tensor]:
+    """This rank's step-1 gradient, before any reduction (the same module, weights and shard as
+    both engines use; bit-equal to theirs, as the N = 2 parity shows)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = GPT.from_init(cfg.model, cfg.seed)
+    idx, tgt = BigramData(cfg.model.vocab_size, cfg.model.block_size, cfg.seed).batch(0, cfg.batch)
+    model(BigramData.shard(idx, rank, n), BigramData.shard(tgt, rank, n)).backward()
+    return {k: p.grad.clone() for k, p in model.unit_params().items()}
+
+
+def _zerospec_gradient(ctx, cfg) -> list:
+    """zerospec's reduced step-1 gradient, this rank's owned shards: Adam with β1 = 0 leaves
+    exp_avg = 0·0 + g·(1 − 0) = g exactly, so the optimizer state after step 1 *is* the gradient."""
+    from ..training import run as train
+    cfg = dataclasses.replace(cfg, steps=1, adam=dataclasses.replace(cfg.adam, beta1=0.0))
+    units = cfg.units()
+    got: list = []
+
+    def on_step(step, stage):
+        got.extend((sl, m.detach().clone()) for (sl, _), m in zip(stage.owned_master(), stage.exp_avg))
+    out = train.rank_main(ctx, cfg, units, train.initial_weights(cfg, units), train.make_batches(cfg),
+                          on_step)
+    return {"weights": [got], "records": ctx.comm.ledger.records(ctx.rank), "losses": out.losses}
+
+
+def gradients_rank(ctx, cfg, stages, settings=SETTINGS) -> dict:
+    """Step 1 on this rank: the local gradient, and per stage the reduced gradient of zerospec and
+    of DeepSpeed (per settings; :class:`GradientProbe`)."""
+    from ..cluster.processes import new_context
+    one = dataclasses.replace(cfg, steps=1)
+    out = {"local": _local_gradients(one), "stages": []}
+    for k, stage in enumerate(stages):
+        c = dataclasses.replace(one, stage=stage)
+        zs = _zerospec_gradient(ctx if k == 0 else new_context(), c)
+        ds = {s: run_deepspeed(stage, c, optimizer="probe", settings=s)["weights"][0] for s in settings}
+        out["stages"].append({"zerospec": zs, "deepspeed": ds})
+    return out
+
+
+def reduced_gradients(cfg, stages=(1, 2, 3), settings=SETTINGS, **launch_kw) -> dict:
+    """Launch ``cfg.n_d`` gloo processes; return every rank's local step-1 gradient ("local": a list
+    over ranks of "unit/param" → tensor) and, per stage, the mean gradient each engine reduced
+    from them ("zerospec": "unit/param" → tensor; "deepspeed": settings → the same)."""
+    from ..cluster.processes import launch
+    per_rank = launch(gradients_rank, cfg.n_d, cfg, list(stages), tuple(settings),
+                      timeout=cfg.timeout, **launch_kw)
+    rows = {}
+    for k, stage in enumerate(stages):
+        zs = [per_rank[r]["stages"][k]["zerospec"] for r in range(cfg.n_d)]
+        one = dataclasses.replace(cfg, steps=1)
+        rows[stage] = {"zerospec": zerospec_row(one, stage, zs, True)["weights"][0],
+                       "deepspeed": per_rank[0]["stages"][k]["deepspeed"]}
+    return {"local": [per_rank[r]["local"] for r in range(cfg.n_d)], "stages": rows}
