@@ -40,10 +40,12 @@ def column(table, name):
 
 
 def test_every_variant_runs_and_every_table_is_built(m, tables):
-    """Five runs (ZeRO-0, both ZeRO-1 variants, ZeRO-2, ZeRO-3) and all seven tables."""
+    """Five runs (ZeRO-0, both ZeRO-1 variants, ZeRO-2, ZeRO-3), all eight tables, and the four
+    ZeRO-R options."""
     assert [r.key for r in m.runs] == list(VARIANTS)
     assert list(tables) == list(TABLES)
-    assert all(len(t.rows) == len(m.runs) for n, t in tables.items() if n != "scaled")
+    assert all(len(t.rows) == len(m.runs) for n, t in tables.items() if n not in ("scaled", "zero_r"))
+    assert len(tables["zero_r"].rows) == len(m.zero_r) == 4
 
 
 @stage_claims(lambda s: s.memory_claim)
@@ -147,3 +149,19 @@ def test_bad_report_config_names_the_value():
     """An unknown stage name is an error naming it and the accepted ones."""
     with pytest.raises(ValueError, match=r"unknown stage '9'.*0, 1, 1ar, 2, 3"):
         ReportConfig(variants=("0", "9"))
+
+
+@pytest.mark.claim("C32")
+@pytest.mark.claim("C35")
+def test_the_zero_r_table_reads_each_option_off_its_own_ledgers(tables, m):
+    """Checkpointing holds one b·s·d input per block; P_a half of it per rank (N_m = 2); P_a+cpu
+    none on the GPU, the same on the host and twice that over the host link."""
+    t = tables["zero_r"]
+    assert column(t, "Option") == ["no checkpointing", "a checkpoint per block", "P_a (N_m = 2)",
+                                   "P_a+cpu (N_m = 2)"]
+    g, mb = m.config.model, m.config.micro_batch
+    whole = g.n_layer * mb * g.block_size * g.n_embd * 2            # fp16 on meta
+    assert column(t, "Checkpoints on GPU") == [0, whole, whole // 2, 0]
+    assert column(t, "Checkpoints on host") == [0, 0, 0, whole // 2]
+    assert column(t, "Host link") == [0, 0, 0, whole]
+    assert column(t, "MP elements")[:2] == [0, 0] and column(t, "MP elements")[2] > 0

@@ -87,6 +87,7 @@ class Measurements:
     runs: list[Run]
     sweep: dict[int, dict[int, int]]      # stage -> N -> measured per-GPU model-state bytes (max rank)
     seconds: float                        # the whole measurement, wall clock
+    zero_r: dict = dataclasses.field(default_factory=dict)   # ZeRO-R option -> its meta step
 
     def run(self, key: str) -> Run | None:
         return next((r for r in self.runs if r.key == key), None)
@@ -103,6 +104,23 @@ def setup_model_states(stage: int, n_d: int, model: GPTConfig = SMALL, zero1_com
     return {k: r.model_states(k) for k in (ranks if ranks is not None else sorted({0, n_d - 1}))}
 
 
+# -- ZeRO-R's activation options: one meta step each ------------------------------------------------
+def zero_r_options(cfg: ReportConfig) -> dict:
+    """ZeRO-R option -> one step of ZeRO-3 on meta tensors with it (zerospec.training.scale), the
+    report's model and micro-batch: no checkpointing; a checkpoint per block; P_a and P_a+cpu at
+    N_m = 2 on N_d = ⌊N/2⌋ (only when the heads split in two)."""
+    from ..training.scale import measure as measure_meta
+    kw = dict(micro_batch=cfg.micro_batch)
+    out = {"none": measure_meta(cfg.model, 3, cfg.ranks, **kw),
+           "checkpoints": measure_meta(cfg.model, 3, cfg.ranks, checkpoint_activations=1, **kw)}
+    if cfg.model.n_head % 2 == 0:
+        n_d = max(1, cfg.ranks // 2)
+        for name, cpu in (("P_a", False), ("P_a+cpu", True)):
+            out[name] = measure_meta(cfg.model, 3, n_d, n_m=2, checkpoint_activations=1,
+                                     partition_activations=True, cpu_checkpointing=cpu, **kw)
+    return out
+
+
 # -- measuring ------------------------------------------------------------------------------------
 def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
     """Train every requested variant for ``cfg.steps`` steps on ``cfg.ranks`` virtual GPUs, count
@@ -117,7 +135,7 @@ def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
     t0 = time.perf_counter()
     sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
     stages = sorted({VARIANTS[k][0] for k in cfg.variants})
-    total = len(cfg.variants) * (cfg.steps + 1) + len(stages)
+    total = len(cfg.variants) * (cfg.steps + 1) + len(stages) + 1
     # disable=None: tqdm stays quiet when stderr is not a terminal (CI, pipes, tests).
     bar = tqdm(total=total, disable=True if quiet else None, file=sys.stderr, unit="step",
                desc="report", leave=False)
@@ -140,7 +158,10 @@ def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
             bar.set_description(f"memory vs N, stage {s}")
             sweep[s] = {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
             bar.update(1)
+        bar.set_description("ZeRO-R activation options")
+        zero_r = zero_r_options(cfg)
+        bar.update(1)
     finally:
         torch.set_num_threads(threads)
         bar.close()
-    return Measurements(cfg, runs, sweep, time.perf_counter() - t0)
+    return Measurements(cfg, runs, sweep, time.perf_counter() - t0, zero_r)

@@ -15,7 +15,7 @@ from .format import Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, max
 from .measure import Measurements, Run
 from .plan import plan_table
 
-TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "scaled")
+TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "zero_r", "scaled")
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
@@ -168,6 +168,28 @@ def activations_table(m: Measurements) -> Table:
     return t
 
 
+ZERO_R_LABELS = {"none": "no checkpointing", "checkpoints": "a checkpoint per block",
+                 "P_a": "P_a (N_m = 2)", "P_a+cpu": "P_a+cpu (N_m = 2)"}
+
+
+def zero_r_table(m: Measurements) -> Table:
+    t = Table("zero_r", "ZeRO-R's activation options (ZeRO-3, per GPU, one meta step)",
+              ["Option", "GPUs", "Activation peak", "Checkpoints on GPU", "Checkpoints on host",
+               "Recompute (peak)", "MP elements", "Host link"],
+              fmt={2: fmt_mb, 3: fmt_mb, 4: fmt_mb, 5: fmt_mb, 7: fmt_mb})
+    for key, r in m.zero_r.items():
+        mem, led = r.memory(0), r.comm_ledger([0])
+        link = sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group="host"))
+        t.add(ZERO_R_LABELS[key], f"{r.config.n_d} × {r.config.n_m}",
+              mem.peak_total - r.model_states(0), mem.peak["checkpoints"],
+              r.host(0).peak["checkpoints"], mem.peak["recomputed"],
+              led.elements(0, group="mp"), link)
+    t.notes.append("Activation peak: the step's peak less the model states. The recompute, P_a "
+                   "and P_a+cpu change no bit of training (spec/activations.md, "
+                   "spec/model_parallel.md); P_a rows need an even --heads.")
+    return t
+
+
 def scaled_table(m: Measurements) -> Table:
     c = m.config
     t = plan_table(c.scale_params, c.ranks, c.gpu_bytes, c.bandwidth, unit=c.unit, name="scaled")
@@ -177,7 +199,7 @@ def scaled_table(m: Measurements) -> Table:
 
 BUILDERS = {"memory": memory_table, "comm": comm_table, "equivalence": equivalence_table,
             "flops": flops_table, "wallclock": wallclock_table, "activations": activations_table,
-            "scaled": scaled_table}
+            "zero_r": zero_r_table, "scaled": scaled_table}
 
 
 def build_tables(m: Measurements, names=TABLES) -> list[Table]:
