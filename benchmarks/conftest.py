@@ -19,6 +19,21 @@ def pytest_configure(config):
         config.option.numprocesses, config.option.dist, config.option.tx = 0, "no", []
 
 
+@pytest.fixture(autouse=True)
+def machine_kind(request):
+    """Every benchmark's JSON record says what it ran on: the CPU kernels torch dispatched to
+    (AVX512, AVX2, DEFAULT: ATEN_CPU_CAPABILITY changes it), torch's version, the CPU count.
+    tools/benchtable.py writes the README's table from these records."""
+    yield
+    bench = request.node.funcargs.get("benchmark")
+    if bench is not None:
+        import os
+
+        import torch
+        bench.extra_info.update(isa=torch.backends.cpu.get_cpu_capability(),
+                                torch=torch.__version__.split("+")[0], cpus=os.cpu_count())
+
+
 def best_of(fn, rounds: int) -> float:
     best = float("inf")
     for _ in range(rounds):

@@ -30,7 +30,7 @@ def test_stage_step_time_vs_its_peer(benchmark, capsys, stage):
     ours = statistics.median(row["seconds"][2:])
     peer = statistics.median(row["peers"]["torch"]["seconds"][2:])
     ratio = ours / peer
-    benchmark.extra_info.update(ours_s=ours, peer_s=peer, ratio=ratio, peer=PEERS[stage])
+    benchmark.extra_info.update(ours_s=ours, peer_s=peer, ratio=ratio, peer=PEERS[stage], target=TARGET)
     with capsys.disabled():
         print(f"\nstage {stage} vs {PEERS[stage]}: ours {ours * 1e3:.1f} ms/step, "
               f"peer {peer * 1e3:.1f} ms/step, ratio {ratio:.2f}")

@@ -85,7 +85,8 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
     matched = fl - (N - 1) * min(adams) if stage else fl   # stages 1–3: one Adam pass in all
     benchmark.extra_info.update(step_s=step, floor_s=fl, ratio=ratio,
                                 median_ratio=statistics.median(steps) / statistics.median(floors),
-                                matched_floor_s=matched, matched_ratio=step / matched)
+                                matched_floor_s=matched, matched_ratio=step / matched,
+                                target=TARGET[stage])
     with capsys.disabled():
         print(f"\nstage {stage}: step {step * 1e3:.0f} ms, floor {fl * 1e3:.0f} ms, "
               f"ratio {ratio:.2f} (target ≤ {TARGET[stage]}; medians "

@@ -1,0 +1,43 @@
+"""tools/benchtable.py: the README's benchmark table is written from pytest-benchmark's JSON."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import benchtable  # noqa: E402
+
+DATA = {"datetime": "2026-12-01T05:00:00", "benchmarks": [
+    {"name": "test_step[0]", "param": "0",
+     "extra_info": {"ratio": 1.234, "matched_ratio": 1.1, "target": 1.3, "isa": "AVX2", "cpus": 2,
+                    "torch": "2.13.0"}},
+    {"name": "test_meta", "param": None,
+     "extra_info": {"seconds": 4.44, "target": 30.0, "isa": "AVX512", "cpus": 2, "torch": "2.13.0"}}]}
+
+
+def test_each_row_shows_its_figure_target_and_machine():
+    rows = benchtable.rows(DATA)
+    assert rows[2] == ("| `test_step` | 0 | ratio | 1.23 (work-matched 1.10) | ≤ 1.30 "
+                       "| AVX2, 2 CPUs, torch 2.13.0, 2026-12-01 |")
+    assert rows[3] == "| `test_meta` |  | seconds | 4.4 s | ≤ 30.0 s | AVX512, 2 CPUs, torch 2.13.0, 2026-12-01 |"
+
+
+def test_a_benchmark_without_a_figure_is_refused_by_name():
+    bad = {"benchmarks": [{"name": "test_x", "extra_info": {}}]}
+    with pytest.raises(ValueError, match="test_x records neither 'ratio' nor 'seconds'"):
+        benchtable.rows(bad)
+
+
+def test_the_readme_table_is_rewritten_between_its_markers(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- benchmarks: begin -->\nold\n<!-- benchmarks: end -->\nrest\n")
+    monkeypatch.setattr(benchtable, "README", readme)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(DATA))
+    assert benchtable.main([str(path), "--check"]) == 1
+    assert benchtable.main([str(path)]) == 0 and benchtable.main([str(path), "--check"]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- benchmarks: begin -->\n| benchmark |") and text.endswith("<!-- benchmarks: end -->\nrest\n")

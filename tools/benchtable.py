@@ -1,0 +1,71 @@
+"""Write the README's benchmark table from pytest-benchmark's JSON, never by hand.
+
+    pytest benchmarks --benchmark-json=bench.json     # the figures, with their machine
+    python tools/benchtable.py bench.json              # rewrite the README's table from them
+    python tools/benchtable.py bench.json --check      # exit 1 if the README's table differs
+
+Each benchmark records in ``extra_info`` its figure (``ratio``, or ``seconds`` for the meta
+runs), its ``target`` and, through benchmarks/conftest.py, what it ran on (``isa``: the CPU
+kernels torch dispatched to, ``torch``, ``cpus``). The table sits in README.md between
+``<!-- benchmarks: begin -->`` and ``<!-- benchmarks: end -->``; one row per benchmark case,
+with the machine it came from, so a figure is never shown without its machine.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BLOCK = re.compile(r"(<!-- benchmarks: begin -->\n)(.*?)(<!-- benchmarks: end -->)", re.S)
+FIGURES = (("ratio", "ratio", "{:.2f}"), ("seconds", "seconds", "{:.1f} s"))
+
+
+def rows(data: dict) -> list[str]:
+    out = ["| benchmark | case | figure | measured | target | machine |", "|---|---|---|---|---|---|"]
+    date = data.get("datetime", "")[:10]
+    for b in data["benchmarks"]:
+        info = b.get("extra_info", {})
+        name, case = b["name"].split("[")[0], (b.get("param") or "")
+        kind = next(((label, fmt) for key, label, fmt in FIGURES if key in info), None)
+        if kind is None:
+            raise ValueError(f"benchmark {b['name']} records neither 'ratio' nor 'seconds' in "
+                             f"extra_info: add one (benchmarks/conftest.py's docstring)")
+        label, fmt = kind
+        value = info["ratio" if label == "ratio" else "seconds"]
+        target = info.get("target")
+        extra = f" (work-matched {info['matched_ratio']:.2f})" if "matched_ratio" in info else ""
+        machine = (f"{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
+                   f"{info.get('torch', '?')}, {date}")
+        out.append(f"| `{name}` | {case} | {label} | {fmt.format(value)}{extra} | "
+                   f"{'≤ ' + fmt.format(target) if target is not None else '—'} | {machine} |")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    paths = [a for a in argv if not a.startswith("--")]
+    if len(paths) != 1:
+        print("usage: python tools/benchtable.py BENCH.json [--check]", file=sys.stderr)
+        return 2
+    data = json.loads(pathlib.Path(paths[0]).read_text())
+    table = "\n".join(rows(data)) + "\n"
+    text = README.read_text()
+    m = BLOCK.search(text)
+    if m is None:
+        print("README.md has no <!-- benchmarks: begin --> … <!-- benchmarks: end --> block",
+              file=sys.stderr)
+        return 2
+    if m.group(2) == table:
+        return 0
+    if "--check" in argv:
+        print("README.md's benchmark table differs from", paths[0])
+        return 1
+    README.write_text(text[:m.start(2)] + table + text[m.end(2):])
+    print(f"rewrote README.md's benchmark table from {paths[0]} ({len(data['benchmarks'])} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
