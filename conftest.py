@@ -48,7 +48,7 @@ SECTIONS = [  # (first id, last id, section of the paper)
     ("C20", "C26", "A.6 Communication volume"),
     ("C27", "C37", "A.7 ZeRO-R"),
     ("C38", "C57", "A.8-A.10 Evaluation and notes"),
-    ("P1", "P11", "Properties ZeRO relies on (not numbered in the paper)"),
+    ("P1", "P12", "Properties ZeRO relies on (not numbered in the paper)"),
 ]
 
 

@@ -6,14 +6,16 @@ Each docstring derives the expected bytes from the rules of c10/cuda/CUDACaching
 from __future__ import annotations
 
 import pytest
+import torch
 
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import SMALL
 from zerospec.runtime.allocator import CachingAllocator, OutOfMemory, allocation_size, round_size
 from zerospec.runtime.memory import MemoryLedger, TraceEvent
-from zerospec.runtime.trace import replay
+from zerospec.runtime.trace import StorageTrace, replay
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
+from zerospec.training.scale import measure
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -238,3 +240,38 @@ def test_a_real_runs_trace_balances_and_replays_to_the_ledgers_bytes_at_every_ph
             (s.label, s.total) for s in ledger.snapshots]
         assert all(p.requested <= p.allocated <= p.reserved for p in r.phases)
         assert r.allocator.requested == ledger.total
+
+
+def test_a_storage_trace_holds_the_ledgers_storages_and_every_temporary():
+    """Stage 3, a checkpoint per block, on meta: the storage trace has the ledger's phase markers
+    in the same places, holds at least the ledger's bytes at each (equal after setup, before any
+    temporary), names the ledger's categories, and has temporaries the ledger never counts."""
+    c = measure(SMALL, 3, 4, micro_batch=2, checkpoint_activations=1, trace=True).classes[0]
+    trace, snaps = c.allocations, c.memory.snapshots
+    r = replay(trace)
+    assert [p.label for p in r.phases] == [s.label for s in snaps]
+    assert all(p.requested >= s.total for p, s in zip(r.phases, snaps))
+    assert r.phases[0].requested == snaps[0].total > 0
+    named = {e.category for e in trace if e.op == "alloc"}
+    assert named >= {e.category for e in c.memory.trace} | {""}
+    assert sum(e.nbytes for e in trace if e.category == "") > 0
+
+
+class _Ctx:
+    """What StorageTrace reads of a rank: its ledger, phase and step."""
+    phase_name, step = "run", 0
+
+    def __init__(self):
+        self.memory = MemoryLedger()
+
+
+def test_a_storage_resized_in_place_is_a_free_then_an_alloc():
+    """``resize_`` is no aten op: 100 fp32 (400 B), resized to 0 (freed), to 50 fp32 (200 B,
+    a new block), then the tensor dies (freed): alloc 400, free 400, alloc 200, free 200."""
+    with StorageTrace(_Ctx()) as t:
+        x = torch.empty(100)
+        x.untyped_storage().resize_(0)
+        x.untyped_storage().resize_(200)
+        del x
+    assert [(e.op, e.nbytes) for e in t.trace] == [("alloc", 400), ("free", 400),
+                                                   ("alloc", 200), ("free", 200)]

@@ -4,6 +4,7 @@
 * ``comm_per_stage``: elements per GPU per step, split by collective, with the paper's value.
 * ``memory_vs_n``: measured model states against N on log axes, with the C6–C9 formulas as lines.
 * ``timeline``: one step replayed on N parallel clocks, compute by phase and collectives by op.
+* ``fragmentation``: reserved vs allocated over one step of C30's case, without and with M_D.
 
 Every figure is written as PNG and SVG into the output directory.
 """
@@ -178,8 +179,49 @@ def timeline(m: Measurements, out: Path) -> list[Path]:
     return _save(fig, out, "timeline")
 
 
+def fragmentation(m: Measurements, out: Path) -> list[Path]:
+    """Reserved vs allocated over one step of C30's case (GPT-2 1.5B, P_os+g+p, N_d = 400, a
+    checkpoint every 2 blocks, 74 sequences per GPU) on a 32 GB GPU, without and with M_D: the
+    caching allocator model replaying the step's storage trace (spec/allocator.md). ``m`` is
+    not used: the case is fixed, one meta step each."""
+    from ..model.presets import preset
+    from ..runtime.trace import replay
+    from ..training.scale import measure
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True, sharey=True)
+    for ax, md in zip(axes, (False, True)):
+        trace = measure(preset("1.5B").model, 3, 400, micro_batch=74, checkpoint_activations=2,
+                        contiguous_checkpoints=md, trace=True).classes[0].allocations
+        r = replay(trace, theory.V100_BYTES, samples=True)
+        allocated, reserved = ([x[k] / theory.GB for x in r.samples] for k in (0, 1))
+        ax.fill_between(range(len(reserved)), allocated, reserved, color="#dd8452", alpha=0.5,
+                        step="post", label="reserved − allocated (cached, free)")
+        ax.step(range(len(allocated)), allocated, where="post", color="#4c72b0", lw=1,
+                label="allocated")
+        ax.axhline(theory.V100_BYTES / theory.GB, color="black", ls="--", lw=1, label="32 GB")
+        n = 0
+        for ev in trace[:r.oom.event if r.oom else len(trace)]:
+            n += ev.op != "phase"
+            if ev.op == "phase" and ev.label.split("@")[0] in ("forward", "backward"):
+                ax.axvline(n, color="#8c8c8c", lw=0.8, ls=":")
+                ax.text(n, 1, f"end of {ev.label.split('@')[0]}", rotation=90, fontsize=7,
+                        va="bottom", ha="right")
+        if r.oom:
+            ax.plot([len(allocated)], [allocated[-1]], "rx", ms=10,
+                    label=f"out of memory: {r.oom.free / theory.GB:.1f} GB "
+                          f"({r.oom.free_fraction:.0%}) free")
+        ax.set_title(f"{'with' if md else 'without'} M_D", fontsize=10)
+        ax.set_xlabel("allocations and frees, in program order")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("GB on one GPU")
+    fig.suptitle("Fragmentation (C30) and M_D (C37): GPT-2 1.5B, P_os+g+p, N_d = 400, "
+                 "k = 2, 74 sequences per GPU", fontsize=10)
+    return _save(fig, out, "fragmentation")
+
+
 FIGURES = {"memory_per_stage": memory_per_stage, "comm_per_stage": comm_per_stage,
-           "memory_vs_n": memory_vs_n, "timeline": timeline}
+           "memory_vs_n": memory_vs_n, "timeline": timeline, "fragmentation": fragmentation}
 
 
 def write_figures(m: Measurements, out_dir) -> list[Path]:

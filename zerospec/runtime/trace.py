@@ -7,14 +7,20 @@ a :class:`~zerospec.runtime.allocator.CachingAllocator` and reports, per phase, 
 held (``requested``: the ledger's bytes; ``allocated``: after rounding), what the allocator held
 (``reserved``) and its largest free block, with the peaks inside the phase; and, on a device of
 ``capacity`` bytes, the first request that does not fit.
+
+:class:`StorageTrace` records a complete trace instead: every storage a rank's code makes and
+lets go, the temporaries the ledger does not count included (``measure(..., trace=True)``).
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
 
+import torch
+
 from .allocator import CachingAllocator, OutOfMemory
 from .memory import TraceEvent
+from .observe import Observer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Replay:
     phases: list[PhaseMemory]
     oom: OOMPoint | None
     allocator: CachingAllocator   # its state at the end (or at the OOM)
+    samples: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    #        replay(samples=True): (allocated, reserved) after each alloc and free, for a figure
 
     @property
     def peak_reserved(self) -> int:
@@ -68,7 +76,8 @@ class Replay:
 
 
 def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
-           max_split_size: int | None = None, expandable_segments: bool = False) -> Replay:
+           max_split_size: int | None = None, expandable_segments: bool = False,
+           samples: bool = False) -> Replay:
     """Run ``trace`` through a fresh allocator; stop at the first OutOfMemory (``Replay.oom``).
 
     A storage key may be reused once its storage is freed (the ledger keys storages by address);
@@ -78,6 +87,7 @@ def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
                              expandable_segments=expandable_segments)
     live: dict[int, int] = {}     # storage key -> block id
     phases: list[PhaseMemory] = []
+    series: list[tuple[int, int]] = []
     for i, ev in enumerate(events):
         if ev.op == "alloc":
             if ev.key in live:
@@ -86,7 +96,7 @@ def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
                 live[ev.key] = alloc.malloc(ev.nbytes)
             except OutOfMemory as e:
                 phase = next((x.label for x in events[i + 1:] if x.op == "phase"), None)
-                return Replay(phases, OOMPoint(i, phase, e), alloc)
+                return Replay(phases, OOMPoint(i, phase, e), alloc, series)
         elif ev.op == "free":
             if ev.key not in live:
                 raise ValueError(f"trace event {i}: free of storage {ev.key}, which is not live")
@@ -98,4 +108,80 @@ def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
             alloc.reset_peaks()
         else:
             raise ValueError(f"trace event {i}: unknown op {ev.op!r}; accepted: alloc, free, phase")
-    return Replay(phases, None, alloc)
+        if samples and ev.op != "phase":
+            series.append((alloc.allocated, alloc.reserved))
+    return Replay(phases, None, alloc, series)
+
+
+class StorageTrace(Observer):
+    """Every storage one rank's code makes and lets go, as a trace: ``with StorageTrace(ctx) as
+    t: ...`` then ``t.trace``. The ledger's trace has only what it counts, and a saved activation
+    only from when autograd saves it; a GPU's allocator also serves every temporary — the
+    activations a checkpointed forward discards, the activation gradients of backward — and
+    their interleaving with long-lived tensors is what fragments memory (C37). The observer
+    (zerospec/runtime/observe.py) sees each storage's birth and death; this records them in
+    order, with the ledger's phase markers where its snapshots fall, and each storage under the
+    ledger's category once the ledger counts it (``""``: a temporary the ledger never counts)."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.trace: list[TraceEvent] = []
+        self._alloc_at: dict[int, int] = {}      # live storage key -> its alloc event's index
+        self._unnamed: set[int] = set()          # live keys the ledger has not counted (yet)
+        self._marked = len(ctx.memory.snapshots)
+
+    def __exit__(self, *exc):
+        self._settle()
+        return super().__exit__(*exc)
+
+    def _settle(self) -> None:
+        """Before each op: the ledger's snapshots since the last event become phase markers, and
+        storages it has counted since get its category (autograd saves a tensor after the op that
+        made it; a checkpoint only when its segment's forward returns)."""
+        super()._settle()
+        self._mark()
+        counted = self.ctx.memory.counted
+        for key in [k for k in self._unnamed if counted(k) is not None]:
+            at = self._alloc_at[key]
+            self.trace[at] = self.trace[at]._replace(category=counted(key)[0])
+            self._unnamed.discard(key)
+
+    def _mark(self) -> None:
+        snapshots = self.ctx.memory.snapshots
+        for snap in snapshots[self._marked:]:
+            self.trace.append(TraceEvent("phase", label=snap.label))
+        self._marked = len(snapshots)
+
+    def _born(self, st: torch.UntypedStorage, func, t: torch.Tensor, label: str) -> None:
+        super()._born(st, func, t, label)
+        self._alloc(st._cdata, st.nbytes())
+
+    def _alloc(self, key: int, nbytes: int) -> None:
+        self._alloc_at[key] = len(self.trace)
+        self._unnamed.add(key)
+        self.trace.append(TraceEvent("alloc", key, nbytes))
+
+    def _died(self, key: int) -> None:
+        super()._died(key)
+        if key in self._alloc_at:         # not if a resize_(0) let it go already
+            self._free(key)
+
+    def _free(self, key: int) -> None:
+        self._mark()
+        at = self._alloc_at.pop(key)
+        self._unnamed.discard(key)
+        self.trace.append(TraceEvent("free", key, self.trace[at].nbytes, self.trace[at].category))
+
+    def _refresh(self, st: torch.UntypedStorage) -> None:
+        """A storage resized in place (stage 3 lets a gathered unit go with ``resize_(0)``):
+        to an allocator, its old block is freed and a block of the new size is taken."""
+        key = st._cdata
+        rec = self._live.get(key)
+        old = rec.nbytes if rec is not None else None
+        super()._refresh(st)
+        if old is not None and old != st.nbytes():
+            if key in self._alloc_at:
+                self._free(key)
+            if st.nbytes():
+                self._mark()
+                self._alloc(key, st.nbytes())

@@ -45,6 +45,7 @@ class TrainConfig:
     n_m: int = 1                              # model-parallel degree N_m: N = N_d × N_m ranks
     partition_activations: bool = False       # ZeRO-R's P_a: checkpoints split over the MP group
     cpu_checkpointing: bool = False           # P_a+cpu: the partitioned checkpoints in host memory
+    contiguous_checkpoints: bool = False      # ZeRO-R's M_D: checkpoints in one buffer (zero_r/defrag.py)
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -128,6 +129,9 @@ def check_zero_r(cfg) -> None:
         raise ValueError(f"partition_activations (P_a) splits activation checkpoints over the "
                          f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1, "
                          f"got n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
+    if cfg.contiguous_checkpoints and not cfg.checkpoint_activations:
+        raise ValueError("contiguous_checkpoints (M_D) copies activation checkpoints into one "
+                         "buffer: it needs checkpoint_activations >= 1, got 0 (off)")
     if cfg.cpu_checkpointing and not cfg.partition_activations:
         raise ValueError("cpu_checkpointing (P_a+cpu) moves the partitioned checkpoints to host "
                          "memory: it needs partition_activations=True")

@@ -47,6 +47,7 @@ from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
 from ..runtime.errors import RankError
 from ..runtime.memory import MemoryLedger
+from ..runtime.trace import StorageTrace
 from ..model.gpt import GPTConfig
 from ..model.units import Sized, Unit
 from .step import RankOutput, rank_main
@@ -132,6 +133,7 @@ class RankClass:
     output: RankOutput | None                  # None when only the setup ran
     host: MemoryLedger                         # host memory (P_a+cpu)
     trace: list[tuple]   # per collective: (op, dtype, numel, phase, step, src, group, group size)
+    allocations: list | None = None   # measure(trace=True): every storage made and let go, in order
 
     @property
     def rep(self) -> int:
@@ -209,7 +211,8 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             zero1_comm: str = "reduce_scatter", precision: str = "fp16",
             setup_only: bool = False, cache_kernels: bool = True, checkpoint_activations: int = 0,
             count_flops: bool = False, bucket_elements: int | str | None = None, n_m: int = 1,
-            partition_activations: bool = False, cpu_checkpointing: bool = False) -> ScaleResult:
+            partition_activations: bool = False, cpu_checkpointing: bool = False,
+            contiguous_checkpoints: bool = False, trace: bool = False) -> ScaleResult:
     """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
 
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
@@ -219,6 +222,10 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     ``n_m``, ``partition_activations``, ``cpu_checkpointing``: model parallelism on an
     N_d × N_m grid and ZeRO-R's P_a, P_a+cpu, as in TrainConfig (C11, C17, C26, C32–C35).
     Every MP index of a DP index holds equal slices, so MP index 0 stands for all of them.
+    ``contiguous_checkpoints``: ZeRO-R's M_D, as in TrainConfig (C37).
+    ``trace``: record each class's allocation trace for the caching allocator model
+    (zerospec/runtime/trace.py; fragmentation, C30, C37): ``RankClass.allocations``, every
+    storage (:class:`~zerospec.runtime.trace.StorageTrace`), and ``memory.trace``, the ledger's.
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
@@ -228,7 +235,8 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
                       checkpoint_activations=checkpoint_activations, count_flops=count_flops,
                       bucket_elements=bucket_elements, n_m=n_m,
                       partition_activations=partition_activations,
-                      cpu_checkpointing=cpu_checkpointing)
+                      cpu_checkpointing=cpu_checkpointing,
+                      contiguous_checkpoints=contiguous_checkpoints)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(cfg.n_ranks), MetaBackend(cfg.n_ranks)
@@ -238,15 +246,17 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
         for ranks in rank_classes(units, n_d, partitioned=units[0].pad):
             r = ranks[0] * n_m                 # the DP index's MP rank 0
             make = _SetupOnlyContext if setup_only else RankContext
-            ctx = make(r, cfg.n_ranks, MemoryLedger("meta"), None)
+            ctx = make(r, cfg.n_ranks, MemoryLedger("meta", trace=trace), None)
             ctx.comm = Interconnect(ctx, backend, ledger)
-            out = _run_rank(ctx, cfg, units, init, batches)
+            with StorageTrace(ctx) if trace else contextlib.nullcontext() as seen:
+                out = _run_rank(ctx, cfg, units, init, batches)
             recs = ledger.records(r)
             srcs = iter(backend.srcs[r])       # the backend saw every collective, not host copies
-            trace = [(c.op, c.dtype, c.numel, c.phase, c.step,
+            colls = [(c.op, c.dtype, c.numel, c.phase, c.step,
                       0 if c.group == "host" else next(srcs), c.group, c.group_size) for c in recs]
             states = out.model_states if out is not None else ctx.memory.model_states()
-            classes.append(RankClass(ranks, ctx.memory, states, out, ctx.host, trace))
+            classes.append(RankClass(ranks, ctx.memory, states, out, ctx.host, colls,
+                                     seen.trace if seen is not None else None))
     return ScaleResult(cfg, units, classes, time.perf_counter() - t0)
 
 

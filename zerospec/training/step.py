@@ -24,7 +24,8 @@ from ..zero.fetch import ParamFetcher
 from ..comm.groups import Grid
 from ..parallel.megatron import TensorParallel
 from ..runtime.context import GroupView
-from ..zero_r import Partitioned, block_runner, buffers
+from ..zero_r import Partitioned, block_runner, buffers, segments
+from ..zero_r.defrag import Contiguous
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -70,6 +71,9 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         init = init[grid.mp_index(ctx.rank)]
         if cfg.partition_activations:
             keep = Partitioned(mp, cfg.cpu_checkpointing, ctx.host)
+    if cfg.contiguous_checkpoints and not cfg.cpu_checkpointing:   # M_D (P_a+cpu: none on device)
+        keep = Contiguous(ctx.memory, len(segments(cfg.checkpoint_activations, cfg.model.n_layer)),
+                          mp if cfg.partition_activations else None)
     cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     if cfg.exact:

@@ -1,0 +1,122 @@
+"""ZeRO-R's fragmentation (C30) and memory defragmentation M_D (C37), measured.
+
+Paper scale on meta tensors: one step of GPT-2 1.5B is traced storage by storage
+(``measure(..., trace=True)``: every storage the rank makes and lets go, temporaries included) and
+replayed through the model of PyTorch's caching allocator (zerospec/runtime/allocator.py) on a
+32 GB V100. M_D's exactness and bytes on the tiny GPTs, on threads. spec/allocator.md shows the
+numbers and what other configurations give.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from tests.claims.test_model_parallel import mp_run
+from tests.runs import assert_same_training, stage_id
+from zerospec.model.gpt import SMALL
+from zerospec.model.presets import preset
+from zerospec.paper import theory
+from zerospec.runtime.trace import replay
+from zerospec.training.config import TrainConfig
+from zerospec.training.scale import measure
+
+GB, CAP = theory.GB, theory.V100_BYTES       # a 32 GB V100: 32e9 bytes the allocator may reserve
+GPT2 = preset("1.5B").model                  # 48 × 1600, vocabulary 50257, sequence 1024
+PAGE = "spec/allocator.md#m_d-c37"
+
+
+@functools.lru_cache(maxsize=None)
+def traced(micro_batch: int, md: bool) -> list:
+    """GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2 blocks, with or
+    without M_D: rank 0's storage trace of one step."""
+    r = measure(GPT2, 3, 400, micro_batch=micro_batch, checkpoint_activations=2,
+                contiguous_checkpoints=md, trace=True)
+    assert len(r.classes) == 1
+    return r.classes[0].allocations
+
+
+def need(trace) -> int:
+    """The most bytes the step ever holds (allocated, after rounding): what a device must have
+    were there no fragmentation."""
+    return max(p.peak_allocated for p in replay(trace).phases)
+
+
+@pytest.mark.claim("C30")
+def test_a_step_that_needs_29gb_runs_out_on_a_32gb_gpu_with_32_percent_free(claim_values):
+    """74 sequences per GPU never hold more than 29.39 GB, yet in backward the logits' fp16
+    gradient (74·1024·50257·2 B = 7.62 GB) finds no block: 10.23 GB (32.0%) is free, in pieces —
+    free blocks of split segments (the largest 2.24 GB) and 7.38 GB never reserved (C30: out of
+    memory with over 30% still free). One sequence fewer fits."""
+    trace = traced(74, False)
+    oom = replay(trace, CAP).oom
+    assert need(trace) == 29_386_251_776 < CAP
+    assert oom.phase == "backward@1" and oom.error.requested == 74 * 1024 * 50257 * 2
+    assert (oom.free, oom.error.reserved, oom.error.largest_free) == (
+        10_230_604_288, 24_620_564_480, 2_240_544_768)
+    assert oom.free_fraction > 0.30
+    assert replay(traced(73, False), CAP).oom is None
+    claim_values(f"OOM with {oom.free / GB:.2f} GB = {oom.free_fraction:.1%} free (step needs "
+                 f"{need(trace) / GB:.2f} GB)", "over 30% free in extreme cases (C30)",
+                 "1.5B, P_os+g+p, N_d=400, k=2, b=74, 32 GB")
+
+
+@pytest.mark.claim("C37", status="differs", page=PAGE)
+def test_md_removes_that_oom_the_checkpoints_in_one_buffer(claim_values):
+    """The same step with M_D: its 24 checkpoints (74·1024·1600·2 B each) are copied into one
+    buffer allocated at the first; the step fits on the 32 GB GPU, holding no more than without
+    M_D (C37: no OOM from a lack of contiguous memory)."""
+    off, on = traced(74, False), traced(74, True)
+    r = replay(on, CAP)
+    ckpt = [e.nbytes for e in on if e.op == "alloc" and e.category == "checkpoints"]
+    assert ckpt == [24 * 74 * 1024 * 1600 * 2]
+    assert r.oom is None and need(on) == 29_384_416_768 <= need(off)
+    claim_values("the 32%-free OOM of C30 gone", "M_D avoids OOM from lack of contiguous "
+                 "memory (C37)", "same step, M_D on")
+
+
+@pytest.mark.slow
+@pytest.mark.claim("C37", status="differs", page=PAGE)
+def test_md_grows_the_largest_micro_batch_on_32gb_from_73_to_80():
+    """Without M_D 74 sequences run out (above); with it 80 fit, and 81 run out only because
+    the step then needs more than the GPU has (32.14 GB): a shortage, not fragmentation."""
+    assert replay(traced(80, True), CAP).oom is None
+    assert replay(traced(81, True), CAP).oom is not None and need(traced(81, True)) > CAP
+
+
+# -- M_D's exactness and bytes on threads -----------------------------------------------------------
+VARIANTS = {"N_m=1": (1, {}), "N_m=2": (2, {}), "P_a": (2, {"partition_activations": True}),
+            "P_a+cpu": (2, {"partition_activations": True, "cpu_checkpointing": True})}
+
+
+@pytest.mark.claim("P12")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+def test_md_changes_no_bit_and_no_checkpoint_byte(stage, variant):
+    """Checkpoints copied into one buffer and copied out for the recompute: every rank's losses
+    and the final weights equal the run without M_D bit for bit, and the ledger's checkpoint
+    peak is the same (the buffer holds exactly the checkpoints; none left after the run)."""
+    n_m, kw = VARIANTS[variant]
+    off = mp_run(stage, 2, n_m, checkpoint_activations=1, **kw)
+    on = mp_run(stage, 2, n_m, checkpoint_activations=1, contiguous_checkpoints=True, **kw)
+    assert_same_training(off, on)
+    for a, b in zip(off.memory, on.memory, strict=True):
+        assert a.peak["checkpoints"] == b.peak["checkpoints"] and b.current["checkpoints"] == 0
+    assert on.memory[0].peak["checkpoints"] > 0 or variant == "P_a+cpu"
+
+
+def test_md_allocates_one_checkpoint_buffer_per_step_of_all_checkpoints():
+    """A checkpoint per block (SMALL: 2 blocks, 2 checkpoints of b·s·d fp16): the ledger sees one
+    "checkpoints" allocation per step, of both, freed in that step's backward."""
+    r = measure(SMALL, 2, 4, micro_batch=2, checkpoint_activations=1, contiguous_checkpoints=True,
+                trace=True)
+    events = [e for e in r.classes[0].memory.trace if e.category == "checkpoints"]
+    size = 2 * SMALL.n_layer * 2 * SMALL.block_size * SMALL.n_embd
+    assert [(e.op, e.nbytes) for e in events] == [("alloc", size), ("free", size)]
+
+
+def test_md_without_checkpointing_is_refused():
+    """M_D arranges checkpoints: without checkpointing there are none, and the config says so."""
+    with pytest.raises(ValueError, match=r"contiguous_checkpoints \(M_D\).*needs "
+                                         r"checkpoint_activations >= 1, got 0"):
+        TrainConfig(contiguous_checkpoints=True)
