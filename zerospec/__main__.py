@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("zerospec: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # `zerospec … | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from tests.claims.test_model_parallel import mp_run
-from tests.runs import assert_same_training, stage_id
+from tests.runs import SCALER, assert_same_training, odd_run, stage_id
 from zerospec.model.gpt import SMALL
 from zerospec.model.presets import preset
 from zerospec.paper import theory
@@ -120,3 +121,69 @@ def test_md_without_checkpointing_is_refused():
     with pytest.raises(ValueError, match=r"contiguous_checkpoints \(M_D\).*needs "
                                          r"checkpoint_activations >= 1, got 0"):
         TrainConfig(contiguous_checkpoints=True)
+
+
+# -- M_D for gradients (contiguous_gradients) ------------------------------------------------------
+GRAD_CASES = {"plain": {}, "buckets": {"bucket_elements": 100},
+              "clip+scale": {"clip_grad_norm": 0.5, "loss_scale": SCALER}}
+
+
+@pytest.mark.claim("P12")
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+@pytest.mark.parametrize("stage", [2, 3], ids=stage_id)
+def test_one_reused_gradient_slot_changes_no_bit(stage, case):
+    """Every unit's gradient written into one slot allocated at setup, its padding zeroed per
+    use: the same values reach the same reduce-scatters, so losses, weights and (with clipping and
+    loss scaling, which read the padded shards) norms and scales are bit-identical."""
+    off = odd_run(stage, **GRAD_CASES[case])
+    on = odd_run(stage, contiguous_gradients=True, **GRAD_CASES[case])
+    assert_same_training(off, on)
+    assert off.grad_norms == on.grad_norms and off.loss_scales == on.loss_scales
+
+
+@pytest.mark.parametrize("stage", [2, 3], ids=stage_id)
+def test_the_gradient_slot_is_one_buffer_of_the_largest_unit_and_no_slot_is_made_in_backward(stage):
+    """The ledger: one "buffer" of the largest padded unit in fp16 from setup on, and grad16 never
+    moves in backward (without it, each unit's slot comes and goes there); model states unchanged."""
+    off, on = odd_run(stage), odd_run(stage, contiguous_gradients=True)
+    largest = max(u.padded for u in on.units) * 2
+    for a, b in zip(off.memory, on.memory, strict=True):
+        assert b.peak["buffer"] == b.current["buffer"] == largest
+        assert b.peak["grad16"] == b.current["grad16"] < a.peak["grad16"]
+    assert on.model_states(0) == off.model_states(0)
+
+
+@pytest.mark.parametrize("kw", [dict(stage=1), dict(stage=3, grad_accum_steps=2)],
+                         ids=["stage1", "exact"])
+def test_contiguous_gradients_where_there_is_no_slot_to_reuse_is_refused(kw):
+    with pytest.raises(ValueError, match=r"contiguous_gradients \(M_D for gradients\).*needs "
+                                         r"stage 2 or 3 without exact sums"):
+        TrainConfig(contiguous_gradients=True, **kw)
+
+
+@pytest.mark.claim("C37", status="differs", page=PAGE)
+def test_a_reused_gradient_slot_alone_does_not_remove_c30s_oom():
+    """C30's step with only the gradients in one slot still runs out in backward with over 30%
+    free: its fragmentation comes from the checkpoints and the logits' temporaries, not from the
+    per-unit gradient slots; with both M_D's buffers it fits (as with the checkpoints' alone)."""
+    r = measure(GPT2, 3, 400, micro_batch=74, checkpoint_activations=2, contiguous_gradients=True,
+                trace=True)
+    oom = replay(r.classes[0].allocations, CAP).oom
+    assert oom is not None and oom.phase == "backward@1" and oom.free_fraction > 0.30
+    both = measure(GPT2, 3, 400, micro_batch=74, checkpoint_activations=2, contiguous_gradients=True,
+                   contiguous_checkpoints=True, trace=True)
+    assert replay(both.classes[0].allocations, CAP).oom is None
+
+
+def test_a_reused_gradient_slot_hands_out_zero_padding_whatever_it_held_before():
+    """A unit's padding enters its reduce-scatter and the overflow vote reads the padded shard: a
+    slot reused after a larger unit (here holding an inf from an overflowed step) must give a
+    fresh slot's zeros past the unit's real elements."""
+    from zerospec.model.gpt import ODD
+    from zerospec.runtime.memory import MemoryLedger
+    from zerospec.zero_r.defrag import GradientSlot
+    units = ODD.units(4)                                   # ln_f: 30 real of 32; h.0: 2896
+    g = GradientSlot(MemoryLedger(), units, torch.float16)
+    g.slot(1).fill_(float("inf"))
+    ln_f = g.slot(3)
+    assert ln_f.numel() == 32 and torch.equal(ln_f[30:], torch.zeros(2, dtype=torch.float16))

@@ -134,3 +134,15 @@ def test_zerospec_train_mp_flags_reach_the_run_and_its_table(capsys):
                          "--partition-activations", "--cpu-checkpointing")
     assert rc == 0 and "N_d = 2 × N_m = 2" in out and "P_a+cpu" in out
     assert "| MP elements | host link bytes |" in out and "checkpoints: 0 B on the device" in out
+
+
+def test_zerospec_train_md_flags_reach_the_run(capsys):
+    """`--contiguous-checkpoints --contiguous-gradients` reach the config (stage 2): the run
+    prints its table; on stage 1 the gradient slot is refused in one line."""
+    from tests.cli import assert_usage_error, run_cli
+    rc, out, _ = run_cli(capsys, "train", "--ranks", "2", "--stage", "2", "--steps", "1",
+                         "--model", "odd", "--checkpoint-activations", "1",
+                         "--contiguous-checkpoints", "--contiguous-gradients")
+    assert rc == 0 and "checkpoints: 2,880 B on the device" in out   # 2 blocks × 2·12·15 fp32
+    assert_usage_error(capsys, "train", "--stage", "1", "--contiguous-gradients",
+                       named="needs stage 2 or 3 without exact sums")

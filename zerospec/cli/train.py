@@ -61,6 +61,11 @@ def add_parser(sub) -> None:
     z.add_argument("--cpu-checkpointing", action="store_true",
                    help="P_a+cpu: keep the partitioned checkpoints in host memory "
                         "(needs --partition-activations)")
+    z.add_argument("--contiguous-checkpoints", action="store_true",
+                   help="M_D: copy the checkpoints into one buffer per step (spec/allocator.md)")
+    z.add_argument("--contiguous-gradients", action="store_true",
+                   help="M_D for gradients: stages 2–3 write every unit's gradient into one "
+                        "slot allocated once")
     z.add_argument("--bucket-size", type=_bucket_size, default=None, metavar="B|model",
                    help="reduce gradients (and stage 1/2's parameter gathers) through buckets of "
                         "at most B elements (C_B, spec/buffers.md); 'model': one fp32 buffer of "
@@ -93,6 +98,8 @@ def _config(args, n_ranks: int):
     return TrainConfig(stage=args.stage, n_d=n_ranks // args.mp, n_m=args.mp,
                        partition_activations=args.partition_activations,
                        cpu_checkpointing=args.cpu_checkpointing,
+                       contiguous_checkpoints=args.contiguous_checkpoints,
+                       contiguous_gradients=args.contiguous_gradients,
                        model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
                        steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
                        precision=args.precision, timeout=args.timeout, loss_scale=scale,

@@ -46,6 +46,7 @@ class TrainConfig:
     partition_activations: bool = False       # ZeRO-R's P_a: checkpoints split over the MP group
     cpu_checkpointing: bool = False           # P_a+cpu: the partitioned checkpoints in host memory
     contiguous_checkpoints: bool = False      # ZeRO-R's M_D: checkpoints in one buffer (zero_r/defrag.py)
+    contiguous_gradients: bool = False        # M_D for stages 2–3: one reused gradient slot
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -129,6 +130,11 @@ def check_zero_r(cfg) -> None:
         raise ValueError(f"partition_activations (P_a) splits activation checkpoints over the "
                          f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1, "
                          f"got n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
+    if cfg.contiguous_gradients and (cfg.stage < 2 or cfg.exact):
+        raise ValueError(f"contiguous_gradients (M_D for gradients) reuses the slot stages 2–3 "
+                         f"reduce-scatter each unit's gradient from: it needs stage 2 or 3 without "
+                         f"exact sums, got stage={cfg.stage}, exact={cfg.exact} (stages 0–1 keep "
+                         f"one persistent gradient buffer per unit already)")
     if cfg.contiguous_checkpoints and not cfg.checkpoint_activations:
         raise ValueError("contiguous_checkpoints (M_D) copies activation checkpoints into one "
                          "buffer: it needs checkpoint_activations >= 1, got 0 (off)")

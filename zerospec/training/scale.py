@@ -212,7 +212,8 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             setup_only: bool = False, cache_kernels: bool = True, checkpoint_activations: int = 0,
             count_flops: bool = False, bucket_elements: int | str | None = None, n_m: int = 1,
             partition_activations: bool = False, cpu_checkpointing: bool = False,
-            contiguous_checkpoints: bool = False, trace: bool = False) -> ScaleResult:
+            contiguous_checkpoints: bool = False, contiguous_gradients: bool = False,
+            trace: bool = False) -> ScaleResult:
     """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
 
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
@@ -222,7 +223,7 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     ``n_m``, ``partition_activations``, ``cpu_checkpointing``: model parallelism on an
     N_d × N_m grid and ZeRO-R's P_a, P_a+cpu, as in TrainConfig (C11, C17, C26, C32–C35).
     Every MP index of a DP index holds equal slices, so MP index 0 stands for all of them.
-    ``contiguous_checkpoints``: ZeRO-R's M_D, as in TrainConfig (C37).
+    ``contiguous_checkpoints``, ``contiguous_gradients``: ZeRO-R's M_D, as in TrainConfig (C37).
     ``trace``: record each class's allocation trace for the caching allocator model
     (zerospec/runtime/trace.py; fragmentation, C30, C37): ``RankClass.allocations``, every
     storage (:class:`~zerospec.runtime.trace.StorageTrace`), and ``memory.trace``, the ledger's.
@@ -236,7 +237,8 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
                       bucket_elements=bucket_elements, n_m=n_m,
                       partition_activations=partition_activations,
                       cpu_checkpointing=cpu_checkpointing,
-                      contiguous_checkpoints=contiguous_checkpoints)
+                      contiguous_checkpoints=contiguous_checkpoints,
+                      contiguous_gradients=contiguous_gradients)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(cfg.n_ranks), MetaBackend(cfg.n_ranks)

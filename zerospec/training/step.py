@@ -25,7 +25,7 @@ from ..comm.groups import Grid
 from ..parallel.megatron import TensorParallel
 from ..runtime.context import GroupView
 from ..zero_r import Partitioned, block_runner, buffers, segments
-from ..zero_r.defrag import Contiguous
+from ..zero_r.defrag import Contiguous, GradientSlot
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -80,6 +80,8 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
     kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
     with ctx.phase("setup"):
+        if cfg.contiguous_gradients:   # M_D for gradients: one slot for every unit's gradient
+            kwargs["grad_buffer"] = GradientSlot(ctx.memory, units, cfg.policy.dtype)
         stage = cls(dp_ctx, units, init, cfg.adam, cfg.policy, **kwargs)
         if resume is not None:
             resume.restore(stage)

@@ -24,15 +24,17 @@ class DataParallel:
     resident = True   # every rank keeps the full fp16 parameters between uses (stages 0–2)
 
     def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig,
-                 precision: Precision | None = None, buckets=None):
+                 precision: Precision | None = None, buckets=None, grad_buffer=None):
         """``init``: the full fp32 initial weights of each unit (length ``unit.padded`` or more).
         ``buckets``: None, one collective per unit; else fused buffers with the interconnect's
         signatures (ZeRO-R's C_B, zerospec/zero_r/buffers.py) that gradient reductions and the
-        post-step parameter gathers go through."""
+        post-step parameter gathers go through. ``grad_buffer``: None, or a reusable slot for the
+        gradient in flight (ZeRO-R's M_D for gradients, zero_r/defrag.py; stages 2–3 use it)."""
         self.ctx = ctx
         self.memory = ctx.memory
         self.comm = ctx.comm
         self.fused = ctx.comm if buckets is None else buckets   # what fusable collectives go to
+        self.grad_buffer = grad_buffer
         self.units = units
         self.adam = adam
         self.precision = precision or POLICIES["fp16"]

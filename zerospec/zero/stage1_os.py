@@ -28,11 +28,11 @@ class OptimizerStates(DataParallel):
     pad = True
 
     def __init__(self, ctx, units, init, adam, precision=None, zero1_comm: str = "reduce_scatter",
-                 buckets=None):
+                 buckets=None, grad_buffer=None):
         if zero1_comm not in ZERO1_COMM:
             raise ValueError(f"unknown ZeRO-1 variant {zero1_comm!r}; accepted: {', '.join(ZERO1_COMM)}")
         self.zero1_comm = zero1_comm
-        super().__init__(ctx, units, init, adam, precision, buckets)
+        super().__init__(ctx, units, init, adam, precision, buckets, grad_buffer)
 
     def owned_slice(self, u) -> slice:
         return u.shard(self.ctx.rank)

@@ -22,12 +22,15 @@ class Gradients(OptimizerStates):
         self.grad16 = [self._alloc("grad16", u.chunk, self.dtype) for u in self.units]
 
     def grad_slot(self, i: int) -> torch.Tensor:
+        if self.grad_buffer is not None:   # ZeRO-R's M_D: one slot, reused (zero_r/defrag.py)
+            return self.grad_buffer.slot(i)
         return self._alloc("grad16", self.units[i].padded, self.dtype)  # one unit in flight
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         # with buckets: copied into the current bucket, reduced when it is full (still in backward)
         self.fused.reduce_scatter(self.grad16[i], slot, "mean")
-        self.memory.free(slot)
+        if self.grad_buffer is None:
+            self.memory.free(slot)
 
     def reduce_gradients(self) -> None:
         """Nothing left to do: every unit was reduce-scattered inside backward."""

@@ -77,3 +77,25 @@ class Contiguous:
             self.memory.free(self.buffer)
             self.buffer, self.kept, self.restored = None, 0, 0
         return full.view(shape)
+
+
+class GradientSlot:
+    """M_D for gradients (DeepSpeed's ``contiguous_gradients``): one buffer, allocated once at
+    setup (ledger category ``"buffer"``), that every unit's fp16 gradient is written into in
+    backward before stages 2 and 3 reduce-scatter it — instead of a fresh unit-sized slot per
+    unit, made and freed among backward's activations. Its size is the largest padded unit.
+
+    Reused slots must hand the stage what a fresh one does: zeros past the unit's real
+    elements (its padding enters the reduce-scatter, and the padding's shard is read by the
+    overflow vote and the clipping norm). So :meth:`slot` zeroes that tail; the real elements
+    are all written by the fetcher. The same values reach the same collectives: no bit changes."""
+
+    def __init__(self, memory, units, dtype: torch.dtype):
+        self.units = units
+        self.buffer = memory.alloc("buffer", (max(u.padded for u in units),), dtype)
+
+    def slot(self, i: int) -> torch.Tensor:
+        u = self.units[i]
+        view = self.buffer[:u.padded]
+        view[u.numel:].zero_()
+        return view
