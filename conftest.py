@@ -151,6 +151,22 @@ def pytest_collection_modifyitems(config, items):
             item.extra_keyword_matches.add(mark.cid)
 
 
+DESELECTED = pytest.StashKey[list]()
+
+
+def pytest_deselected(items):
+    """Remember what ``-m``/``-k`` left out: a claim's status is what *all* its tests declare,
+    slow ones included, so tests/test_spec_meta.py reads their marks from here too."""
+    if items:
+        stash = items[0].session.stash
+        stash[DESELECTED] = stash.get(DESELECTED, []) + list(items)
+
+
+def all_items(session) -> list:
+    """Every collected test, selected or not (their marks only: nothing is run)."""
+    return list(session.items) + session.stash.get(DESELECTED, [])
+
+
 ORDER = pytest.StashKey[dict]()
 
 

@@ -18,8 +18,9 @@ CLOSED_FORM_ONLY = ("zerospec.paper", "zerospec.report.plan")
 
 
 def whole_claim_suite(request) -> list:
-    """The collected items, or a skip when a file of tests/claims/ is not among them."""
-    items = request.session.items
+    """The collected items, deselected ones included (a slow test's mark counts too), or a skip
+    when a file of tests/claims/ is not among them."""
+    items = claims.all_items(request.session)
     collected = {pathlib.Path(str(it.path)) for it in items}
     if not set((ROOT / "tests" / "claims").glob("test_*.py")) <= collected:
         pytest.skip("runs when the whole claim suite is collected")

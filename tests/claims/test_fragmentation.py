@@ -187,3 +187,20 @@ def test_a_reused_gradient_slot_hands_out_zero_padding_whatever_it_held_before()
     g.slot(1).fill_(float("inf"))
     ln_f = g.slot(3)
     assert ln_f.numel() == 32 and torch.equal(ln_f[30:], torch.zeros(2, dtype=torch.float16))
+
+
+def test_p_a_cpu_host_copies_are_not_in_the_device_allocation_trace():
+    """P_a+cpu's parts live in host memory: the device trace has P_a's allocations less the kept
+    parts (their clones) plus the parts brought back before each recompute — as many, and none
+    of them a checkpoint (the host copies themselves are made off the device's books)."""
+    from zerospec.model.gpt import GPTConfig
+    tiny = GPTConfig(vocab_size=37, block_size=12, n_layer=4, n_head=4, n_embd=16)
+
+    def allocs(cpu: bool):
+        r = measure(tiny, 3, 2, n_m=2, checkpoint_activations=1, partition_activations=True,
+                    cpu_checkpointing=cpu, trace=True)
+        return [e for e in r.classes[0].allocations if e.op == "alloc"]
+    pa, cpu = allocs(False), allocs(True)
+    assert len(cpu) == len(pa)
+    assert sum(e.category == "checkpoints" for e in pa) == 4
+    assert not any(e.category == "checkpoints" for e in cpu)

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from ..runtime.observe import off_device
 from .groups import Group
 from .ledger import CommLedger
 
@@ -134,9 +135,10 @@ class Interconnect:
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of ``tensor`` in host memory (ZeRO-R's P_a+cpu), booked on this rank's own
         device→host link (group ``"host"``). On meta the copy is meta too: no data, same bytes."""
-        host = torch.empty(tensor.shape, dtype=tensor.dtype,
-                           device="meta" if tensor.device.type == "meta" else "cpu")
-        host.copy_(tensor)
+        with off_device():   # not the device's memory: its observers (and allocator trace) skip it
+            host = torch.empty(tensor.shape, dtype=tensor.dtype,
+                               device="meta" if tensor.device.type == "meta" else "cpu")
+            host.copy_(tensor)
         self._book_host("to_host", host)
         return host
 

@@ -36,6 +36,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
+_host = threading.local()   # how deep this thread is in off_device() blocks
+
+
+@contextlib.contextmanager
+def off_device():
+    """Storages made (and written) inside live in host memory, not on the rank's device: every
+    observer skips them (P_a+cpu's host copies, comm/interconnect.py). Per thread, as the
+    observers are."""
+    _host.depth = getattr(_host, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _host.depth -= 1
+
+
 @dataclasses.dataclass(frozen=True)
 class LiveStorage:
     """One storage live at a peak: its bytes, the ledger's category (None: the ledger does not
@@ -123,7 +138,7 @@ class Observer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._paused:
+        if self._paused or getattr(_host, "depth", 0):
             return func(*args, **kwargs)
         self._settle()
         label = self._phase()
