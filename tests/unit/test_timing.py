@@ -1,0 +1,151 @@
+"""The hardware model (zerospec/paper/hardware.py) and the step-time model (zerospec/report/timing.py).
+
+Expected values are the module doc's formulas written out by hand with the spec-sheet numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from fractions import Fraction
+
+import pytest
+
+from zerospec.model.presets import gpt
+from zerospec.paper.hardware import DGX2, GB, H200_NODE, Machine
+from zerospec.report import configs
+from zerospec.report.timing import collective_seconds, group_bandwidth, step_time
+from zerospec.training.scale import measure
+
+
+# -- where a group sits --------------------------------------------------------------------------------
+def test_an_mp_group_inside_a_dgx2_node_runs_at_nvswitch_speed():
+    """MP 16 fills one DGX-2 node: every ring link is NVSwitch, 150 GB/s each way."""
+    assert group_bandwidth(DGX2, 16, 1) == (150 * GB, False)
+
+
+def test_an_mp_group_over_two_nodes_is_paced_by_the_node_infiniband():
+    """MP 32 (the 40B baseline, C38): the ring leaves the node once, through its 8 × 100 Gbps."""
+    assert group_bandwidth(DGX2, 32, 1) == (100 * GB, True)
+
+
+@pytest.mark.parametrize("n_m,per_gpu", [(1, 100 * GB), (4, 25 * GB), (16, 6.25 * GB)],
+                         ids=["MP1", "MP4", "MP16"])
+def test_dp_rings_across_nodes_share_the_node_infiniband(n_m, per_gpu):
+    """25 DP ranks, one per node at MP 16: the node's 16 GPUs each run a DP ring through the same
+    100 GB/s, so each gets 100/16; at MP 4, 4 rings share it; at MP 1 one ring has it all."""
+    assert group_bandwidth(DGX2, 400 // n_m, n_m) == (per_gpu, True)
+
+
+# -- per collective ------------------------------------------------------------------------------------
+def test_an_all_reduce_costs_its_ring_steps_and_its_bytes_over_the_bandwidth():
+    """All-reduce of S = 10^9 fp16 elements over MP 16 in a node: 2·15 steps of 5.7 µs after
+    8.4 µs, and 2·15/16·2·10^9 bytes at 150 GB/s."""
+    sent = 2 * 15 * 10**9 * 2 // 16
+    assert collective_seconds(DGX2, "all_reduce", 16, 1, sent) == pytest.approx(
+        8.4e-6 + 30 * 5.7e-6 + 3.75e9 / 150e9, rel=1e-12)
+
+
+def test_a_reduce_scatter_across_nodes_pays_the_network_latency_per_step():
+    """Reduce-scatter over 25 DP ranks at MP 16: 24 steps at 6.6 µs, bytes at 6.25 GB/s."""
+    assert collective_seconds(DGX2, "reduce_scatter", 25, 16, 10**9) == pytest.approx(
+        8.4e-6 + 24 * 6.6e-6 + 1e9 / 6.25e9, rel=1e-12)
+
+
+def test_a_collective_over_one_rank_costs_nothing_and_a_host_copy_runs_at_pcie_speed():
+    """N = 1 moves nothing; P_a+cpu's copies go over the rank's own PCIe Gen3 x16 link."""
+    assert collective_seconds(DGX2, "all_reduce", 1, 1, 0) == 0.0
+    assert collective_seconds(DGX2, "to_host", 1, 1, 15_750_000_000) == 1.0
+    assert collective_seconds(DGX2, "from_host", 1, 1, 0, 31_500_000_000) == 2.0
+
+
+def test_an_unknown_collective_is_refused_by_name():
+    """A collective the model has no formula for is an error naming it and the accepted ones."""
+    with pytest.raises(ValueError, match=r"'all_to_all'.*all_reduce"):
+        collective_seconds(DGX2, "all_to_all", 4, 1, 10)
+
+
+# -- the machine ---------------------------------------------------------------------------------------
+def test_a_machine_refuses_a_nonpositive_constant_or_an_efficiency_above_one():
+    """A Machine is checked when made: the bad field and value are named."""
+    with pytest.raises(ValueError, match=r"inter_bytes_per_s must be > 0, got 0"):
+        dataclasses.replace(DGX2, inter_bytes_per_s=0)
+    with pytest.raises(ValueError, match=r"gemm_efficiency must be in \(0, 1\], got 3/2"):
+        dataclasses.replace(DGX2, gemm_efficiency=Fraction(3, 2))
+
+
+def test_the_dgx2_is_the_papers_cluster_node():
+    """C40/C42: 16 GPUs of 32 GB, 125 TFLOPS fp16, 8 × 100 Gbps per node, NVSwitch 300 GB/s
+    both ways; and the published GEMM efficiency 83/125."""
+    assert (DGX2.gpus_per_node, DGX2.memory_bytes, DGX2.peak_flops) == (16, 32 * GB, 125 * 10**12)
+    assert DGX2.inter_bytes_per_s * 8 == 800 * 10**9 and DGX2.intra_bytes_per_s * 2 == 300 * GB
+    assert DGX2.gemm_efficiency * 125 == 83 and isinstance(H200_NODE, Machine)
+
+
+# -- a step --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def small_step(stage: int = 2, n_m: int = 2, flops: bool = True):
+    """4 blocks of 256 on a 2 × 2 grid (N_d × N_m), a checkpoint per block, 2 sequences."""
+    return measure(gpt(4, 256, 4), stage, 2, micro_batch=2, n_m=n_m, checkpoint_activations=1,
+                   count_flops=flops)
+
+
+def test_compute_time_is_the_measured_flops_at_peak_times_the_gemm_efficiency():
+    """Forward and backward: measured FLOPs ÷ (125 TFLOPS · 83/125), i.e. at 83 TFLOPS."""
+    r = small_step()
+    t, f = step_time(r, DGX2), r.classes[0].output.flops[0]
+    assert t.compute_s["forward"] == f["forward"] / 83e12
+    assert t.compute_s["backward"] == f["backward"] / 83e12
+    assert t.flops == f["forward"] + f["backward"] and t.tflops_per_gpu == t.flops / t.step_s / 1e12
+
+
+def test_communication_per_group_is_the_sum_over_the_ledger_records():
+    """Each group's seconds are its records' α–β times, DP at stride N_m, MP at stride 1 — on
+    nodes of 2 GPUs, so that the 2 × 2 grid's DP rings leave the node and the stride matters."""
+    r, m = small_step(), dataclasses.replace(DGX2, gpus_per_node=2)
+    t = step_time(r, m)
+    recs = r.comm_ledger([0]).records(0)
+    for group, stride in (("dp", 2), ("mp", 1)):
+        assert t.comm_s[group] == pytest.approx(sum(
+            collective_seconds(m, x.op, x.group_size, stride, x.bytes_sent, x.bytes_recv)
+            for x in recs if x.group == group), rel=1e-12)
+    assert group_bandwidth(m, 2, 2) == (50 * GB, True)
+    assert t.step_s == pytest.approx(sum(t.compute_s.values()) + sum(t.comm_s.values()), rel=1e-12)
+
+
+def test_backward_overlap_hides_only_the_dp_traffic_of_backward():
+    """With overlap, P_os+g's gradient reduce-scatters (issued in backward) run beside backward
+    compute; MP all-reduces stay on the critical path; the hidden seconds are reported."""
+    r = small_step()
+    none, over = step_time(r, DGX2, "none"), step_time(r, DGX2, "backward")
+    dp_backward = sum(collective_seconds(DGX2, x.op, x.group_size, 2, x.bytes_sent)
+                      for x in r.comm_ledger([0]).records(0, phase="backward", group="dp"))
+    assert dp_backward > 0 and none.hidden_s == 0
+    assert over.hidden_s == pytest.approx(min(dp_backward, over.compute_s["backward"]), rel=1e-12)
+    assert none.step_s - over.step_s == pytest.approx(over.hidden_s, rel=1e-9)
+    assert over.comm_s == none.comm_s and over.exposed_comm_s < none.exposed_comm_s
+
+
+def test_step_time_needs_a_step_measured_with_flops_and_a_known_overlap():
+    """Without count_flops there is nothing to time; an unknown overlap names the accepted ones."""
+    with pytest.raises(ValueError, match="count_flops=True"):
+        step_time(small_step(flops=False), DGX2)
+    with pytest.raises(ValueError, match=r"overlap must be one of \('none', 'backward'\), got 'all'"):
+        step_time(small_step(), DGX2, "all")
+
+
+def test_the_same_step_is_faster_on_an_h200_node():
+    """Another Machine is a constructor call: the H200 node's compute and step are shorter."""
+    r = small_step()
+    v, h = step_time(r, DGX2), step_time(r, H200_NODE)
+    assert h.compute_s["backward"] < v.compute_s["backward"] and h.step_s < v.step_s
+
+
+# -- the fit search of Figure 6 (report/configs.py) -----------------------------------------------------
+@pytest.mark.parametrize("bump,answer", [(50, 25), (-50, 35)], ids=["guess-too-high", "guess-too-low"])
+def test_the_fit_search_walks_from_its_linear_guess_to_the_measured_boundary(monkeypatch, bump,
+                                                                              answer):
+    """Peaks 10·L bytes, plus ``bump`` beyond 20 layers: the probes at 8 and 16 guess 30 for a
+    300-byte device; the search walks to the L that fits with L + 1 not fitting."""
+    monkeypatch.setattr(configs, "peak_bytes", lambda c, L, **kw: 10 * L + (bump if L > 20 else 0))
+    L, steps = configs.max_layers(configs.CONFIGS["C1"], 300)
+    assert L == answer and steps == 2 + abs(answer - 30) + 1 + (bump < 0)

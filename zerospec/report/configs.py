@@ -1,0 +1,106 @@
+"""Table 3's ZeRO configurations C1–C5 (C46) as presets, and Figure 6's search (C47).
+
+Each configuration is a ZeRO-DP stage plus ZeRO-R options, spelled as the keyword arguments of
+:func:`zerospec.training.scale.measure`:
+
+* C_B, constant-size buffers: ``bucket_elements`` = 500,000,000, DeepSpeed's default
+  ``reduce_bucket_size`` / ``allgather_bucket_size`` (deepspeed/runtime/zero/config.py, the
+  ZeRO-100B code base the paper ran, C40);
+* M_D, defragmentation: ``contiguous_checkpoints`` (zerospec/zero_r/defrag.py) when TrainConfig
+  has it, else recorded as not modelled (``md_modelled``);
+* P_a: ``partition_activations`` over the MP group, with a checkpoint per block (P_a partitions
+  checkpoints, so all five run with activation checkpointing, as Megatron's runs did);
+* P_a+cpu: ``cpu_checkpointing`` on top of P_a.
+
+Figure 6 (C47) asks for the largest model each configuration trains at 400 GPUs, MP 16, 16
+sequences per GPU. :func:`max_layers` finds it by measured peaks in one shape family: hidden
+8192, 64 heads of 128 (Table 4's 80B–170B family, whose layer counts Figure 6's 140B and 150B
+use), layers varied. The answer is the L where L fits and L + 1 does not, both measured.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..model.presets import gpt
+from ..training.config import TrainConfig
+from ..training.scale import measure
+
+BUCKET_ELEMENTS = 500_000_000          # DeepSpeed's reduce/allgather bucket default (C_B)
+MD_MODELLED = "contiguous_checkpoints" in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroConfig:
+    """One row of Table 3 (C46)."""
+
+    name: str
+    stage: int                      # ZeRO-DP: 1 = P_os, 2 = P_os+g
+    partition_activations: bool     # P_a
+    cpu_checkpointing: bool         # P_a+cpu
+
+    @property
+    def zero_r(self) -> str:
+        """Table 3's ZeRO-R cell, as modelled here."""
+        parts = ["C_B", "M_D" if MD_MODELLED else "M_D (not modelled yet)"]
+        if self.partition_activations:
+            parts.append("P_a+cpu" if self.cpu_checkpointing else "P_a")
+        return " + ".join(parts)
+
+    def kwargs(self, n_m: int) -> dict:
+        """``measure``'s keyword arguments for this configuration at MP degree ``n_m``."""
+        kw = dict(n_m=n_m, checkpoint_activations=1, bucket_elements=BUCKET_ELEMENTS,
+                  partition_activations=self.partition_activations,
+                  cpu_checkpointing=self.cpu_checkpointing)
+        if MD_MODELLED:
+            kw["contiguous_checkpoints"] = True
+        return kw
+
+
+CONFIGS = {c.name: c for c in (
+    ZeroConfig("C1", 1, False, False),
+    ZeroConfig("C2", 1, True, False),
+    ZeroConfig("C3", 2, False, False),
+    ZeroConfig("C4", 2, True, False),
+    ZeroConfig("C5", 2, True, True),
+)}
+
+# Figure 6's runs (C52, [SC] appendix Table 4): 400 GPUs, MP 16, 16 sequences per GPU.
+FIG6 = dict(gpus=400, n_m=16, micro_batch=16, d=8192, heads=64)
+
+
+def peak_bytes(config: ZeroConfig, layers: int, *, gpus: int, n_m: int, micro_batch: int,
+               d: int, heads: int) -> int:
+    """The highest measured peak of any rank of one meta step (model states, activations,
+    checkpoints, buckets; the caching allocator's fragmentation is not included)."""
+    r = measure(gpt(layers, d, heads), config.stage, gpus // n_m, micro_batch=micro_batch,
+                **config.kwargs(n_m))
+    return max(c.memory.peak_total for c in r.classes)
+
+
+def max_layers(config: ZeroConfig, capacity: int, probes=(8, 16), **shape) -> tuple[int, int]:
+    """(the most layers whose step peaks within ``capacity`` bytes, meta steps measured).
+
+    Peak memory grows by the same bytes per layer (its model states and checkpoint), so two
+    probes give a first guess; the guess is then walked one layer at a time until L fits and
+    L + 1 does not — the answer rests on those two measurements, not on the line."""
+    shape = {**FIG6, **shape}
+    seen: dict[int, int] = {}
+
+    def fits(L: int) -> bool:
+        if L not in seen:
+            seen[L] = peak_bytes(config, L, **shape)
+        return seen[L] <= capacity
+
+    a, b = probes
+    fits(a), fits(b)
+    per_layer = (seen[b] - seen[a]) / (b - a)
+    L = max(1, a + int((capacity - seen[a]) // per_layer))
+    if fits(L):
+        while fits(L + 1):
+            L += 1
+    else:
+        while L > 1 and not fits(L):
+            L -= 1
+        if not fits(L):
+            return 0, len(seen)
+    return L, len(seen)

@@ -1,0 +1,127 @@
+"""A step's time on a :class:`~zerospec.paper.hardware.Machine`, from what a meta step measured.
+
+Nothing here is fitted to the paper: the inputs are one rank's measured collectives (the ledger's
+records: op, group, ring size n, bytes sent under the ring model) and its measured FLOPs
+(FlopCounterMode, ``count_flops=True``: forward, and backward with the recompute), and the
+outputs follow from the machine's spec-sheet constants by the formulas below.
+
+**Where a group sits.** Ranks are numbered ``rank = dp_index · N_m + mp_index`` (comm/groups.py)
+and fill nodes of g GPUs in order. A group of n ranks with stride s (MP: s = 1; DP: s = N_m;
+"world": s = 1) spans n·s consecutive GPUs. If n·s ≤ g it lies inside one node and every ring
+link is the switch's (NVSwitch: ``intra``, per GPU per direction). Otherwise the ring leaves the
+node; the node's InfiniBand (``inter``, per node per direction) is shared by the rings of this
+kind that cross it at the same time: all groups of a kind run together, and k = min(s, g) of
+them cross each node (MP over nodes: 1; DP with N_m < g: N_m, one per MP index; DP with
+N_m ≥ g: g, one per GPU). Each ring crosses a node boundary once per node, and every link of a
+ring carries the same bytes, so the slowest link sets the pace:
+
+    bw = intra                      if n·s ≤ g
+    bw = min(intra, inter / k)      otherwise, k = min(s, g)
+
+**Per collective** (α–β over the ring; B = the rank's bytes sent, as the ledger books them):
+
+    all_reduce       t = α0 + 2(n−1)·α + B / bw      B = 2(n−1)/n · S · bytes per element
+    reduce_scatter   t = α0 +  (n−1)·α + B / bw      B =  (n−1)/n · S · …
+    all_gather       t = α0 +  (n−1)·α + B / bw      B =  (n−1)/n · S · …
+    broadcast        t = α0 +  (n−1)·α + B / bw      B = S (pipelined chain)
+    to_host / from_host   t = bytes / host link      (the rank's own PCIe link, P_a+cpu)
+
+with α0 the launch latency and α the per-step latency inside a node or across nodes (NCCL's own
+ring model, paper/hardware.py). A collective over one rank costs nothing.
+
+**Compute** is a roofline: the GEMM FLOPs measured per phase at ``peak · gemm_efficiency``
+(FlopCounterMode counts matrix products only; elementwise work, layer norms and softmax are not
+timed: a known underestimate), and the optimizer step as memory-bound, 28 bytes of HBM traffic
+per owned parameter (read fp16 gradient 2, read and write fp32 master, m, v 24, write fp16
+parameter 2) at ``hbm``.
+
+**Overlap.** ``"none"``: every collective waits for compute and compute for it. ``"backward"``:
+the DP (and world) collectives issued during backward run beside backward's compute, as ZeRO's
+implementation overlaps gradient reduction with backward (C40); the backward phase takes the
+longer of the two. MP all-reduces (Megatron's) and host copies stay on the critical path: the
+next GEMM needs their result. Both the overlapped and the exposed communication are reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from ..paper.hardware import Machine
+
+OVERLAP = ("none", "backward")
+OPTIM_BYTES_PER_PARAM = 2 + 24 + 2          # see the module doc
+RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
+              "all_gather": lambda n: n - 1, "broadcast": lambda n: n - 1, "barrier": lambda n: 0}
+
+
+def group_bandwidth(m: Machine, n: int, stride: int) -> tuple[float, bool]:
+    """(bytes/s per direction a ring of ``n`` ranks ``stride`` apart runs at, whether it leaves
+    the node); see the module doc."""
+    g = m.gpus_per_node
+    if n * stride <= g:
+        return float(m.intra_bytes_per_s), False
+    k = min(stride, g)
+    return min(float(m.intra_bytes_per_s), m.inter_bytes_per_s / k), True
+
+
+def collective_seconds(m: Machine, op: str, n: int, stride: int, bytes_sent: int,
+                       bytes_recv: int = 0) -> float:
+    """One collective's time on ``m``: α–β over its ring (module doc)."""
+    if op in ("to_host", "from_host"):
+        return (bytes_sent + bytes_recv) / m.host_bytes_per_s
+    if op not in RING_STEPS:
+        raise ValueError(f"unknown collective {op!r}; accepted: {', '.join(RING_STEPS)}, "
+                         f"to_host, from_host")
+    if n <= 1:
+        return 0.0
+    bw, crosses = group_bandwidth(m, n, stride)
+    alpha = m.alpha_inter_s if crosses else m.alpha_intra_s
+    return m.alpha_base_s + RING_STEPS[op](n) * alpha + bytes_sent / bw
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """One step of one GPU on a machine (seconds, FLOPs per GPU)."""
+
+    compute_s: dict[str, float]       # per phase: forward, backward (with recompute), step
+    comm_s: dict[str, float]          # per group: dp, mp, world, host (all of it, overlapped or not)
+    hidden_s: float                   # communication that ran beside backward's compute
+    step_s: float
+    flops: int                        # measured forward + backward FLOPs of this GPU
+    overlap: str
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model FLOPs (measured, recompute included) per second, in TFLOPS."""
+        return self.flops / self.step_s / 1e12
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(self.comm_s.values()) - self.hidden_s
+
+
+def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0) -> StepTime:
+    """The time of ``result``'s (a :class:`~zerospec.training.scale.ScaleResult` measured with
+    ``count_flops=True``) one step on ``machine`` for global rank ``rank``."""
+    if overlap not in OVERLAP:
+        raise ValueError(f"overlap must be one of {OVERLAP}, got {overlap!r}")
+    out = result.rank_class(rank).output
+    if out is None or not out.flops or not (out.flops[0]["forward"] or out.flops[0]["backward"]):
+        raise ValueError("step_time needs a whole step measured with count_flops=True "
+                         "(setup_only=False); got no FLOPs")
+    flops = out.flops[0]
+    rate = machine.peak_flops * float(machine.gemm_efficiency)
+    compute = {"forward": flops["forward"] / rate, "backward": flops["backward"] / rate,
+               "step": out.optim_elements[0] * OPTIM_BYTES_PER_PARAM / machine.hbm_bytes_per_s}
+    stride = {"mp": 1, "world": 1, "dp": result.config.n_m, "host": 1}
+    comm: dict[str, float] = defaultdict(float)
+    overlappable = 0.0
+    for rec in result.comm_ledger([rank]).records(rank):
+        t = collective_seconds(machine, rec.op, rec.group_size, stride[rec.group],
+                               rec.bytes_sent, rec.bytes_recv)
+        comm[rec.group] += t
+        if overlap == "backward" and rec.phase == "backward" and rec.group in ("dp", "world"):
+            overlappable += t
+    hidden = min(overlappable, compute["backward"])
+    step = sum(compute.values()) + sum(comm.values()) - hidden
+    return StepTime(compute, dict(comm), hidden, step, flops["forward"] + flops["backward"], overlap)
