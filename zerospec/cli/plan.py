@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
     p.add_argument("--deepspeed-config", type=T.deepspeed_config, default=None, metavar="DS.JSON",
                    help="a DeepSpeed config: what its ZeRO settings imply (closed form: traffic per "
                         "step, what stays whole) and its stage's memory, for --params and --gpus")
+    p.add_argument("--preset", choices=_presets(), default=None, metavar="NAME",
+                   help="with --deepspeed-config: also run one step of this model (e.g. 1.5B, 7.5B, "
+                        "t4-100B-125x8192) on meta tensors under the config's settings and print "
+                        "the measured memory and traffic")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
     p.add_argument("--table2", action="store_true", help="print the paper's Table 2 layout (C17)")
     p.add_argument("--mp", type=T.list_of(T.plan.parse_mp, "MP degree"), default=None,
@@ -42,6 +46,11 @@ def add_parser(sub) -> None:
     p.add_argument("--max-model", action="store_true", help="the largest Ψ that fits, per stage")
     p.add_argument("--units", choices=("GB", "GiB"), default="GB", help="GB = 10^9 B (default), GiB = 2^30 B")
     p.add_argument("--format", choices=FORMATS, default="markdown", help="default markdown")
+
+
+def _presets() -> list[str]:
+    from ..model.presets import PRESETS
+    return list(PRESETS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
                 tables.append(deepspeed_table(ds, psi, n))
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds["stage"]], args.units,
                                                    largest, args.estimator))
+        if args.preset is not None:   # the same settings on a real shape, measured on meta
+            from ..report.deepspeed_plan import deepspeed_measured_table
+            tables += [deepspeed_measured_table(ds, args.preset, n) for n in args.gpus or [64]]
+    elif args.preset is not None:
+        raise ValueError("--preset is used with --deepspeed-config (the model a DeepSpeed config "
+                         "is measured on); for a preset alone see `zerospec scale --preset`")
     if not tables:
         for psi in args.params or [7_500_000_000]:
             for n in args.gpus or [64]:

@@ -144,6 +144,12 @@ def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None) -> to
     return x
 
 
+def fetch_order(cfg: GPTConfig) -> list[int]:
+    """The units :func:`forward` fetches, in order: embeddings, the blocks, the final LayerNorm,
+    and the embeddings again for the tied LM head (backward fetches in reverse)."""
+    return [0, *range(1, cfg.n_layer + 1), cfg.n_layer + 1, 0]
+
+
 def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
             run_blocks=blocks) -> torch.Tensor:
     """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.

@@ -47,6 +47,9 @@ class TrainConfig:
     cpu_checkpointing: bool = False           # P_a+cpu: the partitioned checkpoints in host memory
     contiguous_checkpoints: bool = False      # ZeRO-R's M_D: checkpoints in one buffer (zero_r/defrag.py)
     contiguous_gradients: bool = False        # M_D for stages 2–3: one reused gradient slot
+    # DeepSpeed's ZeRO-3 settings (zero/ds3.py); 0, 0: the paper's P_os+g+p
+    stage3_persistence_threshold: int = 0     # units of at most this many elements stay whole
+    stage3_max_reuse_distance: int = 0        # keep gathered from forward to backward within this
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -130,6 +133,13 @@ def check_zero_r(cfg) -> None:
         raise ValueError(f"partition_activations (P_a) splits activation checkpoints over the "
                          f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1, "
                          f"got n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
+    for name in ("stage3_persistence_threshold", "stage3_max_reuse_distance"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if v and (cfg.stage != 3 or cfg.exact):
+            raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/ds3.py): it needs "
+                             f"stage 3 without exact sums, got stage={cfg.stage}, exact={cfg.exact}")
     if cfg.contiguous_gradients and (cfg.stage < 2 or cfg.exact):
         raise ValueError(f"contiguous_gradients (M_D for gradients) reuses the slot stages 2–3 "
                          f"reduce-scatter each unit's gradient from: it needs stage 2 or 3 without "

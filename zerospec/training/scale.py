@@ -213,6 +213,7 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             count_flops: bool = False, bucket_elements: int | str | None = None, n_m: int = 1,
             partition_activations: bool = False, cpu_checkpointing: bool = False,
             contiguous_checkpoints: bool = False, contiguous_gradients: bool = False,
+            stage3_persistence_threshold: int = 0, stage3_max_reuse_distance: int = 0,
             trace: bool = False) -> ScaleResult:
     """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
 
@@ -224,6 +225,8 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     N_d × N_m grid and ZeRO-R's P_a, P_a+cpu, as in TrainConfig (C11, C17, C26, C32–C35).
     Every MP index of a DP index holds equal slices, so MP index 0 stands for all of them.
     ``contiguous_checkpoints``, ``contiguous_gradients``: ZeRO-R's M_D, as in TrainConfig (C37).
+    ``stage3_persistence_threshold``, ``stage3_max_reuse_distance``: DeepSpeed's ZeRO-3
+    settings (zerospec/zero/ds3.py), as in TrainConfig.
     ``trace``: record each class's allocation trace for the caching allocator model
     (zerospec/runtime/trace.py; fragmentation, C30, C37): ``RankClass.allocations``, every
     storage (:class:`~zerospec.runtime.trace.StorageTrace`), and ``memory.trace``, the ledger's.
@@ -238,7 +241,9 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
                       partition_activations=partition_activations,
                       cpu_checkpointing=cpu_checkpointing,
                       contiguous_checkpoints=contiguous_checkpoints,
-                      contiguous_gradients=contiguous_gradients)
+                      contiguous_gradients=contiguous_gradients,
+                      stage3_persistence_threshold=stage3_persistence_threshold,
+                      stage3_max_reuse_distance=stage3_max_reuse_distance)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(cfg.n_ranks), MetaBackend(cfg.n_ranks)

@@ -20,6 +20,7 @@ from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
 from ..optim.update import Updater
 from ..zero import EXACT_STAGES, STAGES
+from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.fetch import ParamFetcher
 from ..comm.groups import Grid
 from ..parallel.megatron import TensorParallel
@@ -76,6 +77,12 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
                           mp if cfg.partition_activations else None)
     cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
+    if cfg.stage3_persistence_threshold or cfg.stage3_max_reuse_distance:   # DeepSpeed's ZeRO-3
+        cls = DeepSpeedParameters
+        kwargs = {"persistence_threshold": cfg.stage3_persistence_threshold,
+                  "keep": reused_within(gpt.fetch_order(cfg.model), units,
+                                        cfg.stage3_max_reuse_distance)
+                  if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
     kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B

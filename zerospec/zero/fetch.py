@@ -73,7 +73,10 @@ class ParamFetcher:
 
     def _end_use(self, use: Use, full16: torch.Tensor, last: bool) -> None:
         """The forward use is over: decide what backward will read (see UseState)."""
-        if self.stage.resident and use.refs:
+        # kept for backward when the stage says so (DeepSpeed's reuse distance) and backward
+        # will read it: a use that saved no parameter view (the embedding lookup) lets go now
+        last = last or (use.refs > 0 and self.stage.keep_for_backward(use.unit))
+        if self.stage.is_resident(use.unit) and use.refs:
             # the stage keeps the unit anyway (stages 0–2): backward gets this use's compute
             # copy rather than a second cast of the same fp16 values (the same bits)
             use.cast, use.state = use.leaf.detach(), UseState.CAST_KEPT

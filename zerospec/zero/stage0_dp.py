@@ -79,6 +79,15 @@ class DataParallel:
         return self.param16[i][self.owned_slice(self.units[i])]
 
     # -- forward/backward hooks used by ParamFetcher --------------------------------------------
+    def is_resident(self, i: int) -> bool:
+        """Whether unit i's full fp16 vector stays on this rank between uses (stages 0–2: all)."""
+        return self.resident
+
+    def keep_for_backward(self, i: int) -> bool:
+        """Whether unit i, once gathered in forward, is kept until its backward use (stage 3 with
+        DeepSpeed's reuse distance, zerospec/zero/ds3.py); the paper's stages: no."""
+        return False
+
     def acquire(self, i: int) -> torch.Tensor:
         """Unit i's full fp16 vector for one use."""
         return self.param16[i]
