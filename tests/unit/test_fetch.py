@@ -24,6 +24,12 @@ class _Stage:
         self.slots = [torch.full((5,), 7.0, dtype=torch.float16)]   # last step's gradient
         self.ready: list[int] = []
 
+    def is_resident(self, i):
+        return self.resident
+
+    def keep_for_backward(self, i):
+        return False
+
     def acquire(self, i):
         return self.params[i]
 
