@@ -1,4 +1,4 @@
-"""zerospec: the ZeRO paper, executable (report, plan, scale, train, demo)."""
+"""zerospec: the ZeRO paper, executable (report, plan, scale, train, paper, demo)."""
 from __future__ import annotations
 
 import argparse

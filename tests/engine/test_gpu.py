@@ -91,6 +91,11 @@ def fragmenting_trace() -> list[TraceEvent]:
                  TraceEvent("phase", label="end")]
 
 
+# the function's skipif is evaluated before the module's: this reason names the device check
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs CUDA: the allocator model's device check, run on a GPU machine "
+                           "`pytest -m gpu tests/engine/test_gpu.py -k allocator_model` (compares "
+                           "reserved bytes per phase with torch.cuda; spec/allocator.md)")
 @pytest.mark.parametrize("conf", list(ALLOC_CONFS))
 @pytest.mark.parametrize("make_trace", [tiny_run_trace, fragmenting_trace],
                          ids=["tiny_run", "fragmenting"])

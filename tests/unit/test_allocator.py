@@ -211,6 +211,20 @@ def test_replay_names_the_event_and_phase_that_run_out_and_what_was_free():
     assert replay(trace, 200 * MiB, expandable_segments=True).oom is None
 
 
+def test_a_replays_peaks_span_every_phase_even_after_an_oom_retry_released_the_cache():
+    """100 + 60 MiB made and freed (160 MiB cached), then 150 MiB on a 200 MiB device: its new
+    segment does not fit, both cached segments are released and it is retried (150 reserved);
+    a marker follows. The replay's peaks are the run's (160 reserved, 160 allocated), not those
+    since the last marker (150)."""
+    trace = [TraceEvent("alloc", 1, 100 * MiB), TraceEvent("alloc", 2, 60 * MiB),
+             TraceEvent("free", 1, 100 * MiB), TraceEvent("free", 2, 60 * MiB),
+             TraceEvent("alloc", 3, 150 * MiB), TraceEvent("phase", label="end"),
+             TraceEvent("free", 3, 150 * MiB)]
+    r = replay(trace, 200 * MiB)
+    assert r.oom is None and r.allocator.peak_reserved == r.allocator.reserved == 150 * MiB
+    assert (r.peak_reserved, r.peak_allocated) == (160 * MiB, 160 * MiB)
+
+
 def test_replay_refuses_a_trace_that_frees_what_is_not_live():
     """A free without its alloc is an error naming the event."""
     with pytest.raises(ValueError, match=r"trace event 0: free of storage 5, which is not live"):

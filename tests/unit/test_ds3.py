@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runs import assert_same_training, odd_run, run
+from tests.runs import assert_same_training, odd_run
 from zerospec.model import gpt
 from zerospec.model.gpt import ODD, SMALL
 from zerospec.model.units import make_units

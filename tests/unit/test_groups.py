@@ -6,7 +6,7 @@ import torch
 
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.comm.groups import Grid, Group
-from zerospec.runtime.errors import CollectiveError, RankError
+from zerospec.runtime.errors import CollectiveError
 from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure
 from zerospec.model.gpt import GPTConfig

@@ -36,6 +36,23 @@ def test_dp_rings_across_nodes_share_the_node_infiniband(n_m, per_gpu):
     assert group_bandwidth(DGX2, 400 // n_m, n_m) == (per_gpu, True)
 
 
+@pytest.mark.parametrize("n,stride,per_ring", [(32, 1, 12.5 * GB), (100, 4, 12.5 * GB),
+                                               (25, 16, 6.25 * GB), (16, 1, 150 * GB)],
+                         ids=["MP32", "DP100-MP4", "DP25-MP16", "MP16-inside"])
+def test_read_as_one_infiniband_link_a_ring_leaving_the_node_gets_12_5_gb_s_at_most(n, stride,
+                                                                                 per_ring):
+    """inter="link" (C42's "12.5 GB/s per link"): a ring that leaves the node runs over one
+    100 Gbps NIC at most; rings already sharing the node below that keep their share; a ring
+    inside the node keeps NVSwitch."""
+    assert group_bandwidth(DGX2, n, stride, "link")[0] == per_ring
+
+
+def test_an_unknown_infiniband_reading_is_refused_naming_the_accepted_ones():
+    """inter is "node" or "link"; anything else is an error naming both."""
+    with pytest.raises(ValueError, match=r"inter must be one of \('node', 'link'\), got 'nic'"):
+        group_bandwidth(DGX2, 32, 1, "nic")
+
+
 # -- per collective ------------------------------------------------------------------------------------
 def test_an_all_reduce_costs_its_ring_steps_and_its_bytes_over_the_bandwidth():
     """All-reduce of S = 10^9 fp16 elements over MP 16 in a node: 2·15 steps of 5.7 µs after

@@ -4,11 +4,12 @@ To add one, write ``zerospec/cli/<name>.py`` and list it in ``SUBCOMMANDS`` belo
 """
 from __future__ import annotations
 
-from . import demo, plan, report, scale, train
+from . import demo, paper, plan, report, scale, train
 
 
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit code 2."""
 
 
-SUBCOMMANDS = {"report": report, "plan": plan, "demo": demo, "scale": scale, "train": train}
+SUBCOMMANDS = {"report": report, "plan": plan, "demo": demo, "scale": scale, "train": train,
+               "paper": paper}

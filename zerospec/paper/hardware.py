@@ -35,6 +35,7 @@ class Machine:
     alpha_intra_s: float           # per ring step inside a node
     alpha_inter_s: float           # per ring step when the ring leaves the node
     gemm_efficiency: Fraction      # achieved / peak FLOP/s of large fp16 GEMMs (published)
+    nics_per_node: int = 1         # the links inter_bytes_per_s adds up (one IB link: inter / nics)
     sources: tuple[str, ...] = ()  # where the numbers come from
 
     def __post_init__(self):
@@ -75,6 +76,7 @@ DGX2 = Machine(
     host_bytes_per_s=15_750_000_000,                   # [PCIe] Gen3 x16
     alpha_base_s=8.4e-6, alpha_intra_s=5.7e-6, alpha_inter_s=6.6e-6,   # [NCCL]
     gemm_efficiency=V100_GEMM_EFFICIENCY,              # [GEMM]
+    nics_per_node=8,                                   # [DGX-2] 8 × 100 Gbps: 12.5 GB/s a link (C42)
     sources=("NVIDIA Tesla V100 datasheet", "NVIDIA DGX-2 datasheet", "PCIe 3.0 spec",
              "NCCL 2.5 src/graph/tuning.cc", "Markidis et al. IPDPSW 2018"),
 )
@@ -97,6 +99,7 @@ H200_NODE = Machine(
     host_bytes_per_s=63 * GB,                          # [PCIe5]
     alpha_base_s=8.4e-6, alpha_intra_s=5.7e-6, alpha_inter_s=6.6e-6,   # [NCCL], as for DGX-2
     gemm_efficiency=V100_GEMM_EFFICIENCY,              # reused, see above
+    nics_per_node=8,                                   # [DGX-H]
     sources=("NVIDIA H200 datasheet", "NVIDIA DGX H200 user guide", "PCIe 5.0 spec",
              "NCCL 2.5 src/graph/tuning.cc", "V100 GEMM efficiency reused"),
 )

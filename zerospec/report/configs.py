@@ -39,6 +39,11 @@ class ZeroConfig:
     cpu_checkpointing: bool         # P_a+cpu
 
     @property
+    def zero_dp(self) -> str:
+        """Table 3's ZeRO-DP cell."""
+        return "P_os" if self.stage == 1 else "P_os+g"
+
+    @property
     def zero_r(self) -> str:
         """Table 3's ZeRO-R cell, as modelled here."""
         parts = ["C_B", "M_D" if MD_MODELLED else "M_D (not modelled yet)"]
@@ -64,6 +69,11 @@ CONFIGS = {c.name: c for c in (
     ZeroConfig("C5", 2, True, True),
 )}
 
+# Table 3 as the paper prints it ([A] §10.5, [SC]; claims.md C46): config -> (ZeRO-DP, ZeRO-R).
+PAPER_TABLE3 = {"C1": ("P_os", "C_B + M_D"), "C2": ("P_os", "C_B + M_D + P_a"),
+                "C3": ("P_os+g", "C_B + M_D"), "C4": ("P_os+g", "C_B + M_D + P_a"),
+                "C5": ("P_os+g", "C_B + M_D + P_a+cpu")}
+
 # Figure 6's runs (C52, [SC] appendix Table 4): 400 GPUs, MP 16, 16 sequences per GPU.
 FIG6 = dict(gpus=400, n_m=16, micro_batch=16, d=8192, heads=64)
 
@@ -77,14 +87,16 @@ def peak_bytes(config: ZeroConfig, layers: int, *, gpus: int, n_m: int, micro_ba
     return max(c.memory.peak_total for c in r.classes)
 
 
-def max_layers(config: ZeroConfig, capacity: int, probes=(8, 16), **shape) -> tuple[int, int]:
+def max_layers(config: ZeroConfig, capacity: int, probes=(8, 16), seen: dict | None = None,
+               **shape) -> tuple[int, int]:
     """(the most layers whose step peaks within ``capacity`` bytes, meta steps measured).
 
     Peak memory grows by the same bytes per layer (its model states and checkpoint), so two
     probes give a first guess; the guess is then walked one layer at a time until L fits and
-    L + 1 does not — the answer rests on those two measurements, not on the line."""
+    L + 1 does not — the answer rests on those two measurements, not on the line. ``seen``, if
+    given, receives every measured peak by L (the evidence, without measuring it again)."""
     shape = {**FIG6, **shape}
-    seen: dict[int, int] = {}
+    seen = {} if seen is None else seen
 
     def fits(L: int) -> bool:
         if L not in seen:

@@ -16,7 +16,14 @@ N_m ≥ g: g, one per GPU). Each ring crosses a node boundary once per node, and
 ring carries the same bytes, so the slowest link sets the pace:
 
     bw = intra                      if n·s ≤ g
-    bw = min(intra, inter / k)      otherwise, k = min(s, g)
+    bw = min(intra, inter / k)      otherwise, k = min(s, g)          (inter="node", the default)
+    bw = min(intra, inter / k, inter / nics)                         (inter="link")
+
+Two readings of "the node's InfiniBand", both from the spec sheet and neither fitted: ``"node"``
+spreads all the node's NICs over the rings crossing it (an upper bound: a lone ring gets
+8 × 12.5 GB/s); ``"link"`` paces a ring that leaves the node by one NIC, 100 Gbps = 12.5 GB/s
+per direction — the paper's own account of the Megatron baseline's slowdown (C42: "300 GB/s
+per link (NVSwitch) to 12.5 GB/s per link (InfiniBand EDR)").
 
 **Per collective** (α–β over the ring; B = the rank's bytes sent, as the ledger books them):
 
@@ -49,23 +56,29 @@ from collections import defaultdict
 from ..paper.hardware import Machine
 
 OVERLAP = ("none", "backward")
+INTER = ("node", "link")
 OPTIM_BYTES_PER_PARAM = 2 + 24 + 2          # see the module doc
 RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
               "all_gather": lambda n: n - 1, "broadcast": lambda n: n - 1, "barrier": lambda n: 0}
 
 
-def group_bandwidth(m: Machine, n: int, stride: int) -> tuple[float, bool]:
+def group_bandwidth(m: Machine, n: int, stride: int, inter: str = "node") -> tuple[float, bool]:
     """(bytes/s per direction a ring of ``n`` ranks ``stride`` apart runs at, whether it leaves
-    the node); see the module doc."""
+    the node); ``inter``: "node" or "link", see the module doc."""
+    if inter not in INTER:
+        raise ValueError(f"inter must be one of {INTER}, got {inter!r}")
     g = m.gpus_per_node
     if n * stride <= g:
         return float(m.intra_bytes_per_s), False
     k = min(stride, g)
-    return min(float(m.intra_bytes_per_s), m.inter_bytes_per_s / k), True
+    per_ring = m.inter_bytes_per_s / k
+    if inter == "link":                        # one NIC at most, however few rings share the node
+        per_ring = min(per_ring, m.inter_bytes_per_s / m.nics_per_node)
+    return min(float(m.intra_bytes_per_s), per_ring), True
 
 
 def collective_seconds(m: Machine, op: str, n: int, stride: int, bytes_sent: int,
-                       bytes_recv: int = 0) -> float:
+                       bytes_recv: int = 0, inter: str = "node") -> float:
     """One collective's time on ``m``: α–β over its ring (module doc)."""
     if op in ("to_host", "from_host"):
         return (bytes_sent + bytes_recv) / m.host_bytes_per_s
@@ -74,7 +87,7 @@ def collective_seconds(m: Machine, op: str, n: int, stride: int, bytes_sent: int
                          f"to_host, from_host")
     if n <= 1:
         return 0.0
-    bw, crosses = group_bandwidth(m, n, stride)
+    bw, crosses = group_bandwidth(m, n, stride, inter)
     alpha = m.alpha_inter_s if crosses else m.alpha_intra_s
     return m.alpha_base_s + RING_STEPS[op](n) * alpha + bytes_sent / bw
 
@@ -89,6 +102,7 @@ class StepTime:
     step_s: float
     flops: int                        # measured forward + backward FLOPs of this GPU
     overlap: str
+    inter: str = "node"
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -100,9 +114,11 @@ class StepTime:
         return sum(self.comm_s.values()) - self.hidden_s
 
 
-def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0) -> StepTime:
+def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0,
+              inter: str = "node") -> StepTime:
     """The time of ``result``'s (a :class:`~zerospec.training.scale.ScaleResult` measured with
-    ``count_flops=True``) one step on ``machine`` for global rank ``rank``."""
+    ``count_flops=True``) one step on ``machine`` for global rank ``rank``; ``inter``: how a ring
+    leaving the node uses its InfiniBand ("node" or "link", module doc)."""
     if overlap not in OVERLAP:
         raise ValueError(f"overlap must be one of {OVERLAP}, got {overlap!r}")
     out = result.rank_class(rank).output
@@ -118,10 +134,11 @@ def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0) ->
     overlappable = 0.0
     for rec in result.comm_ledger([rank]).records(rank):
         t = collective_seconds(machine, rec.op, rec.group_size, stride[rec.group],
-                               rec.bytes_sent, rec.bytes_recv)
+                               rec.bytes_sent, rec.bytes_recv, inter)
         comm[rec.group] += t
         if overlap == "backward" and rec.phase == "backward" and rec.group in ("dp", "world"):
             overlappable += t
     hidden = min(overlappable, compute["backward"])
     step = sum(compute.values()) + sum(comm.values()) - hidden
-    return StepTime(compute, dict(comm), hidden, step, flops["forward"] + flops["backward"], overlap)
+    return StepTime(compute, dict(comm), hidden, step, flops["forward"] + flops["backward"], overlap,
+                    inter)

@@ -65,8 +65,17 @@ class Replay:
     #        replay(samples=True): (allocated, reserved) after each alloc and free, for a figure
 
     @property
+    def peak_allocated(self) -> int:
+        """The most bytes allocated at any point of the replay (the allocator's peaks restart at
+        each phase marker: the phases' peaks and its own since the last marker)."""
+        return max([p.peak_allocated for p in self.phases] + [self.allocator.peak_allocated])
+
+    @property
     def peak_reserved(self) -> int:
-        return self.allocator.peak_reserved
+        """The most bytes reserved at any point of the replay: PyTorch's max cached memory. Not
+        the allocator's own peak, which restarts at each marker and may follow a release of
+        cached segments (an OOM's retry)."""
+        return max([p.peak_reserved for p in self.phases] + [self.allocator.peak_reserved])
 
     def by_label(self) -> dict[str, list[PhaseMemory]]:
         out: dict[str, list[PhaseMemory]] = {}

@@ -1,0 +1,41 @@
+"""Speed of the evaluation's reproductions (issue #16): Figure 6's and Figure 3's tables, from
+nothing cached, each ≤ 60 s on 2 CPU cores.
+
+Figure 6 is five memory-fit searches at 400 GPUs, MP 16 (about twenty meta steps of 8–222
+layers); Figure 3 is four 75-layer meta steps with FLOPs at 64–400 GPUs, timed on the DGX-2
+model. Run:
+
+    pytest -o addopts="" benchmarks/test_evaluation_bench.py
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from zerospec.report import paper_figures as pf
+from zerospec.report import paper_runs as pr
+
+BUDGET = 60.0
+
+
+def _cold(build):
+    """``build`` with every cached meta step and fit forgotten first."""
+    def run():
+        for cached in (pr.step, pr.timed, pr.figure6, pr.dp_limit, pr.baseline_batch):
+            cached.cache_clear()
+        return build()
+    return run
+
+
+@pytest.mark.parametrize("figure", [6, 3])
+def test_figure_reproduction_from_cold(figure, benchmark, capsys):
+    build = pf.BUILD["figure", figure]
+    t0 = time.perf_counter()
+    tables = benchmark.pedantic(_cold(build), rounds=1, iterations=1)
+    seconds = time.perf_counter() - t0
+    benchmark.extra_info.update(seconds=seconds, target=BUDGET, rows=len(tables[0].rows))
+    with capsys.disabled():
+        print(f"\nFigure {figure}'s reproduction: {seconds:.1f} s (budget {BUDGET:g} s)")
+    assert len(tables[0].rows) == {6: 5, 3: 4}[figure]
+    assert seconds <= BUDGET, f"Figure {figure} took {seconds:.1f} s; the budget is {BUDGET:g} s"

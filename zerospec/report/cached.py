@@ -1,0 +1,157 @@
+"""Table 3's configurations through the caching allocator model: Figure 7's cached memory (C48)
+and Figure 6's fit with fragmentation (C47).
+
+A GPU runs out on what PyTorch's caching allocator has reserved, not on what the tensors hold.
+:func:`step_memory` measures one meta step of a configuration with its complete storage trace
+(``measure(..., trace=True)``: every storage a rank makes and lets go, temporaries included) and
+replays each rank class's trace through the allocator model (zerospec/runtime/allocator.py,
+spec/allocator.md): the ledger's peak, the allocated and the reserved ("cached") peaks on a
+device without a limit, and whether the step runs out on a device of ``capacity`` bytes.
+
+:func:`max_layers_replayed` is Figure 6's search with the allocator's OutOfMemory as the fit
+criterion. Fitting is not monotone in L under fragmentation (a step may run out where one more
+layer fits), so the search does not bisect: it finds L_a, the most layers whose allocated peak
+(what the step holds, no fragmentation) is within the capacity — L_a + 1 cannot fit whatever the
+allocator does — and walks down from L_a replaying each L at the capacity; the answer is the
+first that fits, every L above it up to L_a measured to run out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from ..model.presets import gpt
+from ..paper import evaluation as ev
+from ..paper.hardware import DGX2
+from ..runtime.trace import OOMPoint, replay
+from ..training.scale import measure
+from .configs import CONFIGS, FIG6, ZeroConfig
+from .format import Table
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """One meta step's memory, the highest of any rank class (bytes)."""
+
+    ledger: int              # the ledger's peak: what the stage code counts
+    allocated: int           # the allocator's allocated peak: every storage, rounded to 512 B
+    reserved: int            # its reserved peak without a limit: PyTorch's "max cached memory"
+    oom: OOMPoint | None     # the first rank class's OutOfMemory on a device of the capacity
+    samples: list[tuple[int, int]] | None = None   # rank class 0's (allocated, reserved) series
+
+
+def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *, gpus: int,
+                n_m: int, micro_batch: int, d: int, heads: int,
+                samples: bool = False) -> StepMemory:
+    """One meta step of ``config`` for ``layers`` blocks of width ``d``, each rank class's storage
+    trace replayed twice: without a limit (the peaks) and on ``capacity`` bytes (the OOM)."""
+    r = measure(gpt(layers, d, heads), config.stage, gpus // n_m, micro_batch=micro_batch,
+                trace=True, **config.kwargs(n_m))
+    free = [replay(c.allocations, samples=samples and i == 0) for i, c in enumerate(r.classes)]
+    capped = [replay(c.allocations, capacity).oom for c in r.classes] if capacity else []
+    return StepMemory(ledger=max(c.memory.peak_total for c in r.classes),
+                      allocated=max(f.peak_allocated for f in free),
+                      reserved=max(f.peak_reserved for f in free),
+                      oom=next((o for o in capped if o is not None), None),
+                      samples=free[0].samples if samples else None)
+
+
+@functools.lru_cache(maxsize=None)
+def figure7(size: str, capacity: int | None = DGX2.memory_bytes,
+            samples: bool = False) -> dict[str, StepMemory]:
+    """Figure 7's run ``size`` ("40B": 50 × 8192 at 16 sequences per GPU; "100B": 125 × 8192 at
+    32; 400 GPUs, MP 16, [SC] appendix Table 5) under each configuration C1–C5."""
+    run = next((r for r in ev.FIGURE7 if r.size == size), None)
+    if run is None:
+        raise ValueError(f"Figure 7 has runs {[r.size for r in ev.FIGURE7]}, not {size!r}")
+    return {n: step_memory(c, run.layers, capacity, gpus=run.gpus, n_m=run.mp,
+                           micro_batch=run.batch_per_gpu, d=run.hd, heads=run.heads,
+                           samples=samples)
+            for n, c in CONFIGS.items()}
+
+
+def max_layers_replayed(config: ZeroConfig, capacity: int, probes=(8, 16),
+                        seen: dict | None = None, **shape) -> int:
+    """The most layers whose step runs on ``capacity`` bytes through the allocator model (0 if
+    none; see the module doc). ``seen``, if given, receives every measured StepMemory by L."""
+    shape = {**FIG6, **shape}
+    seen = {} if seen is None else seen
+
+    def at(L: int) -> StepMemory:
+        if L not in seen:
+            seen[L] = step_memory(config, L, capacity, **shape)
+        return seen[L]
+
+    a, b = probes
+    per_layer = (at(b).allocated - at(a).allocated) / (b - a)    # states and a checkpoint
+    L = max(1, a + int((capacity - at(a).allocated) // per_layer))
+    while at(L).allocated <= capacity:       # up to the first shortage: L_a + 1
+        L += 1
+    while at(L).allocated > capacity:        # down to L_a, the most the step can hold
+        if L == 1:
+            return 0
+        L -= 1
+    while at(L).oom is not None:             # down past every L that fragmentation stops
+        if L == 1:
+            return 0
+        L -= 1
+    return L
+
+
+def on_device(m: StepMemory) -> str:
+    """Whether the step ran on the capacity; if not, the request that failed and what was free
+    then (capacity − allocated), in GB to 2 decimals (from integers: the same on every machine)."""
+    if m.oom is None:
+        return "runs"
+    return (f"OOM in {m.oom.phase}: {m.oom.error.requested / 1e9:.2f} GB asked, "
+            f"{m.oom.free / 1e9:.2f} GB free")
+
+
+def figure7_tables() -> list[Table]:
+    """Figure 7 (C48) as a table: per run and configuration, the ledger's peak, the allocator
+    model's allocated and reserved ("max cached") peaks without a limit, and the step on a 32 GB
+    V100. The paper prints no values for Figure 7's bars (claims.md §E): its claims are in the
+    notes."""
+    t = Table("figure7", "Figure 7: max cached memory per configuration, 40B and 100B, 400 GPUs, "
+              "MP 16 (C48)", ["model", "config", "ledger peak (B)", "allocated peak (B)",
+                              "max cached (B)", "cached − allocated (B)", "on 32 GB"],
+              notes=["paper: C1 → C2 drops; C4 → C5 drops for 100B but not for 40B; whether C2 or "
+                     "C3 is lower depends on model states versus activations (C48); the bars' "
+                     "values are not printed"])
+    for size in ("40B", "100B"):
+        for n, m in figure7(size).items():
+            t.add(size, n, m.ledger, m.allocated, m.reserved, m.reserved - m.allocated, on_device(m))
+    return [t]
+
+
+@functools.lru_cache(maxsize=None)
+def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
+    """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
+    model at 400 GPUs, MP 16, 16 per GPU; L_a, the most whose allocated peak is within 32 GB;
+    every step measured, by L: the evidence). Some 70 paper-scale steps with traces: ~3 min on
+    2 cores."""
+    out = {}
+    for name, c in CONFIGS.items():
+        seen: dict[int, StepMemory] = {}
+        L = max_layers_replayed(c, DGX2.memory_bytes, seen=seen)
+        out[name] = (L, max(k for k, m in seen.items() if m.allocated <= DGX2.memory_bytes), seen)
+    return out
+
+
+def figure6_replayed_tables() -> list[Table]:
+    """Figure 6 (C47) by the allocator's OutOfMemory beside the ledger-peak search's sizes."""
+    from fractions import Fraction
+
+    from . import paper_runs as pr
+    from .paper_figures import PAPER_SIZE
+    cols = ["config", "layers, ledger peak", "Ψ", "L_a: allocated ≤ 32 GB", "layers, allocator",
+            "Ψ, allocator", "paper", "ledger / paper", "allocator / paper"]
+    t = Table("figure6_allocator", "Figure 6 with fragmentation: the allocator model's OOM as "
+              "the fit (C47)", cols, fmt={7: lambda v: f"{v:.2f}", 8: lambda v: f"{v:.2f}"})
+    for n, (L, L_a, _) in figure6_replayed().items():
+        paper = Fraction(PAPER_SIZE[n][:-1]) * ev.B
+        by_peak = pr.figure6()[n][0]
+        psi, psi_peak = pr.figure6_psi(L), pr.figure6_psi(by_peak)
+        t.add(n, by_peak, psi_peak, L_a, L, psi, PAPER_SIZE[n], float(psi_peak / paper),
+              float(psi / paper))
+    return [t]
