@@ -50,6 +50,8 @@ class SimBackend:
         # groups run their collectives independently (comm/groups.py)
         self._pending: dict[tuple[int, ...], dict[int, Call]] = {}
         self._waiting: set[int] = set()
+        self._world = tuple(range(self.n))
+        self._finished = 0          # ranks whose function returned (checked per collective)
         self._seq = 0
         self._error: CollectiveError | None = None
         self._lock = threading.Lock()
@@ -58,9 +60,9 @@ class SimBackend:
         return 1
 
     def collective(self, rank: int, call: Call) -> None:
-        members = call.group.ranks if call.group is not None else tuple(range(self.n))
+        members = call.group.ranks if call.group is not None else self._world
         with self._lock:
-            finished = [r for r in members if self.baton.finished[r]]
+            finished = [r for r in members if self.baton.finished[r]] if self._finished else ()
             if finished:
                 err = CollectiveError(f"rank {rank} called {call.describe()} (collective #{self._seq}) "
                                       f"but rank(s) {finished} already returned")
@@ -99,6 +101,7 @@ class SimBackend:
         """``rank``'s function returned: hand the baton on, or fail if peers wait in a collective."""
         with self._lock:
             self.baton.finished[rank] = True
+            self._finished += 1
             for members, pending in self._pending.items():
                 if rank in members and pending:
                     waiting = sorted(pending)
