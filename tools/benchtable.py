@@ -24,7 +24,8 @@ FIGURES = (("ratio", "ratio", "{:.2f}"), ("seconds", "seconds", "{:.1f} s"))
 
 
 def rows(data: dict) -> list[str]:
-    out = ["| benchmark | case | figure | measured | target | machine |", "|---|---|---|---|---|---|"]
+    out = ["| benchmark | case | figure | measured | target | met | machine |",
+           "|---|---|---|---|---|---|---|"]
     date = data.get("datetime", "")[:10]
     for b in data["benchmarks"]:
         info = b.get("extra_info", {})
@@ -39,8 +40,9 @@ def rows(data: dict) -> list[str]:
         extra = f" (work-matched {info['matched_ratio']:.2f})" if "matched_ratio" in info else ""
         machine = (f"{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
                    f"{info.get('torch', '?')}, {date}")
+        met = "—" if target is None else "yes" if value <= target else "**no**"
         out.append(f"| `{name}` | {case} | {label} | {fmt.format(value)}{extra} | "
-                   f"{'≤ ' + fmt.format(target) if target is not None else '—'} | {machine} |")
+                   f"{'≤ ' + fmt.format(target) if target is not None else '—'} | {met} | {machine} |")
     return out
 
 

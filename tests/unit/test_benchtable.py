@@ -20,9 +20,15 @@ DATA = {"datetime": "2026-12-01T05:00:00", "benchmarks": [
 
 def test_each_row_shows_its_figure_target_and_machine():
     rows = benchtable.rows(DATA)
-    assert rows[2] == ("| `test_step` | 0 | ratio | 1.23 (work-matched 1.10) | ≤ 1.30 "
+    assert rows[2] == ("| `test_step` | 0 | ratio | 1.23 (work-matched 1.10) | ≤ 1.30 | yes "
                        "| AVX2, 2 CPUs, torch 2.13.0, 2026-12-01 |")
-    assert rows[3] == "| `test_meta` |  | seconds | 4.4 s | ≤ 30.0 s | AVX512, 2 CPUs, torch 2.13.0, 2026-12-01 |"
+    assert rows[3] == ("| `test_meta` |  | seconds | 4.4 s | ≤ 30.0 s | yes "
+                       "| AVX512, 2 CPUs, torch 2.13.0, 2026-12-01 |")
+
+
+def test_a_missed_target_is_shown_as_missed():
+    data = {"benchmarks": [{"name": "t", "extra_info": {"ratio": 1.33, "target": 1.3}}]}
+    assert "| **no** |" in benchtable.rows(data)[2]
 
 
 def test_a_benchmark_without_a_figure_is_refused_by_name():
