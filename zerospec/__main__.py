@@ -9,6 +9,10 @@ from .cli import SUBCOMMANDS, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)   # `--zero 1` must not mean --zero1-comm
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line, exit 2, no usage dump or traceback
         raise UsageError(message)
 

@@ -153,6 +153,7 @@ def test_p_a_cpu_moves_twice_p_a_bytes_over_the_host_link_and_leaves_no_checkpoi
     for rank in range(4):
         part = pa.memory[rank].peak["checkpoints"]
         assert cpu.memory[rank].peak["checkpoints"] == 0 and part > 0
+        assert cpu.host[rank].peak["checkpoints"] == part and cpu.host[rank].current["checkpoints"] == 0
         assert cpu.ranks and cpu.memory[rank].current["checkpoints"] == 0
         for step in range(1, STEPS + 1):
             link = cpu.comm.records(rank, group="host", step=step)
@@ -175,3 +176,62 @@ def test_model_parallel_table(md_snapshot):
                     f"| {led.elements(0, group='dp'):,} | {led.elements(0, group='mp'):,} "
                     f"| {sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group='host')):,} |")
     assert md_snapshot == "\n".join(rows)
+
+
+def _oracle_block(x, p, n_m: int):
+    """One block as N_m MP ranks compute it, in one process: each rank's slice with the same
+    kernels, the row-parallel partial outputs added in rank order, then the bias."""
+    import torch.nn.functional as F
+
+    from zerospec.model import gpt
+    parts = [megatron.shard(MP_ODD, {"h.0": p}, n_m, j)["h.0"] for j in range(n_m)]
+    C = x.shape[-1]
+
+    def row(outs):
+        acc = outs[0]
+        for o in outs[1:]:
+            acc = acc + o
+        return acc
+    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
+    ys = [gpt.attention(F.linear(h, q["attn.c_attn.weight"], q["attn.c_attn.bias"]),
+                        MP_ODD.n_head // n_m) for q in parts]
+    x = x + (row([F.linear(y, q["attn.c_proj.weight"]) for y, q in zip(ys, parts)])
+             + p["attn.c_proj.bias"])
+    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"])
+    ms = [F.gelu(F.linear(h, q["mlp.c_fc.weight"], q["mlp.c_fc.bias"])) for q in parts]
+    return x + (row([F.linear(m, q["mlp.c_proj.weight"]) for m, q in zip(ms, parts)])
+                + p["mlp.c_proj.bias"])
+
+
+@pytest.mark.claim("P10")
+@pytest.mark.parametrize("n_m", [2, 4])
+def test_step_one_loss_is_the_megatron_decomposition_of_the_same_model_bit_for_bit(n_m):
+    """Every rank's first loss equals, bit for bit, one process running the whole model (its fp16
+    weights, cast as every use casts them) with each row-parallel layer split N_m ways and the
+    partials added in rank order — so an N_m > 1 run is the N_m = 1 model up to that sum order."""
+    import contextlib
+
+    from zerospec.cluster.threads import torch_threads
+    from zerospec.model import gpt
+    from zerospec.training.run import make_batches
+    from zerospec.training.step import micro_batch
+    r = mp_run(0, 2, n_m)
+    full = {u: {n: t.half().float() for n, t in ps.items()}
+            for u, ps in gpt.init_params(MP_ODD, r.config.seed).items()}
+
+    @contextlib.contextmanager
+    def fetch(i, last=False):
+        yield full[r.config.model.unit_spec()[i][0]]
+
+    def blocks(cfg, x, fetch, layers):
+        for i in layers:
+            with fetch(1 + i) as p:
+                x = _oracle_block(x, p, n_m)
+        return x
+    idx, tgt = make_batches(r.config)[0]
+    with torch_threads(1), torch.no_grad():
+        for d in range(2):
+            want = gpt.forward(MP_ODD, micro_batch(idx, d, 2, 0, 1), micro_batch(tgt, d, 2, 0, 1),
+                               fetch, blocks)
+            for j in range(n_m):
+                assert torch.equal(r.rank_losses[d * n_m + j][0], want), (d, j)

@@ -88,7 +88,8 @@ def test_gloo_reduce_scatter_is_the_slice_of_its_all_reduce(n):
 def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
     """``--ranks 4 --mp 2`` on real processes: the grid's DP and MP groups are gloo subgroups
     (new_group, made in the same order on every process); the same stage code gives the
-    simulator's losses and weights bit for bit and books the same ledger, group by group."""
+    simulator's losses and weights bit for bit and books the same ledger, group by group. (At
+    N_m = 2: two partials add the same in any order; from 3 on gloo's ring order rounds apart.)"""
     from tests.runs import assert_same_training
     from zerospec.cluster.threads import VirtualCluster
     from zerospec.training.config import TrainConfig

@@ -91,3 +91,14 @@ def test_plan_measures_a_deepspeed_zero3_config_on_meta_before_anyone_launches_i
 def test_plan_preset_without_a_deepspeed_config_is_refused_in_one_line(capsys):
     from tests.cli import assert_usage_error
     assert_usage_error(capsys, "plan", "--preset", "1.5B", named="--preset is used with --deepspeed-config")
+
+
+@pytest.mark.slow   # one meta step of GPT-2 1.5B: ~2 s
+def test_deepspeeds_default_zero3_config_moves_2_68_psi_on_gpt2_1_5b_at_64_gpus():
+    """spec/deepspeed.md's figure: DeepSpeed's defaults (threshold 1e5, reuse distance 1e9,
+    buckets 5e8) on 1.5B at N_d = 64 — the distance covers the later blocks only, so between
+    2Ψ and 3Ψ: 2.681138Ψ of elements sent per GPU per step."""
+    from zerospec.cli.argtypes import DS_DEFAULTS
+    from zerospec.report.deepspeed_plan import deepspeed_measured_table
+    rows = _rows(deepspeed_measured_table(dict(DS_DEFAULTS, stage=3, given=[]), "1.5B", 64))
+    assert rows["elements sent per step"] == "4,176,170,775 = 2.681138Ψ"
