@@ -114,6 +114,7 @@ def test_plan_reads_a_deepspeed_config_and_names_its_traffic(capsys, tmp_path, z
     ('{"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": -1}}',
      "stage3_max_reuse_distance = -1; accepted: an integer >= 0"),
     ("stage: 3", "cannot read DeepSpeed config"),
+    ('[{"zero_optimization": {"stage": 3}}]', "a DeepSpeed config is a JSON object, got a list"),
 ])
 def test_a_bad_deepspeed_config_is_a_usage_error_naming_the_value(capsys, tmp_path, text, named):
     """A config that DeepSpeed would refuse: exit code 2, one line naming the setting and its value."""

@@ -146,3 +146,16 @@ def test_zerospec_train_md_flags_reach_the_run(capsys):
     assert rc == 0 and "checkpoints: 2,880 B on the device" in out   # 2 blocks × 2·12·15 fp32
     assert_usage_error(capsys, "train", "--stage", "1", "--contiguous-gradients",
                        named="needs stage 2 or 3 without exact sums")
+
+
+def test_zerospec_scale_measures_a_grid_with_p_a_per_group(capsys):
+    """`scale --gpus 8 --mp 2 --checkpoint-activations 1 --partition-activations`: the table
+    shows DP and MP traffic and the checkpoints per GPU; --gpus not a multiple of --mp is refused."""
+    from tests.cli import assert_usage_error, run_cli
+    rc, out, _ = run_cli(capsys, "scale", "--layers", "2", "--hidden", "256", "--heads", "2",
+                         "--vocab", "64", "--seq", "16", "--gpus", "8", "--mp", "2", "--stages", "3",
+                         "--checkpoint-activations", "1", "--partition-activations")
+    assert rc == 0 and "N_d = 4 × N_m = 2" in out and "| MP elements /step /GPU |" in out
+    row = out.strip().splitlines()[-1].split("|")
+    assert row[8].strip() == f"{2 * 16 * 256 * 2 // 2:,}"      # 2 blocks × b·s·d fp16 / N_m
+    assert_usage_error(capsys, "scale", "--gpus", "10", "--mp", "3", named="--gpus 10 must be a multiple of --mp 3")

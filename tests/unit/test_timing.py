@@ -166,3 +166,9 @@ def test_the_fit_search_walks_from_its_linear_guess_to_the_measured_boundary(mon
     monkeypatch.setattr(configs, "peak_bytes", lambda c, L, **kw: 10 * L + (bump if L > 20 else 0))
     L, steps = configs.max_layers(configs.CONFIGS["C1"], 300)
     assert L == answer and steps == 2 + abs(answer - 30) + 1 + (bump < 0)
+
+
+def test_dp_rings_wider_apart_than_a_node_still_share_it_sixteen_ways():
+    """MP 32 (the 40B baseline's DP groups: 12 ranks, stride 32): each node holds 16 GPUs of
+    16 different DP rings, so k = min(stride, 16) = 16 share its InfiniBand, not 32."""
+    assert group_bandwidth(DGX2, 12, 32) == (6.25 * GB, True)

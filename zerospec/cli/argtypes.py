@@ -55,7 +55,10 @@ def deepspeed_config(path: str) -> dict:
         raise argparse.ArgumentTypeError(
             f"cannot read DeepSpeed config {path!r} ({exc}); accepted: a JSON file such as "
             f"deepspeed.initialize(config=...) takes") from None
-    zero = doc.get("zero_optimization", {}) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"{path!r}: a DeepSpeed config is a JSON object, got "
+                                         f"a {type(doc).__name__}")
+    zero = doc.get("zero_optimization", {})
     if not isinstance(zero, dict):
         raise argparse.ArgumentTypeError(f"{path!r}: zero_optimization must be an object, got {zero!r}")
     out = {"given": sorted(k for k in DS_DEFAULTS if k in zero)}

@@ -18,7 +18,16 @@ def add_parser(sub) -> None:
                                      "model on meta tensors (no memory needed)")
     p.add_argument("--preset", default=None, help="a model from zerospec.model.presets (see --list); "
                                                   "default 7.5B unless --layers/--hidden are given")
-    p.add_argument("--gpus", type=T.positive_int, default=64, help="data-parallel degree N_d, default 64")
+    p.add_argument("--gpus", type=T.positive_int, default=64,
+                   help="GPUs N = N_d × N_m, default 64 (N_d = N without --mp)")
+    p.add_argument("--mp", type=T.positive_int, default=1, metavar="N_M",
+                   help="model-parallel degree N_m (spec/model_parallel.md), default 1")
+    p.add_argument("--checkpoint-activations", type=int, default=0, metavar="K",
+                   help="a checkpoint every K blocks (default 0: off)")
+    p.add_argument("--partition-activations", action="store_true",
+                   help="P_a: 1/N_m of each checkpoint per MP rank (needs --mp >= 2 and K >= 1)")
+    p.add_argument("--cpu-checkpointing", action="store_true",
+                   help="P_a+cpu: the partitioned checkpoints in host memory")
     p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages, default 0,1,2,3")
     p.add_argument("--micro-batch", type=T.positive_int, default=1, help="sequences per GPU, default 1")
     p.add_argument("--zero1-comm", default="reduce_scatter", help="stage 1 gradient sync: "
@@ -74,10 +83,17 @@ def run(args) -> int:
         return 0
     stages = _stages(args.stages)
     name, model = _model(args)
-    results = measure_stages(model, args.gpus, stages, micro_batch=args.micro_batch,
-                             zero1_comm=args.zero1_comm)
+    if args.gpus % args.mp:
+        raise _usage(f"--gpus {args.gpus} must be a multiple of --mp {args.mp} (N = N_d × N_m)")
+    n_d = args.gpus // args.mp
+    results = measure_stages(model, n_d, stages, micro_batch=args.micro_batch,
+                             zero1_comm=args.zero1_comm, n_m=args.mp,
+                             checkpoint_activations=args.checkpoint_activations,
+                             partition_activations=args.partition_activations,
+                             cpu_checkpointing=args.cpu_checkpointing)
+    grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below)" if args.mp > 1 else "")
     print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
-          f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; N_d = {args.gpus}; "
+          f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "
           f"measured on meta tensors, one step per stage "
           f"({sum(r.seconds for r in results.values()):.1f} s)\n")
     print(scale_table(results), end="")

@@ -107,10 +107,22 @@ def scale_table(results) -> str:
     """Figure 1 measured on meta tensors (``training.scale.measure_stages``): rank 0's model states,
     peak activations, comm per step (in Ψ = real parameters) and collectives, per stage."""
     rows = []
+    zero_r = any(r.config.n_m > 1 or r.config.checkpoint_activations for r in results.values())
     for s, r in results.items():
         comm, states = r.comm_elements(0), r.model_states(0)
-        rows.append([theory.stage(s).label, f"{r.psi_padded:,}", f"{states:,}", f"{states / 1e9:,.2f}",
-                     f"{r.memory(0).peak['activations']:,}", f"{comm:,}", f"{comm / r.psi:.4f}",
-                     r.collectives(0), ", ".join(str(c.rep) for c in r.classes)])
-    return markdown(["stage", "Ψ_padded", "model states /GPU (B)", "GB", "activations /GPU (B)",
-                     "comm /step /GPU (elements)", "comm in Ψ", "collectives /step", "ranks run"], rows)
+        row = [theory.stage(s).label, f"{r.psi_padded:,}", f"{states:,}", f"{states / 1e9:,.2f}",
+               f"{r.memory(0).peak['activations']:,}", f"{comm:,}", f"{comm / r.psi:.4f}",
+               r.collectives(0), ", ".join(str(c.rep) for c in r.classes)]
+        if zero_r:   # with MP or checkpointing: checkpoints, and traffic per group
+            led = r.comm_ledger([0])
+            row[5:7] = [f"{led.elements(0, group=g):,}" for g in (("world", "dp")[r.config.n_m > 1],
+                                                               "mp")]
+            row[7:7] = [f"{r.memory(0).peak['checkpoints']:,}",
+                        f"{sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group='host')):,}"]
+        rows.append(row)
+    head = ["stage", "Ψ_padded", "model states /GPU (B)", "GB", "activations /GPU (B)",
+            "comm /step /GPU (elements)", "comm in Ψ", "collectives /step", "ranks run"]
+    if zero_r:
+        head[5:7] = ["DP elements /step /GPU", "MP elements /step /GPU"]
+        head[7:7] = ["checkpoints /GPU (B)", "host link /step (B)"]
+    return markdown(head, rows)
