@@ -289,3 +289,19 @@ def test_a_storage_resized_in_place_is_a_free_then_an_alloc():
         del x
     assert [(e.op, e.nbytes) for e in t.trace] == [("alloc", 400), ("free", 400),
                                                    ("alloc", 200), ("free", 200)]
+
+
+def test_a_failed_cudamalloc_frees_one_large_enough_oversize_block_before_everything():
+    """max_split_size 20 MiB, capacity 100 MiB. 80 MiB and 1 KiB are made and freed: cached, an
+    80 MiB oversize block (whole segment) and a 2 MiB small segment; 82 MiB reserved. 50 MiB
+    then asked: the 80 MiB block may not serve it (oversize blocks serve only requests within
+    20 MiB of their size: 80 ≥ 50 + 20), a new 50 MiB segment would make 132 > 100, so
+    ``release_available_cached_blocks`` frees the one oversize block ≥ 50 MiB and the retry
+    fits: 52 MiB reserved — the small segment is kept (release-everything would leave 50)."""
+    a = CachingAllocator(100 * MiB, max_split_size=20 * MiB)
+    x, s = a.malloc(80 * MiB), a.malloc(KiB)
+    assert a.reserved == 82 * MiB
+    a.free(x)
+    a.free(s)
+    a.malloc(50 * MiB)
+    assert (a.reserved, a.allocated) == (52 * MiB, 50 * MiB)
