@@ -178,31 +178,6 @@ def test_model_parallel_table(md_snapshot):
     assert md_snapshot == "\n".join(rows)
 
 
-def _oracle_block(x, p, n_m: int):
-    """One block as N_m MP ranks compute it, in one process: each rank's slice with the same
-    kernels, the row-parallel partial outputs added in rank order, then the bias."""
-    import torch.nn.functional as F
-
-    from zerospec.model import gpt
-    parts = [megatron.shard(MP_ODD, {"h.0": p}, n_m, j)["h.0"] for j in range(n_m)]
-    C = x.shape[-1]
-
-    def row(outs):
-        acc = outs[0]
-        for o in outs[1:]:
-            acc = acc + o
-        return acc
-    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
-    ys = [gpt.attention(F.linear(h, q["attn.c_attn.weight"], q["attn.c_attn.bias"]),
-                        MP_ODD.n_head // n_m) for q in parts]
-    x = x + (row([F.linear(y, q["attn.c_proj.weight"]) for y, q in zip(ys, parts)])
-             + p["attn.c_proj.bias"])
-    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"])
-    ms = [F.gelu(F.linear(h, q["mlp.c_fc.weight"], q["mlp.c_fc.bias"])) for q in parts]
-    return x + (row([F.linear(m, q["mlp.c_proj.weight"]) for m, q in zip(ms, parts)])
-                + p["mlp.c_proj.bias"])
-
-
 @pytest.mark.claim("P10")
 @pytest.mark.parametrize("n_m", [2, 4])
 def test_step_one_loss_is_the_megatron_decomposition_of_the_same_model_bit_for_bit(n_m):
@@ -213,6 +188,7 @@ def test_step_one_loss_is_the_megatron_decomposition_of_the_same_model_bit_for_b
 
     from zerospec.cluster.threads import torch_threads
     from zerospec.model import gpt
+    from zerospec.testing.reference import megatron_block
     from zerospec.training.run import make_batches
     from zerospec.training.step import micro_batch
     r = mp_run(0, 2, n_m)
@@ -226,7 +202,8 @@ def test_step_one_loss_is_the_megatron_decomposition_of_the_same_model_bit_for_b
     def blocks(cfg, x, fetch, layers):
         for i in layers:
             with fetch(1 + i) as p:
-                x = _oracle_block(x, p, n_m)
+                x = megatron_block(MP_ODD, x, [megatron.shard(MP_ODD, {"h.0": p}, n_m, j)["h.0"]
+                                               for j in range(n_m)])
         return x
     idx, tgt = make_batches(r.config)[0]
     with torch_threads(1), torch.no_grad():

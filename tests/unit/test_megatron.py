@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from zerospec.cluster.threads import VirtualCluster, torch_threads
 from zerospec.model import gpt, megatron
 from zerospec.model.gpt import GPTConfig
 from zerospec.model.units import psi
 from zerospec.parallel.megatron import TensorParallel
+from zerospec.testing.reference import megatron_block
 
 CFG = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=20)
 
@@ -45,23 +45,7 @@ def oracle(full, x, dy, n_m=2):
 def _oracle(full, x, dy, n_m):
     parts = [_leaves(megatron.shard(CFG, {"h.0": full}, n_m, j)["h.0"]) for j in range(n_m)]
     x = x.clone().requires_grad_(True)
-    C = x.shape[-1]
-
-    def row_sum(outs):
-        acc = outs[0]
-        for o in outs[1:]:
-            acc = acc + o
-        return acc
-    p0 = parts[0]     # replicated parameters are used from rank 0's copy in the oracle …
-    h = F.layer_norm(x, (C,), p0["ln_1.weight"], p0["ln_1.bias"])
-    ys = [gpt.attention(F.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]), CFG.n_head // n_m)
-          for p in parts]
-    x2 = x + (row_sum([F.linear(y, p["attn.c_proj.weight"]) for y, p in zip(ys, parts)])
-              + p0["attn.c_proj.bias"])
-    h = F.layer_norm(x2, (C,), p0["ln_2.weight"], p0["ln_2.bias"])
-    ms = [F.gelu(F.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"])) for p in parts]
-    out = x2 + (row_sum([F.linear(m, p["mlp.c_proj.weight"]) for m, p in zip(ms, parts)])
-                + p0["mlp.c_proj.bias"])
+    out = megatron_block(CFG, x, parts)   # replicated parameters from rank 0's copy …
     out.backward(dy)
     return out.detach(), x.grad, parts
 

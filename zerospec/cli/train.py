@@ -119,7 +119,7 @@ def summary(result, backend: str) -> str:
         extra += [("grad norm", lambda s: f"{result.grad_norms[s]:.6g}")]
     if cfg.n_m > 1:   # each group's traffic on its own (MP inside a node, DP across)
         extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
-                 ("host link bytes", lambda s: f"{sum(r.bytes_sent + r.bytes_recv for r in comm.records(0, step=s + 1, group='host')):,}"),
+                 ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
                  *extra]
     sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
     head = ["step", "loss", "collectives", sent, "wire elements (rank 0)",

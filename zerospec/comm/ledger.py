@@ -127,6 +127,11 @@ class CommLedger:
     def bytes(self, rank: int, **where) -> int:
         return sum(r.bytes_sent for r in self.records(rank, **where))
 
+    def link_bytes(self, rank: int, **where) -> int:
+        """Bytes ``rank`` sent plus received: a one-way link's total (the host link of P_a+cpu,
+        ``group="host"``, where copies out are sent and copies back received)."""
+        return sum(r.bytes_sent + r.bytes_recv for r in self.records(rank, **where))
+
     def count(self, rank: int, **where) -> int:
         """Number of collectives (barriers included) issued by ``rank``."""
         return len(self.records(rank, **where))

@@ -118,7 +118,7 @@ def scale_table(results) -> str:
             row[5:7] = [f"{led.elements(0, group=g):,}" for g in (("world", "dp")[r.config.n_m > 1],
                                                                "mp")]
             row[7:7] = [f"{r.memory(0).peak['checkpoints']:,}",
-                        f"{sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group='host')):,}"]
+                        f"{led.link_bytes(0, group='host'):,}"]
         rows.append(row)
     head = ["stage", "Ψ_padded", "model states /GPU (B)", "GB", "activations /GPU (B)",
             "comm /step /GPU (elements)", "comm in Ψ", "collectives /step", "ranks run"]

@@ -179,7 +179,7 @@ def zero_r_table(m: Measurements) -> Table:
               fmt={2: fmt_mb, 3: fmt_mb, 4: fmt_mb, 5: fmt_mb, 7: fmt_mb})
     for key, r in m.zero_r.items():
         mem, led = r.memory(0), r.comm_ledger([0])
-        link = sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group="host"))
+        link = led.link_bytes(0, group="host")
         t.add(ZERO_R_LABELS[key], f"{r.config.n_d} × {r.config.n_m}",
               mem.peak_total - r.model_states(0), mem.peak["checkpoints"],
               r.host(0).peak["checkpoints"], mem.peak["recomputed"],
