@@ -1,5 +1,6 @@
 """Speed of the evaluation's reproductions (issue #16): Figure 6's and Figure 3's tables, from
-nothing cached, each ≤ 60 s on 2 CPU cores.
+nothing cached, each ≤ 60 s on 2 CPU cores; and what the per-op roofline's op observer adds to a
+meta step.
 
 Figure 6 is five memory-fit searches at 400 GPUs, MP 16 (about twenty meta steps of 8–222
 layers); Figure 3 is four 75-layer meta steps with FLOPs at 64–400 GPUs, timed on the DGX-2
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerospec.report import paper_figures as pf
 from zerospec.report import paper_runs as pr
@@ -39,3 +41,33 @@ def test_figure_reproduction_from_cold(figure, benchmark, capsys):
         print(f"\nFigure {figure}'s reproduction: {seconds:.1f} s (budget {BUDGET:g} s)")
     assert len(tables[0].rows) == {6: 5, 3: 4}[figure]
     assert seconds <= BUDGET, f"Figure {figure} took {seconds:.1f} s; the budget is {BUDGET:g} s"
+
+
+class _NoOps(TorchDispatchMode):
+    """The baseline: a dispatch mode that passes every op on and records nothing, in the
+    OpCounter's place, so the ratio is the op observer's own work (FlopCounterMode stays)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_op_observer_costs_a_100b_meta_step_under_a_third_more(ratio_to, monkeypatch):
+    """Figure 2's 100B ZeRO row, one meta step with FLOPs: with the OpCounter (each op's FLOPs
+    and bytes, the roofline's input) against a pass-through mode in its place; target ≤ 1.35."""
+    from zerospec.paper import evaluation as ev
+    from zerospec.training import step as step_mod
+    run = next(r for r in ev.FIGURE2 if r.size == "100B" and r.who == "ZeRO")
+    counter = step_mod.OpCounter
+
+    def with_ops():
+        monkeypatch.setattr(step_mod, "OpCounter", counter)
+        pr.step.__wrapped__(run)
+
+    def without():
+        monkeypatch.setattr(step_mod, "OpCounter", _NoOps)
+        pr.step.__wrapped__(run)
+    assert ratio_to(with_ops, without, rounds=3, label="100B meta step, op observer") <= 1.35

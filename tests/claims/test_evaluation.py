@@ -121,8 +121,9 @@ def figure2_time(size: str, overlap: str):
 @pytest.mark.claim("C41", status="differs", page=f"{PAGE}#throughput-figure-2-c41")
 def test_100b_on_400_gpus_is_timed_above_38_tflops_per_gpu_and_15_pflops(claim_values):
     """100B on 400 GPUs runs at over 38 TFLOPS per GPU, over 15 PFLOPS in all (C41). The model,
-    which times GEMMs at a published 83/125 of peak and nothing else of the compute, gives more:
-    an upper bound, about 1.5–1.6× the paper's."""
+    a per-op roofline (each op at the slower of its FLOPs at a published 83/125 of peak and its
+    bytes at HBM's spec-sheet 900 GB/s; no launch gaps or stragglers), gives more: an upper
+    bound, 1.3–1.4× the paper's."""
     for overlap in ("none", "backward"):
         run, t = figure2_time("100B", overlap)
         assert t.tflops_per_gpu > ev.TFLOPS_PER_GPU_100B
@@ -173,15 +174,17 @@ def test_once_mp_crosses_a_node_the_baselines_mp_all_reduces_take_most_of_its_st
     """The baseline slows down because MP across nodes drops from NVSwitch (300 GB/s, both ways)
     to 12.5 GB/s per InfiniBand link (C42). Measured traffic, timed: with MP ≤ 16 (one node)
     the MP all-reduces take under a quarter of each baseline step; with MP ≥ 32 and one link per
-    ring, over 70%; with all 8 links the 40B row (MP 32) spends under 40% there — at two nodes
-    the drop is the paper's only if a ring gets one link."""
+    ring, over two thirds; with all 8 links the 40B row (MP 32) spends under 40% there — at two
+    nodes the drop is the paper's only if a ring gets one link. (The bar was 70% while compute
+    timed GEMMs only; the per-op roofline's memory-bound ops lengthen the step, and 40B's share
+    is now 69%.)"""
     rows = [b for _, b in pr.figure2()]
     share = {b.run.size: (b.none.comm_s.get("mp", 0) / b.none.step_s,
                           b.link.comm_s.get("mp", 0) / b.link.step_s) for b in rows}
     inside = [b.run.size for b in rows if b.run.mp <= DGX2.gpus_per_node]
     across = [b.run.size for b in rows if b.run.mp > DGX2.gpus_per_node]
     assert inside == ["1.5B", "8B", "20B"] and across[0] == "40B"
-    assert all(share[s][1] < 0.25 for s in inside) and all(share[s][1] > 0.7 for s in across)
+    assert all(share[s][1] < 0.25 for s in inside) and all(share[s][1] > 2 / 3 for s in across)
     assert share["40B"][0] < 0.4
     claim_values(", ".join(f"{s} {share[s][1]:.0%}" for s in inside + across)
                  + f" of the step in MP (one IB link); 40B {share['40B'][0]:.0%} with 8 links",

@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import Counter
 from fractions import Fraction
 
 import pytest
+import torch
 
+from zerospec.model.gpt import ODD
 from zerospec.model.presets import gpt
 from zerospec.paper.hardware import DGX2, GB, H200_NODE, Machine
 from zerospec.report import configs
-from zerospec.report.timing import collective_seconds, group_bandwidth, step_time
+from zerospec.cluster import threads
+from zerospec.report.timing import (OPTIM_BYTES_PER_PARAM, collective_seconds, group_bandwidth,
+                                    op_seconds, ops_seconds, step_time)
+from zerospec.runtime.observe import Observer, _written_arguments
+from zerospec.runtime.opcount import Op, is_view, unread
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
 from zerospec.training.scale import measure
 
 
@@ -106,13 +115,68 @@ def small_step(stage: int = 2, n_m: int = 2, flops: bool = True):
                    count_flops=flops)
 
 
-def test_compute_time_is_the_measured_flops_at_peak_times_the_gemm_efficiency():
-    """Forward and backward: measured FLOPs ÷ (125 TFLOPS · 83/125), i.e. at 83 TFLOPS."""
+GEMM_RATE = 83e12                                   # DGX-2: 125 TFLOPS · 83/125
+
+
+def test_a_gemm_bound_op_runs_at_83_tflops_and_a_memory_bound_one_at_900_gb_s():
+    """The roofline by hand on the DGX-2: an fp16 GEMM of 4096³ (2·4096³ FLOPs, 3·2·4096²
+    bytes) takes its FLOPs at 83 TFLOPS, its bytes alone would take 0.11 ms of 1.66 ms; an
+    elementwise add of 2^24 fp16 elements (3·2^25 bytes, no FLOPs) takes its bytes at 900 GB/s.
+    Three GEMMs and two adds: 3·t_gemm + 2·t_add, of which 2·t_add is memory-bound."""
+    gemm = Op("aten.mm.default", 2 * 4096**3, 2 * 2 * 4096**2, 2 * 4096**2)
+    add = Op("aten.add.Tensor", 0, 2 * 2 * 2**24, 2 * 2**24)
+    t_gemm, t_add = 2 * 4096**3 / GEMM_RATE, 3 * 2**25 / 900e9
+    assert op_seconds(DGX2, gemm) == (t_gemm, False) and op_seconds(DGX2, add) == (t_add, True)
+    total, bound = ops_seconds(DGX2, Counter({gemm: 3, add: 2}))
+    assert total == pytest.approx(3 * t_gemm + 2 * t_add, rel=1e-15)
+    assert bound == pytest.approx(2 * t_add, rel=1e-15)
+
+
+def test_compute_time_is_the_roofline_over_the_steps_ops_and_exceeds_the_gemm_only_time():
+    """Forward and backward: Σ count · max(FLOPs / 83 TFLOPS, bytes / 900 GB/s) over the ops
+    observed; that is the GEMM-only time (all FLOPs at 83 TFLOPS) plus, for every memory-bound
+    op, what its bytes take beyond its FLOPs — softmax, layer norm, GELU, casts are not free."""
     r = small_step()
-    t, f = step_time(r, DGX2), r.classes[0].output.flops[0]
-    assert t.compute_s["forward"] == f["forward"] / 83e12
-    assert t.compute_s["backward"] == f["backward"] / 83e12
+    t, f, ops = step_time(r, DGX2), r.classes[0].output.flops[0], r.classes[0].output.ops[0]
+    for phase in ("forward", "backward"):
+        extra = sum(n * (op.bytes / 900e9 - op.flops / GEMM_RATE) for op, n in ops[phase].items()
+                    if op.bytes / 900e9 > op.flops / GEMM_RATE)
+        assert t.compute_s[phase] == pytest.approx(f[phase] / GEMM_RATE + extra, rel=1e-12)
+        assert 0 < t.memory_bound_s[phase] < t.compute_s[phase] and extra > 0
     assert t.flops == f["forward"] + f["backward"] and t.tflops_per_gpu == t.flops / t.step_s / 1e12
+    assert t.memory_bound_s["step"] == t.compute_s["step"]        # the optimizer: all bytes
+    assert 0 < t.memory_bound_share < 1
+
+
+def test_optim_bytes_per_param_are_what_the_stages_adam_step_touches_once_each(monkeypatch):
+    """28 bytes per owned parameter (OPTIM_BYTES_PER_PARAM) is the fused kernel's traffic: each
+    model-state buffer the step and the parameter sync read or write, once per element at its
+    dtype — observed on a stage-2 run (ledger categories and dtypes of the tensors the ops
+    touched), not assumed: read fp16 gradient, fp32 master, m, v; write master, m, v, fp16 param."""
+    touched: dict[tuple[str, str], int] = {}          # (category, "read"/"write") -> bytes/element
+
+    class Touches(Observer):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if self.ctx.phase_name in ("step", "param_sync") and not self._paused:
+                written = {name for _, name, _ in _written_arguments(func)}
+                for k, a in enumerate(func._schema.arguments):
+                    t = args[k] if k < len(args) else kwargs.get(a.name)
+                    cat = self._category(t.untyped_storage()) if isinstance(t, torch.Tensor) else None
+                    if cat is None or is_view(func, args, kwargs, None):
+                        continue
+                    for how in ("write",) * (a.name in written) + ("read",) * (a.name not in
+                                                                             unread(func)):
+                        touched[cat, how] = t.element_size()
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    monkeypatch.setattr(threads, "Observer", Touches)
+    train(TrainConfig(stage=2, n_d=2, model=ODD, steps=1),
+          cluster=threads.VirtualCluster(2, observe=True))
+    assert touched == {("grad16", "read"): 2, ("master32", "read"): 4, ("master32", "write"): 4,
+                       ("exp_avg", "read"): 4, ("exp_avg", "write"): 4, ("exp_avg_sq", "read"): 4,
+                       ("exp_avg_sq", "write"): 4, ("param16", "write"): 2}
+    assert sum(touched.values()) == OPTIM_BYTES_PER_PARAM == 28
 
 
 def test_communication_per_group_is_the_sum_over_the_ledger_records():

@@ -64,17 +64,20 @@ def table3() -> list[Table]:
 # -- Figure 2 ----------------------------------------------------------------------------------------------
 def figure2_detail(sizes=("1.5B", "8B", "40B", "100B")) -> Table:
     """Four of Figure 2's ZeRO rows, their step broken down (C41)."""
-    cols = ["model", "GPUs", "MP", "batch/GPU", "FLOPs per GPU", "compute (s)", "DP (s)", "MP (s)",
-            "step, no overlap (s)", "TFLOPS/GPU", "step, backward overlap (s)", "TFLOPS/GPU "]
+    cols = ["model", "GPUs", "MP", "batch/GPU", "FLOPs per GPU", "compute (s)", "memory-bound (s)",
+            "DP (s)", "MP (s)", "step, no overlap (s)", "TFLOPS/GPU", "step, backward overlap (s)",
+            "TFLOPS/GPU "]
     t = _table("figure2_zero", "Figure 2, ZeRO's step on the DGX-2 model (C41)", cols,
-               {c: f3 for c in cols[5:9] + cols[10:11]} | {cols[9]: f1, cols[11]: f1},
-               ["paper: 100B at over 38 TFLOPS/GPU, over 15 PFLOPS in all (C41)"])
+               {c: f3 for c in cols[5:10] + cols[11:12]} | {cols[10]: f1, cols[12]: f1},
+               ["paper: 100B at over 38 TFLOPS/GPU, over 15 PFLOPS in all (C41)",
+                "memory-bound: the part of compute in ops whose bytes at HBM speed outlast their "
+                "FLOPs at the GEMM rate (layer norms, softmax, GeLU, casts, the optimizer step)"])
     for z, _ in pr.figure2(sizes):
         n, o = z.none, z.overlap
         dp = n.comm_s.get("dp", 0) + n.comm_s.get("world", 0)      # MP 1: the DP group is all
         t.add(z.run.size, z.run.gpus, z.run.mp, z.run.batch_per_gpu, n.flops,
-              sum(n.compute_s.values()), dp, n.comm_s.get("mp", 0), n.step_s, n.tflops_per_gpu,
-              o.step_s, o.tflops_per_gpu)
+              sum(n.compute_s.values()), sum(n.memory_bound_s.values()), dp, n.comm_s.get("mp", 0),
+              n.step_s, n.tflops_per_gpu, o.step_s, o.tflops_per_gpu)
     t.columns[-1] = "TFLOPS/GPU"          # two columns share a name; the fmt map needed them apart
     return t
 
@@ -100,15 +103,16 @@ def figure2() -> list[Table]:
 
 # -- Figure 3 ----------------------------------------------------------------------------------------------
 def figure3() -> list[Table]:
-    cols = ["GPUs", "N_d", "batch/GPU", "peak per GPU (B)", "FLOPs per GPU", "DP (s)", "MP (s)",
-            "step (s)", "TFLOPS/GPU", "aggregate TFLOPS"]
+    cols = ["GPUs", "N_d", "batch/GPU", "peak per GPU (B)", "FLOPs per GPU", "compute (s)",
+            "memory-bound (s)", "DP (s)", "MP (s)", "step (s)", "TFLOPS/GPU", "aggregate TFLOPS"]
     t = _table("figure3", "Figure 3: 60B (75 × 8192, MP 16, C4) on 64–400 GPUs (C43)", cols,
-               {"DP (s)": f3, "MP (s)": f3, "step (s)": f3, "TFLOPS/GPU": f1,
-                "aggregate TFLOPS": lambda v: f"{v:,.0f}"},
+               {c: f3 for c in cols[5:10]} | {"TFLOPS/GPU": f1,
+                                              "aggregate TFLOPS": lambda v: f"{v:,.0f}"},
                ["paper: performance more than doubles when the GPU count doubles, 64–400 GPUs (C43)"])
     for x in pr.figure3():
         n = x.none
-        t.add(x.run.gpus, x.run.n_d, x.run.batch_per_gpu, x.peak, n.flops, n.comm_s["dp"],
+        t.add(x.run.gpus, x.run.n_d, x.run.batch_per_gpu, x.peak, n.flops,
+              sum(n.compute_s.values()), sum(n.memory_bound_s.values()), n.comm_s["dp"],
               n.comm_s["mp"], n.step_s, n.tflops_per_gpu, n.tflops_per_gpu * x.run.gpus)
     return [t]
 
@@ -154,15 +158,16 @@ def figure6() -> list[Table]:
 
 # -- Figure 8 ----------------------------------------------------------------------------------------------
 def figure8() -> list[Table]:
-    cols = ["config", "batch/GPU", "peak per GPU (B)", "host link (s)", "TFLOPS/GPU, no overlap",
-            "TFLOPS/GPU, backward overlap"]
+    cols = ["config", "batch/GPU", "peak per GPU (B)", "fits 32 GB", "host link (s)",
+            "memory-bound share", "TFLOPS/GPU, no overlap", "TFLOPS/GPU, backward overlap"]
     t = _table("figure8", "Figure 8: 60B (75 × 8192) on 128 GPUs, MP 16, per configuration (C49)",
-               cols, {"host link (s)": f3, cols[4]: f1, cols[5]: f1},
+               cols, {"host link (s)": f3, "memory-bound share": f2, cols[6]: f1, cols[7]: f1},
                ["paper: throughput follows the batch each configuration's memory allows; "
-                "C4 → C5 loses throughput at 60B; 170B runs only with C5 (C49)"])
+                "C4 → C5 loses throughput at 60B; 170B runs only with C5 (C49)",
+                "a row that does not fit 32 GB is timed as if it did: the V100 could not run it"])
     for n, x in pr.figure8().items():
-        t.add(n, x.run.batch_per_gpu, x.peak, x.none.comm_s.get("host", 0),
-              x.none.tflops_per_gpu, x.overlap.tflops_per_gpu)
+        t.add(n, x.run.batch_per_gpu, x.peak, x.fits, x.none.comm_s.get("host", 0),
+              x.none.memory_bound_share, x.none.tflops_per_gpu, x.overlap.tflops_per_gpu)
     return [t]
 
 

@@ -102,7 +102,8 @@ def figure8(out: Path) -> list[Path]:
     got = pr.figure8()
     names = list(got)
     fig, ax = plt.subplots(figsize=(6, 4))
-    _bars(ax, [f"{n}\n{got[n].run.batch_per_gpu}/GPU" for n in names], [
+    _bars(ax, [f"{n}\n{got[n].run.batch_per_gpu}/GPU" + ("" if got[n].fits else "\n> 32 GB")
+               for n in names], [
         ("no overlap", [got[n].none.tflops_per_gpu for n in names], ZERO_COLOR, 1.0),
         ("backward overlap", [got[n].overlap.tflops_per_gpu for n in names], ZERO_COLOR, LINK_ALPHA)],
         "TFLOPS per GPU (model)", "Figure 8: 60B on 128 GPUs, MP 16, per configuration")

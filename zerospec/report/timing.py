@@ -1,8 +1,8 @@
 """A step's time on a :class:`~zerospec.paper.hardware.Machine`, from what a meta step measured.
 
 Nothing here is fitted to the paper: the inputs are one rank's measured collectives (the ledger's
-records: op, group, ring size n, bytes sent under the ring model) and its measured FLOPs
-(FlopCounterMode, ``count_flops=True``: forward, and backward with the recompute), and the
+records: op, group, ring size n, bytes sent under the ring model) and its measured ops
+(``count_flops=True``: forward, and backward with the recompute; each op's FLOPs and bytes), and the
 outputs follow from the machine's spec-sheet constants by the formulas below.
 
 **Where a group sits.** Ranks are numbered ``rank = dp_index · N_m + mp_index`` (comm/groups.py)
@@ -36,11 +36,22 @@ per link (NVSwitch) to 12.5 GB/s per link (InfiniBand EDR)").
 with α0 the launch latency and α the per-step latency inside a node or across nodes (NCCL's own
 ring model, paper/hardware.py). A collective over one rank costs nothing.
 
-**Compute** is a roofline: the GEMM FLOPs measured per phase at ``peak · gemm_efficiency``
-(FlopCounterMode counts matrix products only; elementwise work, layer norms and softmax are not
-timed: a known underestimate), and the optimizer step as memory-bound, 28 bytes of HBM traffic
-per owned parameter (read fp16 gradient 2, read and write fp32 master, m, v 24, write fp16
-parameter 2) at ``hbm``.
+**Compute** is a per-op roofline over the ops the step ran (forward, and backward with the
+recompute), each observed with its FLOPs and bytes (:mod:`zerospec.runtime.opcount`: FLOPs from
+torch's ``flop_registry``, so they sum to FlopCounterMode's total; bytes read and written per op,
+views free, no fusion). Per phase, with ``count`` the calls of each distinct op:
+
+    t_phase = Σ_ops count · max(flops / (peak · gemm_efficiency), bytes / hbm)
+    memory-bound seconds = that sum over the ops whose second term is the larger
+
+Matrix products are mostly bound by the first term; elementwise work, layer norms, softmax,
+casts and copies (0 FLOPs in torch's table) by the second. The second term holds two bounds
+that pull opposite ways: ``hbm`` is the spec sheet's peak (no achieved-bandwidth constant is
+used; a real kernel gets less, so a memory-bound op is timed optimistically), and its bytes are
+unfused traffic, an upper bound on what a fused kernel would move. Kernel launches and the gaps
+between them cost nothing. The optimizer step stays a fused, memory-bound kernel:
+28 bytes of HBM traffic per owned parameter (read fp16 gradient 2, read and write fp32 master,
+m, v 24, write fp16 parameter 2) at ``hbm``; it is all memory-bound.
 
 **Overlap.** ``"none"``: every collective waits for compute and compute for it. ``"backward"``:
 the DP (and world) collectives issued during backward run beside backward's compute, as ZeRO's
@@ -54,10 +65,11 @@ import dataclasses
 from collections import defaultdict
 
 from ..paper.hardware import Machine
+from ..runtime.opcount import Op
 
 OVERLAP = ("none", "backward")
 INTER = ("node", "link")
-OPTIM_BYTES_PER_PARAM = 2 + 24 + 2          # see the module doc
+OPTIM_BYTES_PER_PARAM = 2 + 24 + 2          # fp16 grad in, fp32 master/m/v in and out, fp16 param out
 RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
               "all_gather": lambda n: n - 1, "broadcast": lambda n: n - 1, "barrier": lambda n: 0}
 
@@ -92,11 +104,30 @@ def collective_seconds(m: Machine, op: str, n: int, stride: int, bytes_sent: int
     return m.alpha_base_s + RING_STEPS[op](n) * alpha + bytes_sent / bw
 
 
+def op_seconds(m: Machine, op: Op) -> tuple[float, bool]:
+    """One call of ``op`` on ``m``: (seconds, whether its bytes rather than its FLOPs set them),
+    the roofline of the module doc."""
+    gemm = op.flops / (m.peak_flops * float(m.gemm_efficiency))
+    memory = op.bytes / m.hbm_bytes_per_s
+    return max(gemm, memory), memory > gemm
+
+
+def ops_seconds(m: Machine, ops) -> tuple[float, float]:
+    """A Counter of ops (one phase's) on ``m``: (seconds, the memory-bound ops' seconds)."""
+    total = bound = 0.0
+    for op, n in ops.items():
+        t, memory = op_seconds(m, op)
+        total += n * t
+        bound += n * t if memory else 0.0
+    return total, bound
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTime:
     """One step of one GPU on a machine (seconds, FLOPs per GPU)."""
 
     compute_s: dict[str, float]       # per phase: forward, backward (with recompute), step
+    memory_bound_s: dict[str, float]  # per phase: the part of compute_s in memory-bound ops
     comm_s: dict[str, float]          # per group: dp, mp, world, host (all of it, overlapped or not)
     hidden_s: float                   # communication that ran beside backward's compute
     step_s: float
@@ -108,6 +139,11 @@ class StepTime:
     def tflops_per_gpu(self) -> float:
         """Model FLOPs (measured, recompute included) per second, in TFLOPS."""
         return self.flops / self.step_s / 1e12
+
+    @property
+    def memory_bound_share(self) -> float:
+        """The fraction of compute time spent in memory-bound ops (the optimizer step included)."""
+        return sum(self.memory_bound_s.values()) / sum(self.compute_s.values())
 
     @property
     def exposed_comm_s(self) -> float:
@@ -122,13 +158,14 @@ def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0,
     if overlap not in OVERLAP:
         raise ValueError(f"overlap must be one of {OVERLAP}, got {overlap!r}")
     out = result.rank_class(rank).output
-    if out is None or not out.flops or not (out.flops[0]["forward"] or out.flops[0]["backward"]):
+    if out is None or not out.ops or not (out.flops[0]["forward"] or out.flops[0]["backward"]):
         raise ValueError("step_time needs a whole step measured with count_flops=True "
                          "(setup_only=False); got no FLOPs")
-    flops = out.flops[0]
-    rate = machine.peak_flops * float(machine.gemm_efficiency)
-    compute = {"forward": flops["forward"] / rate, "backward": flops["backward"] / rate,
-               "step": out.optim_elements[0] * OPTIM_BYTES_PER_PARAM / machine.hbm_bytes_per_s}
+    flops, compute, bound = out.flops[0], {}, {}
+    for phase in ("forward", "backward"):
+        compute[phase], bound[phase] = ops_seconds(machine, out.ops[0][phase])
+    compute["step"] = bound["step"] = (out.optim_elements[0] * OPTIM_BYTES_PER_PARAM
+                                       / machine.hbm_bytes_per_s)
     stride = {"mp": 1, "world": 1, "dp": result.config.n_m, "host": 1}
     comm: dict[str, float] = defaultdict(float)
     overlappable = 0.0
@@ -140,5 +177,5 @@ def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0,
             overlappable += t
     hidden = min(overlappable, compute["backward"])
     step = sum(compute.values()) + sum(comm.values()) - hidden
-    return StepTime(compute, dict(comm), hidden, step, flops["forward"] + flops["backward"], overlap,
-                    inter)
+    return StepTime(compute, bound, dict(comm), hidden, step, flops["forward"] + flops["backward"],
+                    overlap, inter)

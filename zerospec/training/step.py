@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +26,7 @@ from ..zero.fetch import ParamFetcher
 from ..comm.groups import Grid
 from ..parallel.megatron import TensorParallel
 from ..runtime.context import GroupView
+from ..runtime.opcount import OpCounter
 from ..zero_r import Partitioned, block_runner, buffers, segments
 from ..zero_r.defrag import Contiguous, GradientSlot
 
@@ -46,11 +48,20 @@ class RankOutput:
     micro_losses: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)  # [step][k]
     reports: list = dataclasses.field(default_factory=list)  # per step: update.StepReport
     state: dict | None = None               # train(keep_state=True): this rank's checkpoint pieces
+    ops: list[dict[str, Counter]] = dataclasses.field(default_factory=list)  # count_flops: per step,
+    #                                       forward/backward: runtime.opcount.Op -> calls
 
 
-
-def _flops(enabled: bool):
-    return FlopCounterMode(display=False) if enabled else contextlib.nullcontext()
+@contextlib.contextmanager
+def _flops(enabled: bool, ops: Counter):
+    """FlopCounterMode (the FLOP total, as ever) on top of an OpCounter (each op's FLOPs and bytes,
+    for the per-op roofline, report/timing.py); the ops seen are added to ``ops``."""
+    if not enabled:
+        yield None
+        return
+    with OpCounter() as oc, FlopCounterMode(display=False) as fc:
+        yield fc
+    ops.update(oc.ops)
 
 
 def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=None, save=None,
@@ -114,17 +125,18 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         idx, tgt = (b.to(ctx.device) for b in batches[step - 1])
         stage.zero_grad()
         flops, micro = {"forward": 0, "backward": 0}, []
+        ops = {"forward": Counter(), "backward": Counter()}
         for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
             fetcher.begin_step()
             fetcher.grad_scale = updater.scale
-            with phase("forward"), _flops(cfg.count_flops) as fc:
+            with phase("forward"), _flops(cfg.count_flops, ops["forward"]) as fc:
                 with fetcher.hooks():
                     loss = gpt.forward(cfg.model, micro_batch(idx, dp_ctx.rank, cfg.n_d, k, G),
                                        micro_batch(tgt, dp_ctx.rank, cfg.n_d, k, G), fetcher.fetch,
                                        blocks)
                 fetcher.end_forward()
             flops["forward"] += fc.get_total_flops() if fc else 0
-            with phase("backward"), _flops(cfg.count_flops) as fc:
+            with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as fc:
                 loss.backward()
                 fetcher.check_complete()
             flops["backward"] += fc.get_total_flops() if fc else 0
@@ -140,6 +152,8 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         out.micro_losses.append(micro)
         out.reports.append(report)
         out.flops.append(flops)
+        if cfg.count_flops:
+            out.ops.append(ops)
         out.optim_elements.append(stage.optim_elements if not report.skipped else 0)
         out.step_end.append(time.perf_counter())
         if save and step in save:
