@@ -85,6 +85,57 @@ def test_md_grows_the_largest_micro_batch_on_32gb_from_73_to_80():
     assert replay(traced(81, True), CAP).oom is not None and need(traced(81, True)) > CAP
 
 
+# -- the table of spec/allocator.md: other configurations at their largest micro-batch ---------------
+LABELS = {1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+# (preset, stage, N_d, N_m, P_a, k, largest micro-batch without M_D, with M_D)
+CONFIGS = [("1.5B", 3, 400, 1, False, 2, 73, 80), ("1.5B", 2, 400, 1, False, 3, 71, 70),
+           ("1.5B", 2, 400, 1, False, 2, 66, 72), ("1.5B", 3, 400, 1, False, 1, 63, 67),
+           ("1.5B", 2, 400, 1, False, 1, 57, 60), ("1.5B", 1, 400, 1, False, 1, 50, 53),
+           ("t4-40B-88x6144", 1, 25, 16, True, 1, 44, 45),
+           ("t4-100B-125x8192", 2, 25, 16, True, 1, 26, 26)]
+
+
+def step_on_32gb(name, stage, n_d, n_m, p_a, k, b, md):
+    """(need, oom) of one step of rank 0 at micro-batch ``b`` replayed on the 32 GB device."""
+    r = measure(preset(name).model, stage, n_d, micro_batch=b, checkpoint_activations=k, n_m=n_m,
+                partition_activations=p_a, contiguous_checkpoints=md, trace=True)
+    trace = r.classes[0].allocations
+    return need(trace), replay(trace, CAP).oom
+
+
+def batch_cells(cfg, b: int, md: bool) -> list[str]:
+    """"b" if b fits (else says it does not), and how b + 1 runs out: a shortage (needs > 32 GB)
+    or fragmentation (needs less; GB free at the OOM)."""
+    _, oom = step_on_32gb(*cfg, b, md)
+    n, oom1 = step_on_32gb(*cfg, b + 1, md)
+    fits = str(b) if oom is None else f"{b}: runs out"
+    if oom1 is None:
+        return [fits, f"{b + 1}: fits"]
+    if n > CAP:
+        return [fits, f"{b + 1}: needs {n / GB:.2f} (a shortage)"]
+    return [fits, f"{b + 1}: needs {n / GB:.2f}, {oom1.free / GB:.2f} GB ({oom1.free_fraction:.1%}) free"]
+
+
+def fragmentation_table() -> str:
+    lines = ["| configuration | fits without M_D | runs out without M_D | fits with M_D | "
+             "runs out with M_D | M_D's gain |", "|---|---|---|---|---|---|"]
+    for name, stage, n_d, n_m, p_a, k, off, on in CONFIGS:
+        cfg = (name, stage, n_d, n_m, p_a, k)
+        label = f"{name.split('-')[1] if name.startswith('t4-') else name}, {LABELS[stage]}, N_d={n_d}"
+        label += (f", N_m={n_m}" if n_m > 1 else "") + (", P_a" if p_a else "") + f", k={k}"
+        gain = f"{on - off:+d}" if on != off else "0"
+        lines.append(f"| {label} | " + " | ".join(batch_cells(cfg, off, False) + batch_cells(cfg, on, True))
+                     + f" | {gain} |")
+    return "\n".join(lines)
+
+
+@pytest.mark.slow
+def test_fragmentation_table_of_eight_configurations(md_snapshot):
+    """spec/allocator.md's table: per configuration, the largest micro-batch that fits on 32 GB
+    without and with M_D, how one more runs out (fragmentation with GB free, or a shortage), and
+    M_D's gain in sequences — every cell measured, rounded to 0.01 GB / 0.1%."""
+    assert fragmentation_table() == md_snapshot
+
 # -- M_D's exactness and bytes on threads -----------------------------------------------------------
 VARIANTS = {"N_m=1": (1, {}), "N_m=2": (2, {}), "P_a": (2, {"partition_activations": True}),
             "P_a+cpu": (2, {"partition_activations": True, "cpu_checkpointing": True})}

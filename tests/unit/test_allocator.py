@@ -305,3 +305,47 @@ def test_a_failed_cudamalloc_frees_one_large_enough_oversize_block_before_everyt
     a.free(s)
     a.malloc(50 * MiB)
     assert (a.reserved, a.allocated) == (52 * MiB, 50 * MiB)
+
+
+def test_with_expandable_segments_best_fit_ranks_a_block_by_what_it_can_grow_to():
+    """get_free_block with expandable segments: from the smallest block >= the request (order
+    size, address), step to the next while it could grow to less (its size plus the unmapped
+    range after it). Unbounded device, one large-pool segment in 20 MiB pages; allocations tile
+    it in order: X 45 @0, 5, Y 40 @50, 5, W 60 @95, 15, Z 30 @170 (the mapped end: 200).
+    X, Y, W, Z freed: Z grows to 30 + the unmapped reserve, X, Y, W to their own size. 30 MiB:
+    candidates Z 30, Y 40, X 45, W 60; Y (40 < Z's) is taken, X (45 ≥ 40) is not: split 30 + 10
+    at address 50. First fit by size would take Z @170, by address X @0, largest fit W @95;
+    nothing is mapped (reserved stays 200 MiB)."""
+    a = CachingAllocator(expandable_segments=True)
+    x, _, y, _, w, _, z = (a.malloc(s * MiB) for s in (45, 5, 40, 5, 60, 15, 30))
+    assert a.reserved == 200 * MiB and a.largest_free == 0
+    for bid in (x, y, w, z):
+        a.free(bid)
+    a.malloc(30 * MiB)
+    f, t = False, True
+    assert a.segments() == [[(45 * MiB, f), (5 * MiB, t), (30 * MiB, t), (10 * MiB, f),
+                             (5 * MiB, t), (60 * MiB, f), (15 * MiB, t), (30 * MiB, f)]]
+    assert a.reserved == 200 * MiB
+
+
+def test_with_expandable_segments_best_fit_stops_at_the_first_block_that_could_not_grow_less():
+    """get_free_block's walk compares each block with the one before it and stops at the first
+    that could not grow to less; a smaller grow-to further on is not seen. 120 MiB device (reserve
+    135 -> 140 MiB), 20 MiB pages: A 50 @0, H 30 @50, K 20 @80, S 5 @100, T 15 @105 (mapped: 120).
+    H freed, 40 MiB runs out (no free block fits, no mapping fits): H's whole page [60, 80) is
+    unmapped, [50, 60) stays a 10 MiB free block J growing to 10 + 20 = 30. K, T freed: T grows to
+    15 + 20 (the unmapped [120, 140)) = 35, K to 20. 10 MiB: candidates J, T, K; T (35 ≥ 30) stops
+    the walk, so J is taken whole, K is not (a global minimum would split K at 80). Reserved 100."""
+    a = CachingAllocator(120 * MiB, expandable_segments=True)
+    _, h, k, _, t = (a.malloc(s * MiB) for s in (50, 30, 20, 5, 15))
+    assert a.reserved == 120 * MiB
+    a.free(h)
+    with pytest.raises(OutOfMemory):
+        a.malloc(40 * MiB)
+    a.free(k)
+    a.free(t)
+    a.malloc(10 * MiB)
+    f, u = False, True
+    assert a.segments() == [[(50 * MiB, u), (10 * MiB, u)],
+                            [(20 * MiB, f), (5 * MiB, u), (15 * MiB, f)]]
+    assert a.reserved == 100 * MiB

@@ -47,15 +47,19 @@ def test_a_persistent_unit_is_whole_on_every_rank_and_gathered_only_after_the_st
         assert all(x.phase != "param_sync" for x in gathers if x.numel != ln_f.padded)
 
 
-def test_reuse_distance_counts_the_parameters_fetched_between_the_two_uses():
+def test_reuse_distance_counts_the_elements_fetched_between_the_two_uses_strictly_below_it():
     """Order embed, b0, b1, ln_f, embed; backward mirrors it. Between b1's forward and backward
-    use: ln_f, embed, embed, ln_f (2·2 + 2·10 = 24); between b0's: that and b1 twice (24 + 2·5)."""
+    use: ln_f, embed, embed, ln_f (2·2 + 2·10 = 24 elements); between b0's: that and b1 twice
+    (24 + 2·5 = 34). Kept when that is < the distance, as DeepSpeed's
+    PartitionedParameterCoordinator.__params_to_release stops once params_traversed (a sum of
+    ds_numel) >= max_reuse_dist_in_numel: 24 does not keep b1, 25 does; 34 not b0, 35 does."""
     units = make_units([("embed", [("w", (10,))]), ("b0", [("w", (5,))]), ("b1", [("w", (5,))]),
                         ("ln_f", [("w", (2,))])], 1)
     order = [0, 1, 2, 3, 0]
-    assert reused_within(order, units, 23) == {0, 3}
-    assert reused_within(order, units, 24) == {0, 2, 3}
-    assert reused_within(order, units, 34) == {0, 1, 2, 3}
+    assert reused_within(order, units, 24) == {0, 3}
+    assert reused_within(order, units, 25) == {0, 2, 3}
+    assert reused_within(order, units, 34) == {0, 2, 3}
+    assert reused_within(order, units, 35) == {0, 1, 2, 3}
     assert gpt.fetch_order(ODD) == [0, 1, 2, 3, 0]
 
 

@@ -4,14 +4,14 @@ DeepSpeed's defaults do not run the paper's P_os+g+p: ``stage3_param_persistence
 keeps every tensor of at most that many elements whole on every GPU (refreshed by an all-gather
 after each step, never gathered in forward or backward), and ``stage3_max_reuse_distance`` keeps
 a gathered parameter from its forward use to its backward use when fewer than that many
-parameters are fetched in between (no re-gather in backward). With both at 0 this is the paper's
+elements are fetched in between (no re-gather in backward). With both at 0 this is the paper's
 stage 3, :class:`~.stage3_params.Parameters`, bit for bit and byte for byte.
 
 zerospec's sharding unit is a layer (zerospec/model/units.py), DeepSpeed's a tensor: here the
 threshold applies to whole units (the final LayerNorm, a tiny model's blocks), where DeepSpeed
 also keeps each block's biases and LayerNorms whole — a few d-sized vectors per block, well
 under 1% of Ψ at GPT sizes, left out of this model and said so where it is used
-(``zerospec plan --deepspeed-config``). The reuse distance is counted in parameters fetched
+(``zerospec plan --deepspeed-config``). The reuse distance is counted in elements fetched
 between a unit's last forward use and its backward use, on the model's fetch order
 (:func:`reused_within`), as DeepSpeed counts it on its recorded trace.
 
@@ -26,15 +26,18 @@ from .stage3_params import Parameters
 
 
 def reused_within(order: list[int], units, distance: int) -> frozenset[int]:
-    """Units whose backward use follows their last forward use within ``distance`` parameters
-    fetched in between. ``order``: the units a forward fetches, in order (backward fetches the
-    reverse, so a unit's backward use mirrors its last forward use)."""
+    """Units whose backward use follows their last forward use with fewer than ``distance``
+    elements fetched in between (DeepSpeed's ``__params_to_release``: it walks the trace after the
+    releasing module, stops before a module once ``params_traversed >= max_reuse_dist_in_numel``,
+    and adds each visited parameter's ``ds_numel``: strict ``<``, in elements). ``order``: the
+    units a forward fetches, in order (backward fetches the reverse, so a unit's backward use
+    mirrors its last forward use)."""
     seq = list(order) + list(reversed(order))
     keep = set()
     for i in set(order):
         p = max(k for k, u in enumerate(order) if u == i)
         q = len(seq) - 1 - p
-        if sum(units[seq[k]].numel for k in range(p + 1, q)) <= distance:
+        if sum(units[seq[k]].numel for k in range(p + 1, q)) < distance:
             keep.add(i)
     return frozenset(keep)
 
