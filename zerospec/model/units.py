@@ -8,6 +8,7 @@ last ranks; a unit smaller than N_d leaves some ranks owning padding only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -19,7 +20,7 @@ class ParamSlot:
     shape: tuple[int, ...]
     offset: int
 
-    @property
+    @functools.cached_property   # read on every use of a unit (hot in the fetch path)
     def numel(self) -> int:
         return math.prod(self.shape)
 
@@ -33,11 +34,11 @@ class Unit:
     n_d: int
     pad: bool = True
 
-    @property
+    @functools.cached_property   # frozen: computed once, read on every use and collective
     def numel(self) -> int:
         return sum(p.numel for p in self.params)
 
-    @property
+    @functools.cached_property
     def padded(self) -> int:
         """Flat length held per unit: ``numel`` rounded up to a multiple of N_d (if padding)."""
         return -(-self.numel // self.n_d) * self.n_d if self.pad else self.numel

@@ -26,6 +26,7 @@ CATEGORIES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq", "gathere
               "activations", "checkpoints", "recomputed", "buffer", "bucket")
 ACTIVATIONS = ("activations", "checkpoints", "recomputed")
 MODEL_STATES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq")
+_KNOWN = frozenset(CATEGORIES)   # membership test on every track (each saved activation)
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -63,6 +64,7 @@ class MemoryLedger:
         self.current: dict[str, int] = {c: 0 for c in CATEGORIES}
         self.peak: dict[str, int] = {c: 0 for c in CATEGORIES}
         self.peak_total = 0
+        self._total = 0                      # sum of current, kept as it changes (hot path)
         self.snapshots: list[Snapshot] = []
         self._live: dict[int, tuple[str, int]] = {}
 
@@ -74,7 +76,7 @@ class MemoryLedger:
 
     def track(self, category: str, t: torch.Tensor) -> torch.Tensor:
         """Count an existing tensor's whole storage under ``category``."""
-        if category not in CATEGORIES:
+        if category not in _KNOWN:
             raise ValueError(f"unknown memory category {category!r}; accepted: {', '.join(CATEGORIES)}")
         key = storage_key(t)
         if key in self._live:
@@ -102,14 +104,17 @@ class MemoryLedger:
         return self._live.get(key)
 
     def _add(self, category: str, nbytes: int) -> None:
-        self.current[category] += nbytes
-        self.peak[category] = max(self.peak[category], self.current[category])
-        self.peak_total = max(self.peak_total, self.total)
+        cur = self.current[category] = self.current[category] + nbytes
+        if cur > self.peak[category]:
+            self.peak[category] = cur
+        self._total += nbytes
+        if self._total > self.peak_total:
+            self.peak_total = self._total
 
     # -- queries ---------------------------------------------------------------------------------
     @property
     def total(self) -> int:
-        return sum(self.current.values())
+        return self._total
 
     def model_states(self) -> int:
         """Bytes of parameters, gradients and optimizer states held now (C1's model states)."""
