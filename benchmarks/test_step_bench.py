@@ -2,12 +2,13 @@
 
 The floor is the same model and micro-batch run 32 times in one thread with plain fp32
 parameters and torch.optim.Adam — what the ranks' arithmetic costs without ZeRO's bookkeeping.
-Targets (issue 3): step/floor ≤ 1.3 for stages 0–2, ≤ 1.6 for stage 3.
+Target (issue 18): the work-matched ratio ≤ 1.25 for every stage (the plain step/floor ratio is
+shown beside it; issue 3's ≤ 1.3 / 1.6 on it is no longer the asserted one).
 
 That floor holds N Adam passes over Ψ: stage 0's work, but more than stages 1–3 do (N ranks ×
 Ψ/N elements = one pass). So the output also shows a work-matched ratio, against the floor less
-N − 1 Adam passes for stages 1–3 (an Adam pass timed on its own in the same run). The issue's
-ratio is the one asserted.
+N − 1 Adam passes for stages 1–3 (an Adam pass timed on its own in the same run): equal work on
+both sides, so this is the ratio asserted.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from zerospec.training.run import train
 from conftest import best_of
 
 N, STEPS, ROUNDS = 32, 6, 3
-TARGET = {0: 1.3, 1: 1.3, 2: 1.3, 3: 1.6}
+TARGET = 1.25   # work-matched, every stage (issue 18)
 
 
 def _floor():
@@ -83,12 +84,12 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
     step, fl = min(steps), min(floors)
     ratio = step / fl
     matched = fl - (N - 1) * min(adams) if stage else fl   # stages 1–3: one Adam pass in all
-    benchmark.extra_info.update(step_s=step, floor_s=fl, ratio=ratio,
+    benchmark.extra_info.update(step_s=step, floor_s=fl, ratio=step / matched, plain_ratio=ratio,
                                 median_ratio=statistics.median(steps) / statistics.median(floors),
                                 matched_floor_s=matched, matched_ratio=step / matched,
-                                target=TARGET[stage])
+                                target=TARGET)
     with capsys.disabled():
         print(f"\nstage {stage}: step {step * 1e3:.0f} ms, floor {fl * 1e3:.0f} ms, "
-              f"ratio {ratio:.2f} (target ≤ {TARGET[stage]}; medians "
-              f"{benchmark.extra_info['median_ratio']:.2f}; work-matched {step / matched:.2f})")
-    assert ratio <= TARGET[stage]
+              f"ratio {ratio:.2f} (medians {benchmark.extra_info['median_ratio']:.2f}); work-matched "
+              f"{step / matched:.2f} (target ≤ {TARGET})")
+    assert step / matched <= TARGET

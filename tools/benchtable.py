@@ -37,7 +37,7 @@ def rows(data: dict) -> list[str]:
         label, fmt = kind
         value = info["ratio" if label == "ratio" else "seconds"]
         target = info.get("target")
-        extra = f" (work-matched {info['matched_ratio']:.2f})" if "matched_ratio" in info else ""
+        extra = f" (step/floor {info['plain_ratio']:.2f})" if "plain_ratio" in info else ""
         machine = (f"{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
                    f"{info.get('torch', '?')}, {date}")
         met = "—" if target is None else "yes" if value <= target else "**no**"
