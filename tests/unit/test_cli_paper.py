@@ -30,11 +30,12 @@ def test_paper_table3_as_json_keeps_the_columns_and_writes_no_figure(capsys, tmp
 @pytest.mark.slow   # five 75-layer meta steps with FLOPs: ~10 s
 def test_paper_figure8_prints_its_table_with_the_papers_claim_and_draws_the_figure(capsys,
                                                                                  tmp_path):
-    """`paper --figure 8 --out DIR`: the Figure 8 table, the paper's statement under it, and
-    paper_figure8.png/.svg written into DIR."""
+    """`paper --figure 8 --out DIR`: the Figure 8 table (saying which configuration fits), the
+    paper's statement under it, and paper_figure8.png/.svg written into DIR."""
     rc, out, err = run_cli(capsys, "paper", "--figure", "8", "--out", str(tmp_path))
     assert rc == 0
-    assert "| C5 | 8 | 17,586,209,664 | 0.080 | 41.1 | 49.9 |" in out
+    assert "| C5 | 8 | 17,586,209,664 | yes | 0.080 | 0.21 | 36.4 | 43.1 |" in out
+    assert "| C3 | 32 | 60,379,519,362 | no |" in out      # C3 does not fit 32 GB, and says so
     assert "paper: throughput follows the batch" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["paper_figure8.png", "paper_figure8.svg"]
     assert "paper_figure8.png" in err
