@@ -19,7 +19,7 @@ from zerospec.report import configs
 from zerospec.cluster import threads
 from zerospec.report.timing import (OPTIM_BYTES_PER_PARAM, collective_seconds, group_bandwidth,
                                     op_seconds, ops_seconds, step_time)
-from zerospec.runtime.observe import Observer, _written_arguments
+from zerospec.runtime.observe import Observer, written_arguments
 from zerospec.runtime.opcount import Op, is_view, unread
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
@@ -159,7 +159,7 @@ def test_optim_bytes_per_param_are_what_the_stages_adam_step_touches_once_each(m
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if self.ctx.phase_name in ("step", "param_sync") and not self._paused:
-                written = {name for _, name, _ in _written_arguments(func)}
+                written = {name for _, name, _ in written_arguments(func)}
                 for k, a in enumerate(func._schema.arguments):
                     t = args[k] if k < len(args) else kwargs.get(a.name)
                     cat = self._category(t.untyped_storage()) if isinstance(t, torch.Tensor) else None

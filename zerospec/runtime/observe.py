@@ -147,7 +147,7 @@ class Observer(TorchDispatchMode):
         seen = {t.untyped_storage()._cdata for t in inputs}
         for t in inputs:       # aten-level resizes (resize_, out= of another size) show here
             self._refresh(t.untyped_storage())
-        for k, name, kwarg_only in _written_arguments(func):
+        for k, name, kwarg_only in written_arguments(func):
             written = args[k] if k < len(args) and not kwarg_only else kwargs.get(name)
             for t in (written if isinstance(written, (list, tuple)) else [written]):
                 if isinstance(t, torch.Tensor):
@@ -288,7 +288,7 @@ _resize_patch = _ResizePatch()
 _WRITES: dict = {}   # aten op -> its written arguments: the schema is fixed, read it once per op
 
 
-def _written_arguments(func) -> list[tuple[int, str, bool]]:
+def written_arguments(func) -> list[tuple[int, str, bool]]:
     """(position, name, keyword-only) of each argument ``func`` writes (``out=``, in-place self)."""
     if func not in _WRITES:
         _WRITES[func] = [(k, a.name, a.kwarg_only) for k, a in enumerate(func._schema.arguments)

@@ -39,6 +39,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from .memory import storage_key
+from .observe import written_arguments
+
 
 class Op(NamedTuple):
     """One op call's cost: its aten name, FLOPs (torch's registry) and bytes read and written."""
@@ -60,6 +63,8 @@ ALLOCATES = frozenset({"aten.empty.memory_format", "aten.empty_strided.default",
 # In-place ops that overwrite ``self`` without reading it (a memcpy, a memset): no schema says so.
 OVERWRITES = frozenset({"aten.copy_.default", "aten.fill_.Scalar", "aten.fill_.Tensor",
                         "aten.zero_.default"})
+
+
 class _Facts(NamedTuple):
     """What one aten op's schema (and torch's FLOP table) says, read once per op."""
 
@@ -82,8 +87,8 @@ def _facts(func) -> _Facts:
         rets, params, name = func._schema.returns, func._schema.arguments, str(func)
         view = bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write
                                   for r in rets)
-        writes = [a for a in params if a.alias_info is not None and a.alias_info.is_write]
-        unread = {a.name for a in writes if a.kwarg_only} | ({"self"} if name in OVERWRITES else set())
+        writes = written_arguments(func)      # (position, name, keyword-only): the observer's reading
+        unread = {a for _, a, kw in writes if kw} | ({"self"} if name in OVERWRITES else set())
         key = torch._C.DispatchKey.CompositeImplicitAutograd
         decomposes = (func not in flop_registry and func is not torch.ops.prim.device.default
                       and (key in func.py_kernels
@@ -115,7 +120,7 @@ def _tensors(x):
 
 
 def _storages(x) -> set[int]:
-    return {t.untyped_storage()._cdata for t in _tensors(x)}
+    return {storage_key(t) for t in _tensors(x)}
 
 
 def is_view(func, args, kwargs, out) -> bool:
