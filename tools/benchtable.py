@@ -37,7 +37,10 @@ def rows(data: dict) -> list[str]:
         label, fmt = kind
         value = info["ratio" if label == "ratio" else "seconds"]
         target = info.get("target")
-        extra = f" (step/floor {info['plain_ratio']:.2f})" if "plain_ratio" in info else ""
+        extra = f" (step/floor {info['plain_ratio']:.2f}" if "plain_ratio" in info else ""
+        if "shared_matched_ratio" in info:   # the step benchmark's second floor (its docstring)
+            extra += f"; shared floor {info['shared_matched_ratio']:.2f}"
+        extra += ")" if extra else ""
         machine = (f"{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
                    f"{info.get('torch', '?')}, {date}")
         met = "—" if target is None else "yes" if value <= target else "**no**"

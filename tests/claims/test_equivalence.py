@@ -58,3 +58,22 @@ def test_repeated_runs_are_bit_identical():
     cfg = TrainConfig(stage=3, n_d=4, model=MODELS["odd"], steps=2)
     a, b = train(cfg), train(cfg)
     assert all(torch.equal(a.master[k], b.master[k]) for k in a.master) and a.losses == b.losses
+
+
+@pytest.mark.parametrize("stage,buckets", [(2, None), (3, None), (2, 1000), (3, 1000)],
+                         ids=["P_os+g", "P_os+g+p", "P_os+g/C_B", "P_os+g+p/C_B"])
+@pytest.mark.claim("P1")
+def test_no_stage_reads_memory_it_never_wrote(stage, buckets):
+    """With every non-zeroed allocation filled with NaN, stages 2 and 3 still equal stage 0 bit for bit."""
+    from tests.runs import SCALER, config
+    from zerospec.testing.faults import uninitialized_memory
+    from zerospec.training.run import train
+    # the ODD model pads every unit, and the loss scaler's overflow check reads the whole owned
+    # shard, padding included: a NaN read anywhere (a gradient slot's padding, a gathered unit's
+    # real elements) makes the ranks skip a step that stage 0 takes
+    kw = {"steps": 2, "loss_scale": SCALER, "bucket_elements": buckets}
+    dp = train(config(0, **kw))
+    with uninitialized_memory() as seen:
+        zero = train(config(stage, **kw))
+    assert seen["poisoned"] > 0
+    assert_same_training(dp, zero)

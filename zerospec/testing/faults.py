@@ -21,6 +21,7 @@ from unittest import mock
 import torch
 
 from ..training.run import train_rank
+from ..runtime.memory import MemoryLedger
 from ..zero.fetch import ParamFetcher
 
 
@@ -66,3 +67,24 @@ def train_rank_with_overflow(ctx, cfgs, step: int, rank: int) -> list[dict]:
     hook = inject_overflow(step, rank) if ctx.rank == rank else contextlib.nullcontext()
     with hook:
         return train_rank(ctx, cfgs)
+
+
+@contextlib.contextmanager
+def uninitialized_memory(value: float = float("nan")):
+    """Inside the block, every ledger allocation made without zeros (``alloc(zero=False)``: gathered
+    units, stage 2/3 gradient slots, buckets, fp64 buffers) comes back filled with ``value``, as
+    memory a device allocator hands out may hold anything. A stage that reads such a buffer before
+    writing it then computes with NaN instead of the zeros a fresh page happens to hold. Yields a
+    dict whose ``"poisoned"`` counts the allocations filled (a test can check it is not vacuous)."""
+    seen = {"poisoned": 0}
+    alloc = MemoryLedger.alloc
+
+    def poisoned(ledger, category, shape, dtype, *, zero=True):
+        t = alloc(ledger, category, shape, dtype, zero=zero)
+        if not zero and t.device.type != "meta":
+            t.fill_(value if dtype.is_floating_point else -1)
+            seen["poisoned"] += 1
+        return t
+
+    with mock.patch.object(MemoryLedger, "alloc", poisoned):
+        yield seen

@@ -24,7 +24,12 @@ class Gradients(OptimizerStates):
     def grad_slot(self, i: int) -> torch.Tensor:
         if self.grad_buffer is not None:   # ZeRO-R's M_D: one slot, reused (zero_r/defrag.py)
             return self.grad_buffer.slot(i)
-        return self._alloc("grad16", self.units[i].padded, self.dtype)  # one unit in flight
+        # one unit in flight. Not zero-filled: backward writes every real element (the unit's
+        # parameters tile [0, numel)), so only the padding needs its zeros
+        u = self.units[i]
+        slot = self.memory.alloc("grad16", (u.padded,), self.dtype, zero=False)
+        slot[u.numel:].zero_()
+        return slot
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         # with buckets: copied into the current bucket, reduced when it is full (still in backward)
