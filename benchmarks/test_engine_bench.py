@@ -1,10 +1,11 @@
 """Speed of the real engine: zerospec stage k on 4 gloo processes vs torch's own peer (issue 6).
 
-Target: each stage's step time ≤ 1.5× its peer's (DDP, ZeroRedundancyOptimizer, FSDP2 without
-and with resharding), same model (small GPT), data, fp32 and torch.optim-style Adam on both
-sides. Both run in the same 4 processes, one after the other, so they share every condition of
-the machine; the step time is the median over steps 3…STEPS on rank 0 (step 1 pays set-up and
-FSDP2's lazy init, step 2 DDP's bucket rebuild). Run:
+Target (issue 18): each stage's step time ≤ 1.0× its peer's (DDP, ZeroRedundancyOptimizer,
+FSDP2 without and with resharding; issue 6's ≤ 1.5× is no longer the one asserted), same model
+(small GPT), data, fp32 and torch.optim-style Adam on both sides. Both run in the same 4
+processes, one after the other, so they share every condition of the machine; the step time is
+the median over steps 3…STEPS on rank 0 (step 1 pays set-up and FSDP2's lazy init, step 2 DDP's
+bucket rebuild). Run:
 
     pytest -o addopts="" benchmarks/test_engine_bench.py
 """
@@ -18,7 +19,7 @@ from zerospec.model.gpt import SMALL
 from zerospec.testing.oracles import PEERS, compare
 from zerospec.training.config import TrainConfig
 
-N, STEPS, TARGET = 4, 10, 1.5
+N, STEPS, TARGET = 4, 10, 1.0
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3], ids=lambda s: f"stage{s}-vs-{PEERS[s]}")

@@ -3,6 +3,7 @@
     pytest benchmarks --benchmark-json=bench.json     # the figures, with their machine
     python tools/benchtable.py bench.json              # rewrite the README's table from them
     python tools/benchtable.py bench.json --check      # exit 1 if the README's table differs
+    python tools/benchtable.py avx512.json avx2.json   # several runs (machines, ISAs): one table
 
 Each benchmark records in ``extra_info`` its figure (``ratio``, or ``seconds`` for the meta
 runs), its ``target`` and, through benchmarks/conftest.py, what it ran on (``isa``: the CPU
@@ -49,26 +50,36 @@ def rows(data: dict) -> list[str]:
     return out
 
 
+def table(runs: list[dict]) -> str:
+    """One table of every run's rows, in the order given (one header; each row names its machine)."""
+    lines = rows(runs[0])
+    for data in runs[1:]:
+        lines += rows(data)[2:]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     paths = [a for a in argv if not a.startswith("--")]
-    if len(paths) != 1:
-        print("usage: python tools/benchtable.py BENCH.json [--check]", file=sys.stderr)
+    if not paths:
+        print("usage: python tools/benchtable.py BENCH.json [BENCH.json ...] [--check]",
+              file=sys.stderr)
         return 2
-    data = json.loads(pathlib.Path(paths[0]).read_text())
-    table = "\n".join(rows(data)) + "\n"
+    runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
+    table_text = table(runs)
     text = README.read_text()
     m = BLOCK.search(text)
     if m is None:
         print("README.md has no <!-- benchmarks: begin --> … <!-- benchmarks: end --> block",
               file=sys.stderr)
         return 2
-    if m.group(2) == table:
+    if m.group(2) == table_text:
         return 0
     if "--check" in argv:
-        print("README.md's benchmark table differs from", paths[0])
+        print("README.md's benchmark table differs from", ", ".join(paths))
         return 1
-    README.write_text(text[:m.start(2)] + table + text[m.end(2):])
-    print(f"rewrote README.md's benchmark table from {paths[0]} ({len(data['benchmarks'])} rows)")
+    README.write_text(text[:m.start(2)] + table_text + text[m.end(2):])
+    n = sum(len(d["benchmarks"]) for d in runs)
+    print(f"rewrote README.md's benchmark table from {', '.join(paths)} ({n} rows)")
     return 0
 
 

@@ -47,3 +47,14 @@ def test_the_readme_table_is_rewritten_between_its_markers(tmp_path, monkeypatch
     assert benchtable.main([str(path)]) == 0 and benchtable.main([str(path), "--check"]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n<!-- benchmarks: begin -->\n| benchmark |") and text.endswith("<!-- benchmarks: end -->\nrest\n")
+
+
+def test_runs_on_several_machines_share_one_table_each_row_naming_its_own():
+    avx2 = {"datetime": "2026-12-02T05:00:00", "benchmarks": [
+        {"name": "test_meta", "extra_info": {"seconds": 5.0, "target": 30.0, "isa": "AVX2",
+                                             "cpus": 2, "torch": "2.13.0"}}]}
+    lines = benchtable.table([DATA, avx2]).splitlines()
+    assert lines[0].startswith("| benchmark |") and sum(ln.startswith("| benchmark") for ln in lines) == 1
+    assert len(lines) == 2 + 2 + 1
+    assert lines[-1].endswith("| AVX2, 2 CPUs, torch 2.13.0, 2026-12-02 |")
+    assert lines[3].endswith("| AVX512, 2 CPUs, torch 2.13.0, 2026-12-01 |")
