@@ -21,8 +21,10 @@ reduce-scatter input is arranged the same way). The reduce-scatter's output is t
 ``rank``; the all-gather's input is that row. An all-reduce is the one-row case (w = B).
 
 **Same numbers.** Each element is still reduced exactly once, over the ranks in rank order: the
-backends reduce elementwise, so where an element sits in a buffer does not change its sum. Stages
+simulator reduces elementwise, so where an element sits in a buffer does not change its sum. Stages
 stay bit-identical to per-unit reduction (tests/unit/test_buffers.py checks torch.equal, every stage).
+gloo's ring sums in an order that depends on the buffer, so on the real engine they do not yet
+(spec/engine.md, "Buckets on gloo").
 Reduce-scatter and all-gather bytes are unchanged for every rank; an all-reduce's ring chunks move
 with the bucket boundaries, so one rank may send a few elements more or less, the cluster's total is
 unchanged (spec/buffers.md).
