@@ -65,6 +65,7 @@ class MemoryLedger:
         self.peak: dict[str, int] = {c: 0 for c in CATEGORIES}
         self.peak_total = 0
         self._total = 0                      # sum of current, kept as it changes (hot path)
+        self.changes = 0                     # counts and frees so far: "has anything changed?"
         self.snapshots: list[Snapshot] = []
         self._live: dict[int, tuple[str, int]] = {}
 
@@ -104,6 +105,7 @@ class MemoryLedger:
         return self._live.get(key)
 
     def _add(self, category: str, nbytes: int) -> None:
+        self.changes += 1
         cur = self.current[category] = self.current[category] + nbytes
         if cur > self.peak[category]:
             self.peak[category] = cur

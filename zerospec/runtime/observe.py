@@ -33,7 +33,6 @@ from collections import defaultdict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 
 _host = threading.local()   # how deep this thread is in off_device() blocks
@@ -143,7 +142,7 @@ class Observer(TorchDispatchMode):
         self._settle()
         label = self._phase()
         out = func(*args, **kwargs)
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = tensors_in(args, kwargs)
         seen = {t.untyped_storage()._cdata for t in inputs}
         for t in inputs:       # aten-level resizes (resize_, out= of another size) show here
             self._refresh(t.untyped_storage())
@@ -153,12 +152,11 @@ class Observer(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self._written[label][self._category(t.untyped_storage())] += t.numel()
         grew = False
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                if st._cdata not in seen and st._cdata not in self._live:
-                    self._born(st, func, t, label)
-                    grew = True
+        for t in tensors_in(out):
+            st = t.untyped_storage()
+            if st._cdata not in seen and st._cdata not in self._live:
+                self._born(st, func, t, label)
+                grew = True
         if grew:
             self._check_peak(label)
         return out
@@ -283,6 +281,31 @@ class _ResizePatch:
 
 
 _resize_patch = _ResizePatch()
+
+
+def tensors_in(args, kwargs=None) -> list[torch.Tensor]:
+    """The tensors among an aten op's arguments (or outputs), in order: an aten schema nests them
+    at most in lists and tuples (``Tensor[]``, ``Tensor?[]``, tuple returns). What
+    ``torch.utils._pytree.tree_leaves`` finds, filtered to tensors, at a fraction of its cost: it
+    was a third of a traced meta step's time (every op passes here, tens of thousands a step)."""
+    found: list[torch.Tensor] = []
+    _collect(args, found)
+    if kwargs:
+        _collect(tuple(kwargs.values()), found)
+    return found
+
+
+def _collect(x, found: list) -> None:
+    if isinstance(x, torch.Tensor):
+        found.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            if isinstance(y, torch.Tensor):
+                found.append(y)
+            elif isinstance(y, (list, tuple, dict)):
+                _collect(y, found)
+    elif isinstance(x, dict):
+        _collect(tuple(x.values()), found)
 
 
 _WRITES: dict = {}   # aten op -> its written arguments: the schema is fixed, read it once per op

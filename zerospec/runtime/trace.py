@@ -138,6 +138,7 @@ class StorageTrace(Observer):
         self._alloc_at: dict[int, int] = {}      # live storage key -> its alloc event's index
         self._unnamed: set[int] = set()          # live keys the ledger has not counted (yet)
         self._marked = len(ctx.memory.snapshots)
+        self._changes = -1                       # the ledger's count at the last look
 
     def __exit__(self, *exc):
         self._settle()
@@ -149,7 +150,10 @@ class StorageTrace(Observer):
         made it; a checkpoint only when its segment's forward returns)."""
         super()._settle()
         self._mark()
-        counted = self.ctx.memory.counted
+        ledger = self.ctx.memory
+        if ledger.changes == self._changes:      # nothing counted since the last look (most ops)
+            return
+        self._changes, counted = ledger.changes, ledger.counted
         for key in [k for k in self._unnamed if counted(k) is not None]:
             at = self._alloc_at[key]
             self.trace[at] = self.trace[at]._replace(category=counted(key)[0])
@@ -168,6 +172,8 @@ class StorageTrace(Observer):
     def _alloc(self, key: int, nbytes: int) -> None:
         self._alloc_at[key] = len(self.trace)
         self._unnamed.add(key)
+        if self.ctx.memory.counted(key) is not None:   # counted already (a storage resized
+            self._changes = -1                         # back up): name it at the next settle
         self.trace.append(TraceEvent("alloc", key, nbytes))
 
     def _died(self, key: int) -> None:

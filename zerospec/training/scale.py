@@ -47,6 +47,7 @@ from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
 from ..runtime.errors import RankError
 from ..runtime.memory import MemoryLedger
+from ..runtime.observe import tensors_in
 from ..runtime.trace import StorageTrace
 from ..model.gpt import GPTConfig
 from ..model.units import Sized, Unit
@@ -89,25 +90,31 @@ class MetaKernelCache(TorchDispatchMode):
         kwargs = kwargs or {}
         if any(r.alias_info is not None for r in func._schema.returns):
             return func(*args, **kwargs)       # views and in-place ops return their inputs
-        flat, _ = tree_flatten((args, kwargs))
         try:
-            key = (func, tuple(_key(x) for x in flat))
+            key = (func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
             hit = self.cache.get(key)
         except TypeError:                      # an unhashable argument: just run the kernel
             return func(*args, **kwargs)
         if hit is not None:
             self.hits += 1
             metas, spec = hit
-            return tree_unflatten([torch.empty_strided(*m[1:3], dtype=m[3], device="meta")
-                                   if m[0] == "T" else m[1] for m in metas], spec)
+            outs = [torch.empty_strided(*m[1:3], dtype=m[3], device="meta") if m[0] == "T"
+                    else m[1] for m in metas]
+            # a plain tensor or a tuple of them (most ops) without pytree's generic walk
+            return outs[0] if spec is None else spec(outs) if isinstance(spec, type) \
+                else tree_unflatten(outs, spec)
         self.misses += 1
         out = func(*args, **kwargs)
-        self._remember(key, flat, out)
+        self._remember(key, tensors_in(args, kwargs), out)
         return out
 
-    def _remember(self, key, flat, out) -> None:
+    def _remember(self, key, inputs, out) -> None:
         outs, spec = tree_flatten(out)
-        inputs = {x.untyped_storage()._cdata for x in flat if isinstance(x, torch.Tensor)}
+        if isinstance(out, torch.Tensor):
+            spec = None
+        elif type(out) in (tuple, list) and len(outs) == len(out):   # flat: no nesting
+            spec = type(out)
+        inputs = {x.untyped_storage()._cdata for x in inputs}
         metas = []
         for o in outs:
             if not isinstance(o, torch.Tensor):
