@@ -11,7 +11,6 @@ import math
 import re
 
 import pytest
-import torch
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 # The derivation is spec/determinism.md's ("What a snapshot pins on every machine").
@@ -27,7 +26,21 @@ def pytest_configure(config):
     worker's second OpenMP thread would only spin against the other workers (as the virtual
     cluster does for its ranks, spec/engine.md)."""
     if hasattr(config, "workerinput"):
+        import torch    # here, not at the top: the xdist controller runs no test and needs no torch
+
         torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """Collect once, then freeze what is left: pytest's unraisable-exception check collects five
+    times more at exit, each a full pass over a heap that holds torch (0.16 s a pass, more with the
+    cached runs); a frozen heap is not walked again. Garbage whose finalizer fails is collected
+    here, while the check still listens, so nothing it would have reported is lost."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 # Files that train the shared stage × N_d × model grid (tests/runs.py, cached per process). Kept on
