@@ -291,6 +291,25 @@ def test_a_storage_resized_in_place_is_a_free_then_an_alloc():
                                                    ("alloc", 200), ("free", 200)]
 
 
+def test_a_counted_storage_resized_back_up_keeps_its_category():
+    """The ledger counts a buffer as "gathered"; resized to 0 and back with no other count or
+    free in between, its new block is still named "gathered" (the trace skips its rescan of
+    unnamed storages only while the ledger is unchanged, and a block born already counted is a
+    change of its own)."""
+    ctx = _Ctx()
+    with StorageTrace(ctx) as t:
+        x = ctx.memory.alloc("gathered", (100,), torch.float32)
+        x.add_(1)                                  # an op: the trace names the first block
+        x.untyped_storage().resize_(0)
+        x.untyped_storage().resize_(400)
+        x.add_(1)                                  # the next op names the new block
+        ctx.memory.free(x)
+        del x
+    assert [(e.op, e.nbytes, e.category) for e in t.trace] == [
+        ("alloc", 400, "gathered"), ("free", 400, "gathered"), ("alloc", 400, "gathered"),
+        ("free", 400, "gathered")]
+
+
 def test_a_failed_cudamalloc_frees_one_large_enough_oversize_block_before_everything():
     """max_split_size 20 MiB, capacity 100 MiB. 80 MiB and 1 KiB are made and freed: cached, an
     80 MiB oversize block (whole segment) and a 2 MiB small segment; 82 MiB reserved. 50 MiB
