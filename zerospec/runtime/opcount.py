@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from .memory import storage_key
-from .observe import written_arguments
+from .observe import tensors_in, written_arguments
 
 
 class Op(NamedTuple):
@@ -106,43 +106,36 @@ def unread(func) -> frozenset:
     return _facts(func).unread
 
 
-def _tensors(x):
-    """The tensors in an op's arguments or outputs (tensors, lists and tuples of them, dicts):
-    a plain walk, several times cheaper per op than pytree's."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors(y)
-
-
 def _storages(x) -> set[int]:
-    return {storage_key(t) for t in _tensors(x)}
+    return {storage_key(t) for t in tensors_in(x)}
 
 
 def is_view(func, args, kwargs, out) -> bool:
     """No bytes move: an op that only allocates; the schema says every output is a view; or
     (``_unsafe_view``, whose schema does not say so) the op writes no argument and every output
     lives in an input's storage."""
-    moves = _facts(func).moves
-    if moves != "maybe":
-        return moves == "none"
+    return _is_view(_facts(func), args, kwargs, out)
+
+
+def _is_view(f: _Facts, args, kwargs, out) -> bool:
+    if f.moves != "maybe":
+        return f.moves == "none"
     outs = _storages(out)
     return bool(outs) and outs <= _storages((args, kwargs))
 
 
 def _nbytes(x) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(x))
+    return sum(t.numel() * t.element_size() for t in tensors_in(x))
 
 
 def op_record(func, args: tuple, kwargs: dict, out) -> Op:
     """The :class:`Op` of one call of ``func`` (module doc)."""
-    f = _facts(func)
+    return _record(_facts(func), args, kwargs, out)
+
+
+def _record(f: _Facts, args: tuple, kwargs: dict, out) -> Op:
     flops = int(f.formula(*args, **kwargs, out_val=out)) if f.formula is not None else 0
-    if is_view(func, args, kwargs, out):
+    if _is_view(f, args, kwargs, out):
         return Op(f.name, flops, 0, 0)
     if f.unread:
         args = [v for name, v in zip(f.params, args) if name not in f.unread]
@@ -159,15 +152,16 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        f = _facts(func)
         # FlopCounterMode's rule: an op its table lacks is decomposed if it can be, and its parts
         # are what get counted (torch/utils/flop_counter.py, _FlopCounterMode.__torch_dispatch__)
-        if _facts(func).decomposes:
+        if f.decomposes:
             with self:
                 r = func.decompose(*args, **kwargs)
             if r is not NotImplemented:
                 return r
         out = func(*args, **kwargs)
-        self.ops[op_record(func, args, kwargs, out)] += 1
+        self.ops[_record(f, args, kwargs, out)] += 1
         return out
 
     @property
