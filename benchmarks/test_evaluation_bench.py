@@ -43,6 +43,9 @@ def test_figure_reproduction_from_cold(figure, benchmark, capsys):
     assert seconds <= BUDGET, f"Figure {figure} took {seconds:.1f} s; the budget is {BUDGET:g} s"
 
 
+OPS_TARGET = 1.35
+
+
 class _NoOps(TorchDispatchMode):
     """The baseline: a dispatch mode that passes every op on and records nothing, in the
     OpCounter's place, so the ratio is the op observer's own work (FlopCounterMode stays)."""
@@ -55,7 +58,8 @@ class _NoOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_the_op_observer_costs_a_100b_meta_step_under_a_third_more(ratio_to, monkeypatch):
+def test_the_op_observer_costs_a_100b_meta_step_under_a_third_more(ratio_to, benchmark,
+                                                                   monkeypatch):
     """Figure 2's 100B ZeRO row, one meta step with FLOPs: with the OpCounter (each op's FLOPs
     and bytes, the roofline's input) against a pass-through mode in its place; target ≤ 1.35."""
     from zerospec.paper import evaluation as ev
@@ -70,4 +74,5 @@ def test_the_op_observer_costs_a_100b_meta_step_under_a_third_more(ratio_to, mon
     def without():
         monkeypatch.setattr(step_mod, "OpCounter", _NoOps)
         pr.step.__wrapped__(run)
-    assert ratio_to(with_ops, without, rounds=3, label="100B meta step, op observer") <= 1.35
+    benchmark.extra_info["target"] = OPS_TARGET          # the README's table shows it
+    assert ratio_to(with_ops, without, rounds=3, label="100B meta step, op observer") <= OPS_TARGET
