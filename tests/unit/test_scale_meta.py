@@ -109,6 +109,21 @@ def test_the_kernel_cache_answers_repeated_ops():
     assert v.untyped_storage()._cdata == x.untyped_storage()._cdata
 
 
+def test_the_kernel_cache_answers_a_repeat_in_the_shape_of_the_first_answer():
+    """Repeats of ops returning several tensors (a tuple: layer norm's three, max's values and
+    indices; a list: a foreach op) come back as the first answers did, tensor by tensor."""
+    x = torch.empty(4, 6, device="meta")
+    ln = torch.ops.aten.native_layer_norm.default
+    with scale_mod.MetaKernelCache() as cache:
+        firsts = (ln(x, [6], None, None, 1e-5), torch.max(x, dim=1), torch._foreach_add([x, x], 1.0))
+        repeats = (ln(x, [6], None, None, 1e-5), torch.max(x, dim=1), torch._foreach_add([x, x], 1.0))
+    assert cache.hits == 3
+    for a, b in zip(firsts, repeats):
+        assert type(a) is type(b) and len(a) == len(b)
+        assert [(t.shape, t.stride(), t.dtype) for t in a] == [(t.shape, t.stride(), t.dtype) for t in b]
+    assert repeats[1].indices.dtype == torch.int64
+
+
 def test_the_kernel_cache_keeps_python_scalar_types_apart():
     """mul by 1 and by 1.0 promote an integer tensor differently, so they are different keys."""
     x = torch.empty(3, dtype=torch.int64, device="meta")

@@ -112,8 +112,9 @@ class MetaKernelCache(TorchDispatchMode):
         outs, spec = tree_flatten(out)
         if isinstance(out, torch.Tensor):
             spec = None
-        elif type(out) in (tuple, list) and len(outs) == len(out):   # flat: no nesting
-            spec = type(out)
+        elif type(out) in (tuple, list) and all(isinstance(o, torch.Tensor)
+                                                or type(o) in (bool, int, float) for o in out):
+            spec = type(out)                   # flat: no nesting, no None (a pytree node)
         inputs = {x.untyped_storage()._cdata for x in inputs}
         metas = []
         for o in outs:
