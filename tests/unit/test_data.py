@@ -23,11 +23,22 @@ def test_a_memoised_batch_equals_a_fresh_sampling_and_no_caller_can_change_it():
     assert torch.equal(BigramData(37, 12, 3).probs, data._transitions.__wrapped__(37, 3))
 
 
-def test_a_one_token_batch_is_still_a_copy():
-    """Shape (1, 1): a slice that would be contiguous already is copied all the same."""
+def test_a_one_token_batch_is_a_view_of_a_copy_made_for_the_call():
+    """Shape (1, 1): inputs and targets are views of one storage, as without the memo (the bytes
+    a ledger counts do not change), but of a copy made for this call, not of the memo."""
     d = BigramData(5, 1, 0)
-    d.batch(0, 1)[0].fill_(-1)
+    idx, tgt = d.batch(0, 1)
+    assert idx.untyped_storage().data_ptr() == tgt.untyped_storage().data_ptr()
+    assert idx.untyped_storage().nbytes() == 2 * 8
+    idx.fill_(-1)
     assert d.batch(0, 1)[0].item() >= 0
+
+
+def test_a_large_matrix_is_not_kept():
+    """Above MEMO_BYTES nothing is memoised: a 1100-token vocabulary's transitions (4.8 MB)."""
+    before = data._transitions.cache_info().currsize
+    BigramData(1100, 2, 0).batch(0, 1)
+    assert data._transitions.cache_info().currsize == before
 
 
 def test_tensors_in_finds_what_pytree_finds_in_an_aten_call():
