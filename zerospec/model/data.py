@@ -31,7 +31,7 @@ def _memoised(nbytes, entries: int):
         @functools.wraps(fn)
         def call(*args):
             return memo(*args) if nbytes(*args) <= MEMO_BYTES else fn(*args)
-        call.cache_clear, call.cache_info = memo.cache_clear, memo.cache_info
+        call.cache_info = memo.cache_info
         return call
     return wrap
 

@@ -291,7 +291,7 @@ def tensors_in(args, kwargs=None) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     _collect(args, found)
     if kwargs:
-        _collect(tuple(kwargs.values()), found)
+        _collect(kwargs, found)
     return found
 
 
@@ -300,12 +300,13 @@ def _collect(x, found: list) -> None:
         found.append(x)
     elif isinstance(x, (list, tuple)):
         for y in x:
-            if isinstance(y, torch.Tensor):
+            if isinstance(y, torch.Tensor):      # the common case, without a call
                 found.append(y)
             elif isinstance(y, (list, tuple, dict)):
                 _collect(y, found)
     elif isinstance(x, dict):
-        _collect(tuple(x.values()), found)
+        for y in x.values():
+            _collect(y, found)
 
 
 _WRITES: dict = {}   # aten op -> its written arguments: the schema is fixed, read it once per op

@@ -128,12 +128,8 @@ def _nbytes(x) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(x))
 
 
-def op_record(func, args: tuple, kwargs: dict, out) -> Op:
-    """The :class:`Op` of one call of ``func`` (module doc)."""
-    return _record(_facts(func), args, kwargs, out)
-
-
 def _record(f: _Facts, args: tuple, kwargs: dict, out) -> Op:
+    """The :class:`Op` of one call of the op whose facts are ``f`` (module doc)."""
     flops = int(f.formula(*args, **kwargs, out_val=out)) if f.formula is not None else 0
     if _is_view(f, args, kwargs, out):
         return Op(f.name, flops, 0, 0)
