@@ -85,6 +85,16 @@ def test_gloo_reduce_scatter_is_the_slice_of_its_all_reduce(n):
     assert all(o["backend_equal"] for o in outs)
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_batch_goes_to_gloo_fused_with_the_bits_of_separate_calls(n):
+    """Inside a batch, runs of reductions and of all-gathers each go as one gloo call, laid out
+    by gloo's ring chunks: every output equals the one of the same call sent alone, bit for bit."""
+    outs = launch(workers.batched_calls, n, timeout=60)
+    for o in outs:
+        assert o["differ"] == []
+        assert o["counts"] == {"alone": 7, "together": 4}   # mean, sum, gather, then mean again
+
+
 def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
     """``--ranks 4 --mp 2`` on real processes: the grid's DP and MP groups are gloo subgroups
     (new_group, made in the same order on every process); the same stage code gives the

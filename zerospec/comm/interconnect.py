@@ -35,6 +35,7 @@ class Call:
     src: int = 0
     seconds: float = 0.0   # time the backend spent moving data for this collective (set by it)
     group: Group | None = None   # None: every rank (the world); src is a position in the group
+    sent_as: str | None = None   # what the backend's transport call was, if not ``op`` (coalesce.py)
 
     def describe(self) -> str:
         return _describe(*self.summary())
@@ -130,7 +131,8 @@ class Interconnect:
         dtype = call.inp.dtype if call.inp is not None else None
         self.ledger.book(self.ctx.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
                          src=call.src, wire_factor=self.backend.wire_factor(call.op),
-                         group=self.group_name, n=self.n_ranks, index=self.rank)
+                         group=self.group_name, n=self.n_ranks, index=self.rank,
+                         sent_as=call.op if call.sent_as is None else call.sent_as)
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of ``tensor`` in host memory (ZeRO-R's P_a+cpu), booked on this rank's own
@@ -158,8 +160,10 @@ class Interconnect:
         """Collectives issued inside may be in flight together and complete at the end of the block.
 
         A backend that can overlap them does (torch.distributed's async ops: one rendezvous
-        latency instead of one per collective); the simulator completes each at once. So outputs
-        are valid only after the block, and no input may be an output of the same block. Each
+        latency instead of one per collective; on gloo, one fused collective per kind); the
+        simulator completes each at once. So outputs are valid only after the block, and inputs
+        may be read until its end: no input may change inside the block, nor be an output of
+        another collective of the block (a call's own output may lie inside its input). Each
         collective is still booked as itself: counts, elements and bytes do not change. The wait
         at the end is added to the last collective's time on the timeline."""
         start = getattr(self.backend, "start_batch", None)

@@ -45,6 +45,8 @@ class CommRecord:
     wire_elements_sent: int  # what the backend really sends; differs from the model for gloo RS
     group: str = "world"     # "world", or the grid's "dp"/"mp" group, or "host" (comm/groups.py)
     group_size: int = 0      # ranks in the ring (the N of the ring model)
+    sent_as: str = ""        # the transport call that carried it: ``op`` when sent alone; "" when
+                             # it went inside an earlier one's (a batch fused on gloo, coalesce.py)
 
 
 def chunk_size(numel: int, n: int, rank: int) -> int:
@@ -86,16 +88,18 @@ class CommLedger:
 
     def book(self, rank: int, op: str, dtype, numel: int, phase: str, step: int,
              *, src: int = 0, wire_factor: int = 1, group: str = "world", n: int | None = None,
-             index: int | None = None) -> CommRecord:
+             index: int | None = None, sent_as: str | None = None) -> CommRecord:
         """Book ``rank``'s side of a collective over a ring of ``n`` ranks (default: all) in which
-        it sits at ``index`` (default: ``rank``); ``group`` names the ring (comm/groups.py)."""
+        it sits at ``index`` (default: ``rank``); ``group`` names the ring (comm/groups.py);
+        ``sent_as``: the transport call it went as (default: ``op``; "": inside an earlier one's)."""
         n = self.n_ranks if n is None else n
         sent, recv = ring_elements(op, numel, n, rank if index is None else index, src)
         size = dtype.itemsize if dtype is not None else 0
         rec = CommRecord(rank=rank, seq=len(self._records[rank]), op=op, dtype=dtype, numel=numel,
                          elements_sent=sent, elements_recv=recv, bytes_sent=sent * size,
                          bytes_recv=recv * size, phase=phase, step=step,
-                         wire_elements_sent=sent * wire_factor, group=group, group_size=n)
+                         wire_elements_sent=sent * wire_factor, group=group, group_size=n,
+                         sent_as=op if sent_as is None else sent_as)
         self._records[rank].append(rec)
         return rec
 

@@ -22,10 +22,12 @@ collectives (no home-made transport). What it does beyond a plain ``dist.*`` cal
   and bf16 reductions (elements are unchanged); padding adds fewer than N elements per all-reduce.
 
 * **Batches** (:meth:`Interconnect.batch`): the per-unit collectives after backward (stages 0
-  and 1) and the parameter all-gathers after the step (stage 1) are issued as async ops and
-  waited for together, so a step pays one rendezvous latency per batch rather than one per unit.
-  Buffers, ops and the order gloo sees them in are the same, so are the bits; each collective is
-  booked as itself.
+  and 1) and the parameter all-gathers after the step (stage 1) are waited for together at the
+  end of the block. On gloo, consecutive reductions of one group, op and dtype go as *one*
+  all-reduce, laid out so that each element is summed in the order of its own call
+  (:mod:`zerospec.comm.coalesce`: same bits), and consecutive all-gathers as one all-gather: a
+  step pays one rendezvous per kind rather than one per unit. Other backends issue each call
+  as an async op. Either way each collective is booked as itself.
 
 A failure inside a collective is re-raised as :class:`~zerospec.runtime.errors.CollectiveError` naming this
 rank, the collective and, when a peer reported itself through the store (see
@@ -43,6 +45,7 @@ from ..runtime.context import RankContext
 from ..runtime.errors import CollectiveError
 from ..runtime.memory import MemoryLedger
 from .checks import accumulator_dtype
+from .coalesce import Gathers, Reductions
 from .interconnect import Call, Interconnect, shares_storage
 from .ledger import CommLedger
 
@@ -77,7 +80,8 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 class TorchDistBackend:
     """One process's side of the collectives, on an initialised torch.distributed group."""
 
-    def __init__(self, group=None, store=None, failure_wait: float = 5.0):
+    def __init__(self, group=None, store=None, failure_wait: float = 5.0,
+                 coalesce: bool | None = None):
         check_torch_version()
         if not dist.is_initialized():
             raise RuntimeError("TorchDistBackend needs torch.distributed to be initialised "
@@ -89,6 +93,10 @@ class TorchDistBackend:
         self.rank = dist.get_rank(group)
         self.name = str(dist.get_backend(group))
         self._batch: list | None = None   # (call, work, finish) in flight inside Interconnect.batch
+        # calls of the open batch waiting to go as one: (key, Reductions | Gathers, issue)
+        self._pending: tuple | None = None
+        # gloo's ring order is known (comm/coalesce.py); NCCL's is not: each call goes alone there
+        self.coalesce = self.name == "gloo" if coalesce is None else coalesce
         self._groups: dict[tuple[int, ...], object] = {}   # grid group ranks -> process group
 
     def new_groups(self, groups) -> None:
@@ -133,6 +141,9 @@ class TorchDistBackend:
 
     def finish_batch(self, wait: bool = True) -> None:
         """Wait for the batch's collectives in issue order and finish each (divide, copy out)."""
+        if wait:
+            self._flush()
+        self._pending = None
         pending, self._batch = self._batch or [], None
         if not wait:
             return
@@ -148,11 +159,32 @@ class TorchDistBackend:
     def _issue(self, call: Call, start, finish) -> None:
         """``start(async_op)`` the torch collective; ``finish()`` once its data has arrived: now,
         or at the end of the batch if one is open. Same buffers and ops either way: same bits."""
+        self._flush()   # keep the issue order: what waits to be fused goes first
         work = start(self._batch is not None)
         if work is None:
             finish()
         else:
             self._batch.append((call, work, finish))
+
+    def _join(self, key: tuple, make, issue):
+        """The open batch's group of calls with this ``key``, after sending any other group."""
+        if self._pending is not None and self._pending[0] != key:
+            self._flush()
+        if self._pending is None:
+            self._pending = (key, make(), issue)
+        return self._pending[1]
+
+    def _flush(self) -> None:
+        """Send the waiting group as one collective; it is waited for at the end of the batch."""
+        if self._pending is None:
+            return
+        _, group, issue = self._pending
+        self._pending = None
+        work, finish = group.start(issue)
+        self._batch.append((group.parts[0][0], work, finish))
+
+    def _coalescing(self) -> bool:
+        return self._batch is not None and self.coalesce
 
     # -- the collectives -------------------------------------------------------------------------
     def _buffer(self, t: torch.Tensor, length: int) -> torch.Tensor:
@@ -168,16 +200,34 @@ class TorchDistBackend:
     def _op(self, reduce_op: str):
         return dist.ReduceOp.MAX if reduce_op == "max" else dist.ReduceOp.SUM
 
+    def _reduction(self, c: Call, pg, n: int, length: int, at: int) -> bool:
+        """Join the open batch's fused all-reduce (gloo): ``c.inp`` reduced as a buffer of
+        ``length`` elements, ``c.out`` its elements from ``at``. False: send the call alone."""
+        if not (self._coalescing() and c.out.is_contiguous()):
+            return False
+        dtype, op = accumulator_dtype(c.inp.dtype), self._op(c.reduce_op)
+        group = self._join(("reduce", id(pg), c.reduce_op, dtype),
+                           lambda: Reductions(n, dtype, c.reduce_op == "mean"),
+                           lambda t: dist.all_reduce(t, op=op, group=pg, async_op=True))
+        group.add(c, c.inp, length, c.out, at)
+        return True
+
     def _all_reduce(self, c: Call) -> None:
         pg, n = self._pg(c)
         numel = c.inp.numel()
-        buf = self._buffer(c.inp, -(-numel // n) * n)   # padded: same order as an RS
+        length = -(-numel // n) * n              # padded: same order as a reduce-scatter
+        if self._reduction(c, pg, n, length, 0):
+            return
+        buf = self._buffer(c.inp, length)
         self._issue(c, lambda a: dist.all_reduce(buf, op=self._op(c.reduce_op), group=pg,
                                                  async_op=a),
                     lambda: c.out.copy_(self._finish(buf, c.reduce_op, n)[:numel].view(c.out.shape)))
 
     def _reduce_scatter(self, c: Call) -> None:
         pg, n = self._pg(c)
+        # fused: as the all-reduce gloo runs for a reduce-scatter; my chunk is the result
+        if self._reduction(c, pg, n, c.inp.numel(), dist.get_rank(pg) * c.out.numel()):
+            return
         buf = self._buffer(c.inp, c.inp.numel())      # also breaks any aliasing of out with inp
         out = torch.empty(c.out.numel(), dtype=buf.dtype, device=buf.device)
         self._issue(c, lambda a: _reduce_scatter(out, buf, op=self._op(c.reduce_op), group=pg,
@@ -185,7 +235,11 @@ class TorchDistBackend:
                     lambda: c.out.copy_(self._finish(out, c.reduce_op, n).view(c.out.shape)))
 
     def _all_gather(self, c: Call) -> None:
-        pg, _ = self._pg(c)
+        pg, n = self._pg(c)
+        if self._coalescing():
+            group = self._join(("gather", id(pg), c.out.dtype), lambda: Gathers(n, c.out.dtype),
+                               lambda o, i: _all_gather(o, i, group=pg, async_op=True))
+            return group.add(c, c.inp, c.out)
         inp = c.inp.reshape(-1)
         if shares_storage(inp, c.out):       # stage 1 gathers its own chunk of the output buffer
             inp = inp.clone()
@@ -193,12 +247,14 @@ class TorchDistBackend:
                     lambda: None)
 
     def _broadcast(self, c: Call) -> None:
+        self._flush()   # not fused: what waits goes first, as it was issued first
         pg, _ = self._pg(c)
         src = c.group.ranks[c.src] if c.group is not None else c.src
         dist.broadcast(c.out, src=dist.get_global_rank(pg, src) if pg and c.group is None else src,
                        group=pg)
 
     def _barrier(self, c: Call) -> None:
+        self._flush()
         dist.barrier(group=self._pg(c)[0])
 
     # -- failures --------------------------------------------------------------------------------

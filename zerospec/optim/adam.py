@@ -38,10 +38,12 @@ def adam_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.T
                 grad: torch.Tensor, step: int, cfg: AdamConfig, grad_mul: float = 1.0) -> None:
     """One Adam step in place on fp32 ``master``/``exp_avg``/``exp_avg_sq`` from ``grad`` (any dtype,
     cast up) times ``grad_mul`` (1/loss scale × clip coefficient). ``step`` counts from 1."""
-    # Two scratch buffers, reused in place: the same elementwise operations in the same order as
+    # One scratch buffer, reused in place: the same elementwise operations in the same order as
     # the expressions in the comments, without a fresh multi-MB allocation (and its page faults)
-    # per operation. copy=True: an fp32 gradient must not be modified through ``g``.
-    g = grad.to(torch.float32, copy=True)
+    # per operation. The gradient is only read; it is copied (to fp32) only to be scaled.
+    g = grad
+    if grad.dtype != torch.float32 or grad_mul != 1.0 or cfg.weight_decay:
+        g = grad.to(torch.float32, copy=True)   # an fp32 gradient must not be modified through g
     if grad_mul != 1.0:   # one correctly rounded multiply; skipped at 1 so unscaled runs keep their bits
         g.mul_(grad_mul)
     if cfg.weight_decay:
@@ -53,8 +55,8 @@ def adam_update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.T
     bias1 = 1.0 - cfg.beta1 ** step
     bias2 = 1.0 - cfg.beta2 ** step
     torch.div(exp_avg_sq, bias2, out=tmp).sqrt_().add_(cfg.eps)  # denom = sqrt(v/bias2) + eps
-    torch.div(exp_avg, tmp, out=g).mul_(cfg.lr / bias1)
-    master.sub_(g)                                             # w -= (m/denom)·(lr/bias1)
+    torch.div(exp_avg, tmp, out=tmp).mul_(cfg.lr / bias1)
+    master.sub_(tmp)                                           # w -= (m/denom)·(lr/bias1)
 
 
 def reference_optimizer(params, cfg: AdamConfig) -> torch.optim.Adam:
