@@ -64,20 +64,20 @@ def gloo_orders(ctx) -> dict:
 
 
 def batched_calls(ctx) -> dict:
-    """The same collectives one by one and inside one batch (which gloo sends fused): results,
-    and the c10d calls torch saw for each. Lengths: a small-model unit, units whose ring chunks
+    """The same collectives one by one and inside one batch (which gloo sends fused): which
+    outputs differ, and what the ledger says carried each collective. Lengths: a small-model unit, units whose ring chunks
     straddle their shards (odd length / N), and one over 2N MiB (gloo: > 2 segments per rank)."""
-    from torch.distributed.tensor.debug import CommDebugMode
     r, n = ctx.rank, ctx.n_ranks
     g = torch.Generator().manual_seed(5 + r)
 
     def rand(numel, dtype=torch.float32):   # magnitudes over many binades: order shows in the bits
-        return (torch.randn(numel, generator=g) * torch.exp(4 * torch.randn(numel, generator=g))).to(dtype)
+        x = torch.randn(numel, generator=g, dtype=torch.float64)
+        return x.mul_(torch.randint(-12, 12, (numel,), generator=g, dtype=torch.int8).double().exp2_()).to(dtype)
 
-    big = n * 700_001
+    big = n * 300_001        # fp64: 2.4·n MB, over gloo's 2 segments of at most 1 MiB per rank
     ins = {"ar_unit": rand(139_264), "ar_odd": rand(5 * n + 3, torch.float16), "rs_odd": rand(9 * n),
-           "ar_sum": rand(37), "rs_big": rand(big), "ag": rand(1_001, torch.float16),
-           "rs_small": rand(n)}
+           "ar_sum": rand(37), "ag": rand(1_001, torch.float16), "ar_odd64": rand(7 * n + 1, torch.float64),
+           "rs_big": rand(big, torch.float64), "rs_small": rand(n, torch.float64)}
 
     def calls(comm) -> dict:
         o = {k: v.clone() for k, v in ins.items()}
@@ -86,20 +86,17 @@ def batched_calls(ctx) -> dict:
         o["rs_odd_out"] = comm.reduce_scatter(torch.empty(9), o["rs_odd"], "mean")
         comm.all_reduce(o["ar_sum"], "sum")                  # another op: a group of its own
         o["ag_out"] = comm.all_gather(torch.empty(1_001 * n, dtype=torch.float16), o["ag"])
-        o["rs_big_out"] = comm.reduce_scatter(torch.empty(big // n), o["rs_big"], "mean")
-        x = o["rs_small"]                                   # output inside its own input
+        comm.all_reduce(o["ar_odd64"], "mean")
+        o["rs_big_out"] = comm.reduce_scatter(torch.empty(big // n, dtype=torch.float64), o["rs_big"], "mean")
+        x = o["rs_small"]                    # output inside its own input
         comm.reduce_scatter(x[r:r + 1], x, "mean")
         return o
 
-    counts = {}
-    with CommDebugMode() as mode:
-        alone = calls(ctx.comm)
-    counts["alone"] = mode.get_total_counts()
-    with CommDebugMode() as mode:
-        with ctx.comm.batch():
-            together = calls(ctx.comm)
-    counts["together"] = mode.get_total_counts()
-    return {"differ": [k for k in alone if not torch.equal(alone[k], together[k])], "counts": counts}
+    alone = calls(ctx.comm)
+    with ctx.comm.batch():
+        together = calls(ctx.comm)
+    return {"differ": [k for k in alone if not torch.equal(alone[k], together[k])],
+            "sent_as": [x.sent_as for x in ctx.comm.ledger.records(r)]}
 
 
 def _run(ctx, cfg, on_step):
