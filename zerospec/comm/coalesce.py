@@ -83,7 +83,7 @@ class Reductions:
     def start(self, all_reduce):
         """Issue ``all_reduce(fused)`` (async); returns (work, finish)."""
         s, pieces = rows([p[2] for p in self.parts], self.n, self.dtype.itemsize)
-        fused = torch.empty(self.n * s, dtype=self.dtype)
+        fused = torch.empty(self.n * s, dtype=self.dtype, device=self.parts[0][1].device)
         end = [c * s for c in range(self.n)]     # where each row's filled part ends
         for (_, inp, _, _, _), mine in zip(self.parts, pieces):
             for a, f, size in mine:
@@ -127,7 +127,7 @@ class Gathers:
         """Issue ``all_gather(output, input)`` (async) on the concatenations; (work, finish)."""
         inp = torch.cat([i for _, i, _ in self.parts])   # read now, before any output is written
         total = inp.numel()
-        out = torch.empty(self.n * total, dtype=self.dtype)
+        out = torch.empty(self.n * total, dtype=self.dtype, device=inp.device)
         work = all_gather(out, inp)
 
         def finish():
