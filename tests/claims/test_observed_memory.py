@@ -109,7 +109,7 @@ def _named_extras(r, label: str, peak) -> dict[str, list]:
         if _is_loss(s):
             name = "loss"
         elif phase == "step" and s.born == label and s.dtype == torch.float32 and s.shape in chunks:
-            name = "adam"    # adam_update's two fp32 scratch buffers (g, tmp) for the chunk it updates
+            name = "adam"    # adam_update's fp32 scratch (fp16 gradients: g and tmp) for its chunk
         elif _is_cast(s, r):
             name = "cast"
         elif s.dtype == torch.int64 and s.op == "aten.clone.default":

@@ -100,6 +100,18 @@ def test_a_batch_goes_to_gloo_fused_with_the_bits_of_separate_calls(n):
                                 "all_reduce", "", "", "all_reduce", "all_gather", "all_reduce", "", ""]
 
 
+def test_a_fused_call_gloo_refuses_is_named_and_ends_the_batch():
+    """The error names the fused all-reduce (not the gather whose arrival sent it), as a peer
+    failure; afterwards no batch is left open: the next reduction is sent and reduced at once."""
+    outs = launch(workers.fused_send_fails, 2, timeout=30)
+    total = [3.0, 3.0, 3.0]                                        # ranks hold 1 and 2
+    for r, o in enumerate(outs):
+        for case in ("flushed by the gather", "at the end of the batch"):
+            assert o[case].startswith(f"rank {r}: all_reduce((6,), float32, op=mean) on gloo failed")
+            assert "injected: gloo refused the call" in o[case]
+            assert o[case + ", then"] == total
+
+
 def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
     """``--ranks 4 --mp 2`` on real processes: the grid's DP and MP groups are gloo subgroups
     (new_group, made in the same order on every process); the same stage code gives the

@@ -99,6 +99,33 @@ def batched_calls(ctx) -> dict:
             "sent_as": [x.sent_as for x in ctx.comm.ledger.records(r)]}
 
 
+def fused_send_fails(ctx) -> dict:
+    """gloo refuses a batch's fused all-reduce when it is sent: by the next call of another kind,
+    then at the end of the batch. What each error names, and whether the rank can go on."""
+    from zerospec.runtime.errors import CollectiveError
+    r = ctx.rank
+    ctx.comm.backend.failure_wait = 0.0     # no peer will report: do not wait for one
+    out, real = {}, dist.all_reduce
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("injected: gloo refused the call")
+
+    for case in ("flushed by the gather", "at the end of the batch"):
+        dist.all_reduce = refuse
+        try:
+            with ctx.comm.batch():
+                ctx.comm.all_reduce(torch.ones(6), "mean")
+                if case == "flushed by the gather":
+                    ctx.comm.all_gather(torch.empty(2 * ctx.n_ranks), torch.ones(2))
+        except CollectiveError as exc:
+            out[case] = str(exc)
+        finally:
+            dist.all_reduce = real
+        # the rank goes on: a plain reduction is sent and reduced, not held for a batch
+        out[case + ", then"] = ctx.comm.all_reduce(torch.full((3,), float(r + 1)), "sum").tolist()
+    return out
+
+
 def _run(ctx, cfg, on_step):
     units = cfg.units()
     return tr.rank_main(ctx, cfg, units, tr.initial_weights(cfg, units), tr.make_batches(cfg), on_step)

@@ -163,7 +163,9 @@ class Interconnect:
         latency instead of one per collective; on gloo, one fused collective per kind); the
         simulator completes each at once. So outputs are valid only after the block, and inputs
         may be read until its end: no input may change inside the block, nor be an output of
-        another collective of the block (a call's own output may lie inside its input). Each
+        another collective of the block (a call's own output may lie inside its input). Every
+        rank of a group must issue the same collectives in the same order, over all groups, as
+        outside a block (a backend may fuse runs of them). Each
         collective is still booked as itself: counts, elements and bytes do not change. The wait
         at the end is added to the last collective's time on the timeline."""
         start = getattr(self.backend, "start_batch", None)

@@ -42,7 +42,8 @@ class CommRecord:
     bytes_recv: int
     phase: str
     step: int
-    wire_elements_sent: int  # what the backend really sends; differs from the model for gloo RS
+    wire_elements_sent: int  # the backend's transport of it (the ring model × wire_factor: gloo's
+                             # RS sends 2×); padding of a fused batch is not counted
     group: str = "world"     # "world", or the grid's "dp"/"mp" group, or "host" (comm/groups.py)
     group_size: int = 0      # ranks in the ring (the N of the ring model)
     sent_as: str = ""        # the transport call that carried it: ``op`` when sent alone; "" when

@@ -19,7 +19,9 @@ collectives (no home-made transport). What it does beyond a plain ``dist.*`` cal
 * **Wire figure.** gloo implements ``reduce_scatter`` as an all-reduce of the whole input, so it
   sends twice the ring model's (N−1)/N·S: :meth:`TorchDistBackend.wire_factor` says so and the
   ledger's ``wire_elements_sent`` shows it. The fp32 buffer also doubles the wire *bytes* of fp16
-  and bf16 reductions (elements are unchanged); padding adds fewer than N elements per all-reduce.
+  and bf16 reductions (elements are unchanged); padding adds fewer than N elements per call sent
+  alone, and up to about N per call to a fused batch (its rows are padded to equal length), which
+  the ledger does not count.
 
 * **Batches** (:meth:`Interconnect.batch`): the per-unit collectives after backward (stages 0
   and 1) and the parameter all-gathers after the step (stage 1) are waited for together at the
@@ -141,10 +143,12 @@ class TorchDistBackend:
 
     def finish_batch(self, wait: bool = True) -> None:
         """Wait for the batch's collectives in issue order and finish each (divide, copy out)."""
-        if wait:
-            self._flush()
-        self._pending = None
-        pending, self._batch = self._batch or [], None
+        try:
+            if wait:
+                self._flush()
+        finally:   # the batch is over even if sending its last group failed
+            self._pending = None
+            pending, self._batch = self._batch or [], None
         if not wait:
             return
         for call, work, finish in pending:
@@ -180,8 +184,14 @@ class TorchDistBackend:
             return
         _, group, issue = self._pending
         self._pending = None
-        work, finish = group.start(issue)
-        self._batch.append((group.parts[0][0], work, finish))
+        first = group.parts[0][0]
+        try:
+            work, finish = group.start(issue)
+        except Exception as exc:  # noqa: BLE001 - name the group's call, not the one that flushed it
+            err = PeerFailure(self._explain(first, exc))
+            err.call = first
+            raise err from exc
+        self._batch.append((first, work, finish))
 
     def _coalescing(self) -> bool:
         return self._batch is not None and self.coalesce
