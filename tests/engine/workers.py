@@ -65,8 +65,9 @@ def gloo_orders(ctx) -> dict:
 
 def batched_calls(ctx) -> dict:
     """The same collectives one by one and inside one batch (which gloo sends fused): which
-    outputs differ, and what the ledger says carried each collective. Lengths: a small-model unit, units whose ring chunks
-    straddle their shards (odd length / N), and one over 2N MiB (gloo: > 2 segments per rank)."""
+    outputs differ, and what the ledger says carried each collective. Lengths: a small-model
+    unit, units whose ring chunks straddle their shards (odd length / N), and one over 2N MiB
+    (gloo: > 2 segments per rank) fused with others."""
     r, n = ctx.rank, ctx.n_ranks
     g = torch.Generator().manual_seed(5 + r)
 

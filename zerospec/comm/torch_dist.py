@@ -82,8 +82,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 class TorchDistBackend:
     """One process's side of the collectives, on an initialised torch.distributed group."""
 
-    def __init__(self, group=None, store=None, failure_wait: float = 5.0,
-                 coalesce: bool | None = None):
+    def __init__(self, group=None, store=None, failure_wait: float = 5.0):
         check_torch_version()
         if not dist.is_initialized():
             raise RuntimeError("TorchDistBackend needs torch.distributed to be initialised "
@@ -98,7 +97,7 @@ class TorchDistBackend:
         # calls of the open batch waiting to go as one: (key, Reductions | Gathers, issue)
         self._pending: tuple | None = None
         # gloo's ring order is known (comm/coalesce.py); NCCL's is not: each call goes alone there
-        self.coalesce = self.name == "gloo" if coalesce is None else coalesce
+        self.coalesce = self.name == "gloo"
         self._groups: dict[tuple[int, ...], object] = {}   # grid group ranks -> process group
 
     def new_groups(self, groups) -> None:
