@@ -28,7 +28,13 @@ from zerospec.training.run import train, train_processes
 
 MODELS = {"small": SMALL, "odd": ODD}
 N_DS = (1, 2, 4, 8, 32)
-STEPS = 5
+# the claim grid and the engine runs: step 1 from zero optimizer state, then steps whose traffic
+# and memory repeat (every stage's step 2 equals its step 3 and on), so 3 steps show all of it
+STEPS = 3
+# the robustness runs, the engine's and the peers': an overflow at step 2, then enough clean steps
+# for the loss scale to grow back (growth_interval = 2); across engines, rounding differences grow
+# with the steps, so their bounds are checked over as many
+LONG_STEPS = 5
 SCALER = LossScale(init_scale=2.0 ** 10, growth_interval=2)   # grows every 2 clean steps
 OVERFLOW = (2, 0)                    # (step, rank): rank 0's gradient overflows at step 2
 INJECT = {"loss_scale": SCALER, "overflow": OVERFLOW}   # odd_run(stage, **INJECT)
@@ -59,12 +65,12 @@ def run(stage: int, n_d: int, model: str = "small", steps: int = STEPS, **kw) ->
     return cached(("threads", cfg, None), lambda: train(cfg))
 
 
-def config(stage: int, n_d: int = 4, steps: int = STEPS, **kw) -> TrainConfig:
+def config(stage: int, n_d: int = 4, steps: int = LONG_STEPS, **kw) -> TrainConfig:
     """The robustness tests' config: the ODD model, N = 4 unless said."""
     return TrainConfig(stage=stage, n_d=n_d, model=ODD, steps=steps, **kw)
 
 
-def odd_run(stage: int, n_d: int = 4, steps: int = STEPS, overflow: tuple[int, int] | None = None,
+def odd_run(stage: int, n_d: int = 4, steps: int = LONG_STEPS, overflow: tuple[int, int] | None = None,
             **kw) -> Result:
     """The cached ``train_with(config(...), overflow)``."""
     cfg = config(stage, n_d, steps, **kw)
@@ -73,7 +79,7 @@ def odd_run(stage: int, n_d: int = 4, steps: int = STEPS, overflow: tuple[int, i
 
 def gloo(n_d: int, model: str = "small", precision: str = "fp16") -> tuple:
     """Results of stages 0–3 on ``n_d`` gloo processes, in stage order (one launch for all four)."""
-    cfgs = tuple(TrainConfig(stage=s, n_d=n_d, model=MODELS[model], steps=STEPS,
+    cfgs = tuple(TrainConfig(stage=s, n_d=n_d, model=MODELS[model], steps=LONG_STEPS,
                              precision=precision, timeout=60) for s in range(4))
     return cached(("gloo", cfgs), lambda: tuple(train_processes(list(cfgs))))
 
@@ -81,7 +87,7 @@ def gloo(n_d: int, model: str = "small", precision: str = "fp16") -> tuple:
 def sim_matched(stage: int, n_d: int, model: str, precision: str) -> Result:
     """The simulator with the rank processes' intra-op thread count: CPU kernels split their
     reductions by thread, so bit-equality across engines needs the same count (spec/engine.md)."""
-    cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=STEPS, precision=precision)
+    cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=LONG_STEPS, precision=precision)
     return cached(("threads", cfg, THREADS),
                   lambda: train(cfg, cluster=VirtualCluster(n_d, torch_threads=THREADS)))
 

@@ -98,9 +98,10 @@ def test_a_measured_loss_may_move_within_its_step_budget_but_not_by_a_visible_di
     def matches(table):
         return ext.matches(serialized_data=table, snapshot_data=snap)
     assert matches(_with_cell(snap, 0, 1, _cells(snap, 0)[1]))          # the rebuilt row is the row
-    assert matches(dp_losses_times(1, 1, 1, 1, 1 + 1e-4))              # step 5: within 5·2⁻¹⁵ = 1.5e-4
-    assert not matches(dp_losses_times(1 + 1e-4, 1, 1, 1, 1))          # step 1: beyond 2⁻¹⁵ = 3.1e-5
-    assert not matches(dp_losses_times(1, 1, 1, 1, 1 + 1e-3))          # a wrong third significant digit
+    assert len(losses) == 3                                           # steps 1–3 (tests/runs.py)
+    assert matches(dp_losses_times(1, 1, 1 + 6e-5))                    # step 3: within 3·2⁻¹⁵ = 9.2e-5
+    assert not matches(dp_losses_times(1 + 6e-5, 1, 1))                # step 1: beyond 2⁻¹⁵ = 3.1e-5
+    assert not matches(dp_losses_times(1, 1, 1 + 1e-3))                # a wrong third significant digit
     assert not matches(_with_cell(snap, 0, 2, "0.001"))                 # Δloss 1e-3 where it is 0
     assert not matches(_with_cell(snap, 0, 1, _cells(snap, 0)[1] + "0"))  # printed with another digit
 

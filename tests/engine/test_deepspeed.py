@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from tests.engine.test_peers import assert_close_every_step, assert_equal_every_step
-from tests.runs import MODELS, STEPS, stage_id
+from tests.runs import MODELS, LONG_STEPS, stage_id
 from zerospec.training.config import TrainConfig
 
 
@@ -62,7 +62,7 @@ PERSIST = 100_000
 
 
 def _cfg(n_d: int, model: str = "odd") -> TrainConfig:
-    return TrainConfig(n_d=n_d, model=MODELS[model], steps=STEPS, precision="fp32", timeout=300)
+    return TrainConfig(n_d=n_d, model=MODELS[model], steps=LONG_STEPS, precision="fp32", timeout=300)
 
 
 def _compare(*args, **kw):
@@ -235,7 +235,7 @@ def measured(rows, n: int = 2) -> dict:
     from zerospec.testing.deepspeed_peer import ds_volume, ledger_volume
     out = {}
     for row in rows:
-        out[row["stage"], "zerospec"] = ledger_volume(row["records"][0], STEPS)
+        out[row["stage"], "zerospec"] = ledger_volume(row["records"][0], LONG_STEPS)
         for (_, settings), ds in row["deepspeed"].items():
             out[row["stage"], settings] = ds_volume(ds["comms"][0][-1], n)
     return out

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests import runs
-from tests.runs import assert_same_training, run, stage_id
+from tests.runs import LONG_STEPS, assert_same_training, run, stage_id
 
 STAGES = range(4)
 
@@ -50,14 +50,14 @@ def test_two_gloo_processes_equal_the_simulator_exactly(stage, precision):
 def test_four_gloo_processes_match_the_simulator_within_the_derived_tolerance(stage, model, precision):
     """N = 4: ring order vs rank order; losses to 1e-6 relative, weights to lr/10 (module doc)."""
     kw = {} if precision == "fp16" else {"precision": precision}
-    assert_close(runs.gloo(4, model, precision)[stage], run(stage, 4, model, **kw))
+    assert_close(runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, **kw))
 
 
 def test_gloo_ledger_books_the_simulators_traffic():
     """Per step and phase, every rank books the same collectives and elements as on the simulator."""
     key = lambda x: (x.seq, x.op, x.dtype, x.numel, x.elements_sent, x.bytes_sent, x.phase, x.step)
     for stage in STAGES:
-        ours, sim = runs.gloo(4)[stage], run(stage, 4, "small")  # the claim tests' cached run
+        ours, sim = runs.gloo(4)[stage], run(stage, 4, "small", LONG_STEPS)
         for r in range(4):
             assert [key(x) for x in ours.comm.records(r)] == [key(x) for x in sim.comm.records(r)]
 
@@ -65,7 +65,7 @@ def test_gloo_ledger_books_the_simulators_traffic():
 def test_gloo_memory_ledger_equals_the_simulators():
     """Model-state bytes and peak bytes per rank do not depend on the backend."""
     for stage in STAGES:
-        ours, sim = runs.gloo(4)[stage], run(stage, 4, "small")  # the claim tests' cached run
+        ours, sim = runs.gloo(4)[stage], run(stage, 4, "small", LONG_STEPS)
         for r in range(4):
             assert ours.memory[r].peak == sim.memory[r].peak
             assert ours.model_states(r) == sim.model_states(r)
@@ -73,7 +73,7 @@ def test_gloo_memory_ledger_equals_the_simulators():
 
 def test_the_comparison_is_not_vacuous():
     """The compared runs learn, and the N = 4 runs do differ somewhere (the order is real)."""
-    gl, sim = runs.gloo(4, "odd", "fp32")[0], run(0, 4, "odd", precision="fp32")
+    gl, sim = runs.gloo(4, "odd", "fp32")[0], run(0, 4, "odd", LONG_STEPS, precision="fp32")
     assert gl.losses[-1] < gl.losses[0]
     assert any(not torch.equal(gl.master[k], sim.master[k]) for k in sim.master)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runs import MODELS, STEPS, stage_id
+from tests.runs import MODELS, LONG_STEPS, stage_id
 from zerospec.testing.oracles import PEERS, compare
 from zerospec.training.config import TrainConfig
 
@@ -27,7 +27,7 @@ STAGES = (0, 1, 2, 3)
 
 
 def _cfg(n_d: int) -> TrainConfig:
-    return TrainConfig(n_d=n_d, model=MODELS["odd"], steps=STEPS, precision="fp32", timeout=60)
+    return TrainConfig(n_d=n_d, model=MODELS["odd"], steps=LONG_STEPS, precision="fp32", timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_torch_sees_the_collectives_our_ledger_books(two):
     for row in two:
         booked: dict[str, int] = {}
         for rec in row["records"][0]:
-            if rec.step == STEPS and rec.sent_as:
+            if rec.step == LONG_STEPS and rec.sent_as:
                 booked[rec.sent_as] = booked.get(rec.sent_as, 0) + 1
         assert row["c10d_last_step"] == booked
 
