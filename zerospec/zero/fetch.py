@@ -122,13 +122,20 @@ class ParamFetcher:
             return
         self._acc[i] = None
         unit, slot = self.units[i], self.stage.grad_slot(i)
-        for p, g in zip(unit.params, acc):
-            dst = slot[p.offset:p.offset + p.numel].view(p.shape)
-            if g is None:
-                dst.zero_()
-            else:
-                dst.copy_(g * self.grad_scale if self.grad_scale != 1.0 else g)
-        self.grad_written(i, slot[:unit.numel])
+        if self.grad_scale != 1.0:
+            acc = [None if g is None else g * self.grad_scale for g in acc]
+        real = slot[:unit.numel]
+        if all(g is not None for g in acc):
+            # the parameters tile [0, numel) in order: one cast-and-copy for the whole unit
+            torch.cat([g.reshape(-1) for g in acc], out=real)
+        else:
+            for p, g in zip(unit.params, acc):
+                dst = real[p.offset:p.offset + p.numel]
+                if g is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(g.reshape(-1))
+        self.grad_written(i, real)
         self.stage.grad_ready(i, slot)
 
     def grad_written(self, i: int, grad16: torch.Tensor) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+from typing import NamedTuple
 
 import torch
 
@@ -54,8 +55,7 @@ class Use:
     cast: torch.Tensor | None = None    # the fp32 values backward's views read
 
 
-@dataclasses.dataclass(frozen=True)
-class ParamRef:
+class ParamRef(NamedTuple):   # a tuple: made for every saved parameter view (hot path)
     """What the pack hook stores for a saved parameter view: where it lies in its use's cast."""
 
     use: Use
