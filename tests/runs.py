@@ -28,8 +28,8 @@ from zerospec.training.run import train, train_processes
 
 MODELS = {"small": SMALL, "odd": ODD}
 N_DS = (1, 2, 4, 8, 32)
-# the claim grid and the engine runs: step 1 from zero optimizer state, then steps whose traffic
-# and memory repeat (every stage's step 2 equals its step 3 and on), so 3 steps show all of it
+# the claim grid: step 1 from zero optimizer state, then steps whose traffic and memory repeat
+# (every stage's step 2 equals its step 3 and on), so 3 steps show all of it
 STEPS = 3
 # the robustness runs, the engine's and the peers': an overflow at step 2, then enough clean steps
 # for the loss scale to grow back (growth_interval = 2); across engines, rounding differences grow

@@ -7,8 +7,10 @@ from ours. Losses: every difference is fp32 summation order; cascade summation o
 by at most ~log2(n)·u relative (u = 2^-24), ≤ 12u ≈ 7.2e-7 for the 4096 tokens of our largest
 batch, so we allow 1e-6 relative. Weights: Adam normalises each update by √v̂, so a rounding-level
 difference in a near-zero gradient can change that element's update by O(1) of its size, but no
-update exceeds ~lr; over 5 steps a wrong optimizer (lr, betas, bias correction, a missing mean)
-moves weights by ≥ lr, so |Δw| ≤ lr/10 separates rounding from bugs (measured: ≤ 1.1e-5 = lr/90).
+update exceeds ~lr; over 3 steps a wrong optimizer (lr, beta1, eps, bias correction, a missing
+mean) moves weights by ≥ lr, so |Δw| ≤ lr/10 separates rounding from bugs (measured: ≤ 1.4e-5 =
+lr/72). A wrong beta2 moves them by only ~lr/40 in so few steps: tests/unit/test_adam.py,
+which compares Adam's moments with torch's step by step, catches that.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pathlib
 
 
-from tests.runs import run
+from tests.runs import STEPS, run
 from tools import specsync
 from zerospec.report import spec_tables as tables
 
@@ -98,7 +98,7 @@ def test_a_measured_loss_may_move_within_its_step_budget_but_not_by_a_visible_di
     def matches(table):
         return ext.matches(serialized_data=table, snapshot_data=snap)
     assert matches(_with_cell(snap, 0, 1, _cells(snap, 0)[1]))          # the rebuilt row is the row
-    assert len(losses) == 3                                           # steps 1–3 (tests/runs.py)
+    assert len(losses) == STEPS == 3                                  # the claim grid's steps
     assert matches(dp_losses_times(1, 1, 1 + 6e-5))                    # step 3: within 3·2⁻¹⁵ = 9.2e-5
     assert not matches(dp_losses_times(1 + 6e-5, 1, 1))                # step 1: beyond 2⁻¹⁵ = 3.1e-5
     assert not matches(dp_losses_times(1, 1, 1 + 1e-3))                # a wrong third significant digit

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runs import MODELS, LONG_STEPS, stage_id
+from tests.runs import LONG_STEPS, MODELS, stage_id
 from zerospec.testing.oracles import PEERS, compare
 from zerospec.training.config import TrainConfig
 

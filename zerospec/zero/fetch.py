@@ -130,11 +130,11 @@ class ParamFetcher:
             torch.cat([g.reshape(-1) for g in acc], out=real)
         else:
             for p, g in zip(unit.params, acc):
-                dst = real[p.offset:p.offset + p.numel]
+                dst = real[p.offset:p.offset + p.numel].view(p.shape)
                 if g is None:
                     dst.zero_()
                 else:
-                    dst.copy_(g.reshape(-1))
+                    dst.copy_(g)
         self.grad_written(i, real)
         self.stage.grad_ready(i, slot)
 
