@@ -88,6 +88,10 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
 
     paired: list[float] = []               # per round: its best step / the floor right after it
 
+    def matched(floor: float, adam: float) -> float:
+        """The floor less the N − 1 Adam passes stages 1–3 do not do (stage 0 does them all)."""
+        return floor - (N - 1) * adam if stage else floor
+
     def ours():
         res = train(TrainConfig(stage=stage, n_d=N, steps=STEPS))
         # the interior steps: each the whole cycle of 32 forward+backward passes, 32 optimizer
@@ -100,28 +104,26 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
                     samples[kind].append(best_of(step_fn, 1))
             for kind, (_, adam_pass) in floors.items():
                 adams[kind].append(adam_pass())
-        floor = min(samples["replica"][-(STEPS - 2):])
         paired.append(min(res.step_seconds[1:-1])
-                      / (floor - (N - 1) * adams["replica"][-1] if stage else floor))
+                      / matched(min(samples["replica"][-(STEPS - 2):]), adams["replica"][-1]))
     benchmark.pedantic(ours, rounds=ROUNDS, iterations=1)
     # best of the samples for both, as everywhere in benchmarks/ (conftest.py): what the machine
     # allows when nothing else gets in the way
     step = min(steps)
     fl = {k: min(v) for k, v in samples.items()}
-    # stages 1–3 do one Adam pass in all: the floor less N − 1 of its passes
-    matched = {k: fl[k] - (N - 1) * min(adams[k]) if stage else fl[k] for k in fl}
-    ratio = step / matched["replica"]
+    work = {k: matched(fl[k], min(adams[k])) for k in fl}
+    ratio = step / work["replica"]
     benchmark.extra_info.update(
-        step_s=step, floor_s=fl["replica"], matched_floor_s=matched["replica"], ratio=ratio,
+        step_s=step, floor_s=fl["replica"], matched_floor_s=work["replica"], ratio=ratio,
         plain_ratio=step / fl["replica"], shared_floor_s=fl["shared"],
-        shared_matched_ratio=step / matched["shared"],
+        shared_matched_ratio=step / work["shared"],
         median_ratio=statistics.median(steps) / statistics.median(samples["replica"]),
         paired_ratios=paired, floor_spread=max(samples["replica"]) / fl["replica"], target=TARGET)
     with capsys.disabled():
         print(f"\nstage {stage}: step {step * 1e3:.0f} ms; replica floor {fl['replica'] * 1e3:.0f} ms "
-              f"(work-matched {matched['replica'] * 1e3:.0f}): {ratio:.2f} (target ≤ {TARGET}); "
+              f"(work-matched {work['replica'] * 1e3:.0f}): {ratio:.2f} (target ≤ {TARGET}); "
               f"shared floor {fl['shared'] * 1e3:.0f} ms (work-matched "
-              f"{matched['shared'] * 1e3:.0f}): {step / matched['shared']:.2f}; per round, paired "
+              f"{work['shared'] * 1e3:.0f}): {step / work['shared']:.2f}; per round, paired "
               f"with the floor right after it: {', '.join(f'{x:.2f}' for x in paired)}; floor "
               f"samples spread {max(samples['replica']) / fl['replica']:.2f}×")
     assert ratio <= TARGET
