@@ -127,3 +127,33 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
               f"with the floor right after it: {', '.join(f'{x:.2f}' for x in paired)}; floor "
               f"samples spread {max(samples['replica']) / fl['replica']:.2f}×")
     assert ratio <= TARGET
+
+
+def test_lockstep_inside_backward_over_the_same_barriers_after_it(benchmark, capsys):
+    """Stage 0 at N = 32 with one barrier per unit gradient inside backward / as many after it:
+    what running the ranks' backward in lockstep costs the simulator (zerospec/testing/schedule.py).
+
+    A diagnostic, not a target: it is the part of stages 2 and 3's step above the floor that the
+    simulation adds (their collectives inside backward cut every rank's backward the same way), and
+    the figure a schedule that lets each rank finish its backward first would be judged by."""
+    from zerospec.testing.schedule import barriers
+
+    cfg = TrainConfig(stage=0, n_d=N, steps=STEPS)
+    steps: dict[str, list[float]] = {w: [] for w in ("backward", "after_backward")}
+
+    def ours():
+        for where, samples in steps.items():      # alternated: both see the same machine
+            with barriers(where) as seen:
+                res = train(cfg)
+            assert seen["issued"] == N * STEPS * len(cfg.units())
+            samples.extend(res.step_seconds[1:-1])
+    benchmark.pedantic(ours, rounds=ROUNDS, iterations=1)
+    inside, after = min(steps["backward"]), min(steps["after_backward"])
+    ratio = inside / after
+    benchmark.extra_info.update(inside_s=inside, after_s=after, ratio=ratio,
+                                median_ratio=statistics.median(steps["backward"])
+                                / statistics.median(steps["after_backward"]))
+    with capsys.disabled():
+        print(f"\nlockstep: barriers inside backward {inside * 1e3:.0f} ms, after it "
+              f"{after * 1e3:.0f} ms: {ratio:.2f} (medians "
+              f"{benchmark.extra_info['median_ratio']:.2f}; diagnostic, no target)")
