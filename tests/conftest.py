@@ -51,7 +51,8 @@ def pytest_sessionfinish(session):
 # one xdist worker, each run is trained once per session instead of once per worker (about 25 s
 # of CPU on 2 workers); the other worker takes the remaining files, of about the same total.
 SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/test_memory.py",
-                         "tests/claims/test_equivalence.py", "tests/claims/test_spec_tables.py"})
+                         "tests/claims/test_equivalence.py", "tests/claims/test_spec_tables.py",
+                         "tests/claims/test_compute.py"})
 
 
 def pytest_xdist_make_scheduler(config, log):
