@@ -3,15 +3,16 @@
 The simulator runs its ranks one at a time and hands the baton on at every collective, so a
 collective inside backward (stage 2's and 3's reduce-scatters, stage 3's re-gathers) makes all
 ranks run backward in lockstep, unit by unit: every rank's activations stay alive while the
-others run, and no rank finds its own in cache. A real GPU holds its own activations whatever the
-others do, so this cost belongs to the simulation, not to ZeRO.
+others run, likely out of cache when its turn comes. A real GPU holds its own activations
+whatever the others do, so such a cost would belong to the simulation, not to ZeRO.
 
 :func:`barriers` measures it on a stage with no collective in backward (stage 0): one barrier per
 unit gradient, either at the moment the gradient is written (``"backward"``: the lockstep) or as
 many right after backward (``"after_backward"``: the same hand-offs, no lockstep). Barriers move no
 data and change no bit. Like zerospec/testing/faults.py, it patches one seam of
-:class:`~zerospec.zero.fetch.ParamFetcher` for the duration of the block; the library never
-imports this module.
+:class:`~zerospec.zero.fetch.ParamFetcher` for the duration of the block, in this process only
+(the rank processes of ``train_processes`` are not reached); the library never imports this
+module.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ WHERE = ("backward", "after_backward")
 
 @contextlib.contextmanager
 def barriers(where: str):
-    """Inside the block, every rank of every run issues one barrier per unit gradient, ``where``
-    (``"backward"`` or ``"after_backward"``). Yields a dict whose ``"issued"`` counts them."""
+    """Inside the block, every rank of every threaded run issues one barrier per unit gradient,
+    ``where`` (``"backward"`` or ``"after_backward"``). Yields a dict whose ``"issued"`` counts them."""
     if where not in WHERE:
         raise ValueError(f"barriers where must be one of {', '.join(WHERE)}, got {where!r}")
     seen = {"issued": 0}
