@@ -17,7 +17,11 @@ time is the wall time between floors: between two floors every rank does exactly
 as the ranks' schedule repeats from step to step (ranks that finished a step run ahead into the
 next until its first collective, the same way each time). The ratio is sum over sum, from the
 second interval (the first holds the warm-up) to the last but one (after the last step nobody
-runs ahead, so the last interval is short).
+runs ahead, so the last interval is short). Before the run the process's heap so far is frozen
+for the garbage collector (``gc.freeze``): a full collection walks every object of the process, and
+in a pytest process that holds every module and earlier case it took one step in 11 to 2.0–2.4×
+the others, landing in whichever stage ran then; the run's own objects are still collected, and
+that time counts.
 
 Two floors, both measured between the same steps. The *replica* floor gives each of the 32 passes
 its own parameters and Adam state, as each rank holds its own (stage 0's replicas; stage 3's ranks
@@ -30,6 +34,7 @@ recorded and printed beside it (``shared_matched_ratio``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 
@@ -108,8 +113,13 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
     with torch_threads(1):                # the cluster's setting, under which the floors run
         for fn in floors.values():
             fn()                          # warm
-    benchmark.pedantic(lambda: train(TrainConfig(stage=stage, n_d=N, steps=LONG),
-                                     on_step=between_steps), rounds=1, iterations=1)
+    gc.collect()
+    gc.freeze()        # the process's heap so far (pytest, torch, earlier cases) is not this run's
+    try:
+        benchmark.pedantic(lambda: train(TrainConfig(stage=stage, n_d=N, steps=LONG),
+                                         on_step=between_steps), rounds=1, iterations=1)
+    finally:
+        gc.unfreeze()
     ours = [b[0] - a[1] for a, b in zip(marks, marks[1:])][1:-1]   # see the module docstring
     assert len(ours) == LONG - 3, f"floors ran after {len(marks)} of {LONG} steps"
     fl = {k: v[1:len(ours) + 1] for k, v in samples.items()}       # the floors they follow
