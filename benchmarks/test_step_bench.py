@@ -46,7 +46,7 @@ from zerospec.model.data import BigramData
 from zerospec.optim.adam import AdamConfig, reference_optimizer
 from zerospec.cluster.threads import torch_threads
 from zerospec.training.config import TrainConfig
-from zerospec.testing.schedule import barriers
+from zerospec.testing.schedule import WHERE, barriers
 from zerospec.training.run import train
 
 N, ROUNDS = 32, 3
@@ -123,13 +123,14 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
     ours = [b[0] - a[1] for a, b in zip(marks, marks[1:])][1:-1]   # see the module docstring
     assert len(ours) == LONG - 3, f"floors ran after {len(marks)} of {LONG} steps"
     fl = {k: v[1:len(ours) + 1] for k, v in samples.items()}       # the floors they follow
-    ratio = sum(ours) / sum(matched(x) for x in fl["replica"])
+    work = [matched(x) for x in fl["replica"]]
+    ratio = sum(ours) / sum(work)
     shared = sum(ours) / sum(matched(x) for x in fl["shared"])
-    pairs = [o / matched(f) for o, f in zip(ours, fl["replica"])]   # each step, its own floor
+    pairs = [o / w for o, w in zip(ours, work)]                    # each step, its own floor
     replica_s = [x[0] for x in fl["replica"]]
     benchmark.extra_info.update(
         step_s=statistics.mean(ours), floor_s=statistics.mean(replica_s),
-        matched_floor_s=statistics.mean(matched(x) for x in fl["replica"]), ratio=ratio,
+        matched_floor_s=statistics.mean(work), ratio=ratio,
         plain_ratio=sum(ours) / sum(replica_s),
         shared_floor_s=statistics.mean(x[0] for x in fl["shared"]), shared_matched_ratio=shared,
         paired_ratios=pairs,
@@ -152,12 +153,12 @@ def test_lockstep_inside_backward_over_the_same_barriers_after_it(benchmark, cap
     (their collectives inside backward cut every rank's backward the same way), and the figure a
     schedule that lets each rank finish its backward first would be judged by."""
     cfg = TrainConfig(stage=0, n_d=N, steps=STEPS)
-    steps: dict[str, list[float]] = {w: [] for w in ("backward", "after_backward")}
+    steps: dict[str, list[float]] = {w: [] for w in WHERE}
     rounds = 0
 
     def ours():
         nonlocal rounds
-        order = list(steps) if rounds % 2 == 0 else list(steps)[::-1]   # neither always first
+        order = WHERE if rounds % 2 == 0 else WHERE[::-1]   # neither always first
         rounds += 1
         for where in order:
             with barriers(where) as seen:
