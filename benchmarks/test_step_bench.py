@@ -55,9 +55,10 @@ LONG = 14          # the interleaved run: 11 measured intervals (the first and l
 TARGET = 1.25      # work-matched, against the replica floor, every stage (issue 18)
 
 
-def _floor(replicas: int):
-    """A function running N passes of forward + backward + Adam over ``replicas`` parameter sets
-    (pass r uses set r mod replicas); it returns (seconds in all, seconds in Adam)."""
+def _floor(replicas: int, passes: int = N):
+    """A function running ``passes`` passes of forward + backward + Adam over ``replicas``
+    parameter sets (pass r uses set r mod replicas); it returns (seconds in all, seconds in Adam,
+    seconds in forward)."""
     cfg = gpt.SMALL
     init = gpt.init_params(cfg, 0)
     sets = [[{n: torch.nn.Parameter(t.clone()) for n, t in ps.items()} for ps in init.values()]
@@ -72,18 +73,20 @@ def _floor(replicas: int):
         return fetch
     fetches = [fetcher(params) for params in sets]
 
-    def step() -> tuple[float, float]:
-        adam = 0.0
+    def step() -> tuple[float, float, float]:
+        adam = fwd = 0.0
         t0 = time.perf_counter()
-        for r in range(N):
+        for r in range(passes):
+            f = time.perf_counter()
             loss = gpt.forward(cfg, idx, tgt, fetches[r % replicas])
+            fwd += time.perf_counter() - f
             loss.backward()
             a = time.perf_counter()
             for o in opts[r % replicas]:
                 o.step()
                 o.zero_grad(set_to_none=True)
             adam += time.perf_counter() - a
-        return time.perf_counter() - t0, adam
+        return time.perf_counter() - t0, adam, fwd
     return step
 
 
@@ -98,7 +101,7 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
 
     def matched(sample: tuple[float, float]) -> float:
         """The floor less the (N − 1)/N of its Adam time stages 1–3 do not do."""
-        total, adam = sample
+        total, adam, _ = sample
         return total - adam * (N - 1) / N if stage else total
 
     def between_steps(step: int, _stage) -> None:
@@ -175,3 +178,46 @@ def test_lockstep_inside_backward_over_the_same_barriers_after_it(benchmark, cap
         print(f"\nlockstep: barriers inside backward {inside * 1e3:.0f} ms, after it "
               f"{after * 1e3:.0f} ms: {ratio:.2f} (medians "
               f"{benchmark.extra_info['median_ratio']:.2f}; diagnostic, no target)")
+
+
+ONE_STEPS = 30     # the one-rank diagnostic: steps per run, and floor passes per block
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_one_rank_over_one_pass_of_the_floor(stage, benchmark, capsys):
+    """Forward and backward of stage k on one virtual GPU / one pass of the floor: the per-rank
+    path (fp16 → fp32 casts, parameter views, saved-tensor hooks, fp16 gradient writes) with no
+    peer, no hand-off and no other rank's memory in the cache.
+
+    A diagnostic, not a target: the part of the 32-rank ratio above that every rank pays on its
+    own. Stages 0–2 share one path (resident parameters); stage 3's gathers and casts again.
+    Blocks of ONE_STEPS steps and as many floor passes alternate; each side's best step counts
+    (the machine's drift is small within a block of a third of a second)."""
+    floor = _floor(1, passes=1)
+    times: dict[str, list[float]] = {k: [] for k in ("forward", "backward", "floor_f", "floor_b")}
+
+    def block():
+        res = train(TrainConfig(stage=stage, n_d=1, steps=ONE_STEPS))
+        per: dict[tuple[int, str], float] = {}
+        for step, phase, _kind, sec in res.timelines[0]:   # compute and collectives alike
+            if step > 1 and phase in ("forward", "backward"):
+                per[step, phase] = per.get((step, phase), 0.0) + sec
+        for (_, phase), sec in per.items():
+            times[phase].append(sec)
+        for _ in range(ONE_STEPS):
+            total, adam, fwd = floor()
+            times["floor_f"].append(fwd)
+            times["floor_b"].append(total - adam - fwd)
+
+    with torch_threads(1):
+        floor()
+        benchmark.pedantic(block, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    best = {k: min(v) for k, v in times.items()}
+    fwd, bwd = best["forward"] / best["floor_f"], best["backward"] / best["floor_b"]
+    ratio = (best["forward"] + best["backward"]) / (best["floor_f"] + best["floor_b"])
+    benchmark.extra_info.update(forward_ratio=fwd, backward_ratio=bwd, ratio=ratio,
+                                **{f"{k}_s": v for k, v in best.items()})
+    with capsys.disabled():
+        print(f"\none rank, stage {stage}: forward {best['forward'] * 1e3:.2f} ms over the floor's "
+              f"{best['floor_f'] * 1e3:.2f} ({fwd:.2f}), backward {best['backward'] * 1e3:.2f} over "
+              f"{best['floor_b'] * 1e3:.2f} ({bwd:.2f}); both: {ratio:.2f} (diagnostic, no target)")

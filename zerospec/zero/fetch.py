@@ -66,8 +66,7 @@ class ParamFetcher:
         self.saved.add_use(use)
         self._n_uses[i] += 1
         try:
-            views = _UnitViews.apply(leaf, self, use)
-            yield {p.name: v for p, v in zip(unit.params, views)}
+            yield dict(zip(unit.names, _UnitViews.apply(leaf, self, use)))
         finally:
             self._end_use(use, full16, last)
 
@@ -163,7 +162,7 @@ class _UnitViews(torch.autograd.Function):
     def forward(ctx, flat, fetcher, use):
         ctx.set_materialize_grads(False)     # None for a parameter this use left out
         ctx.fetcher, ctx.use = fetcher, use
-        return tuple(v for v in fetcher.units[use.unit].views(flat).values())
+        return fetcher.units[use.unit].view_tuple(flat)
 
     @staticmethod
     def backward(ctx, *grads):
