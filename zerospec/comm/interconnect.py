@@ -38,7 +38,7 @@ class Call:
     sent_as: str | None = None   # what the backend's transport call was, if not ``op`` (coalesce.py)
 
     def describe(self) -> str:
-        return _describe(*self.summary())
+        return describe(*self.summary())
 
     def summary(self) -> tuple:
         """What describe() prints, without formatting it (and without holding the tensors)."""
@@ -47,7 +47,8 @@ class Call:
             inp.dtype if inp is not None else None, self.reduce_op
 
 
-def _describe(op: str, shape, dtype, reduce_op) -> str:
+def describe(op: str, shape, dtype, reduce_op) -> str:
+    """``op(shape, dtype, op=…)``: a collective as error messages name it (see Call.summary)."""
     dtype = str(dtype).replace("torch.", "") if dtype is not None else "-"
     extra = f", op={reduce_op}" if reduce_op else ""
     return f"{op}({tuple(shape) if shape is not None else ()}, {dtype}{extra})"
@@ -104,7 +105,7 @@ class Interconnect:
     def last_op(self) -> str | None:
         """The last collective this rank issued, for error messages ("#seq op(shape, dtype)")."""
         last = self._root._last
-        return None if last is None else f"#{last[0]} {_describe(*last[1])}"
+        return None if last is None else f"#{last[0]} {describe(*last[1])}"
 
     @property
     def rank(self) -> int:
@@ -118,7 +119,7 @@ class Interconnect:
     def group_name(self) -> str:
         return "world" if self.group is None else self.group.name
 
-    def _run(self, call: Call, numel: int) -> None:
+    def _run(self, call: Call, numel: int, post: bool = False) -> None:
         if call.reduce_op is not None and call.reduce_op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {call.reduce_op!r}; accepted: {', '.join(REDUCE_OPS)}")
         call.group = self.group
@@ -126,7 +127,8 @@ class Interconnect:
         if self._issued is not None:
             self._issued[id(call)] = last
         self.ctx.timeline.mark_compute()
-        self.backend.collective(self.ctx.rank, call)   # the backend speaks global ranks
+        # the backend speaks global ranks
+        (self.backend.post if post else self.backend.collective)(self.ctx.rank, call)
         self.ctx.timeline.add(call.op, call.seconds)
         dtype = call.inp.dtype if call.inp is not None else None
         self.ledger.book(self.ctx.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
@@ -195,10 +197,25 @@ class Interconnect:
         self._run(Call("all_reduce", tensor, tensor, op), tensor.numel())
         return tensor
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """Rank r's ``output`` gets chunk r of the reduction of all ranks' ``input`` (N equal chunks)."""
-        self._run(Call("reduce_scatter", input, output, op), input.numel())
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum", *,
+                       post: bool = False) -> torch.Tensor:
+        """Rank r's ``output`` gets chunk r of the reduction of all ranks' ``input`` (N equal chunks).
+
+        ``post``: the call may return as soon as ``input`` is read (free it or write it at will),
+        before ``output`` is written; :meth:`wait` returns once it is. A backend that cannot post
+        (torch.distributed, meta, the ring transport) completes the call at once, as without it."""
+        self._run(Call("reduce_scatter", input, output, op), input.numel(),
+                  post and hasattr(self.backend, "post"))
         return output
+
+    def wait(self) -> None:
+        """Return once every collective this rank posted has written its outputs. The time spent
+        waiting is the other ranks', not this rank's compute (the timeline skips it)."""
+        wait = getattr(self.backend, "wait", None)
+        if wait is not None:
+            self.ctx.timeline.mark_compute()
+            wait(self.ctx.rank)
+            self.ctx.timeline.restart()
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
         """``output`` is the concatenation of every rank's ``input`` in rank order."""

@@ -7,6 +7,7 @@ to the matching reduce_scatter chunk — the property that keeps ZeRO stages bit
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -14,7 +15,8 @@ import torch
 
 from ..runtime.errors import ClusterAborted, CollectiveError
 from .checks import accumulator_dtype, check_calls
-from .interconnect import Call, shares_storage
+from .interconnect import Call, describe, shares_storage
+from .posted import PostedReduction
 
 # elements per all-reduce block: its fp32 accumulator (256 KiB) stays in L2 while N ranks add
 # into it (1M fp16 × 32 ranks on AVX-512: 25 ms unblocked, 17 ms at 2^15, 15 ms at 2^16 and 2^17)
@@ -53,6 +55,12 @@ class SimBackend:
         self._world = tuple(range(self.n))
         self._finished = 0          # ranks whose function returned (checked per collective)
         self._seq = 0
+        # posted reduce-scatters (comm/posted.py) in flight, by (group, k): the k-th each rank of
+        # the group posts; per rank, how many it has posted in each group and those not done yet
+        self._posts: dict[tuple, PostedReduction] = {}
+        self._posted: dict[tuple, int] = {}
+        self._open: dict[int, list[tuple[tuple, int, PostedReduction]]] = {}
+        self._post_waiters: set[int] = set()   # ranks in wait(), a subset of _waiting
         self._error: CollectiveError | None = None
         self._lock = threading.Lock()
 
@@ -97,6 +105,73 @@ class SimBackend:
                 raise CollectiveError(str(self._error)) from None
             raise
 
+    def post(self, rank: int, call: Call) -> None:
+        """Read ``rank``'s input of a reduce-scatter and return; the outputs are written when the
+        group's last input comes (comm/posted.py). The ring transport passes chunks between
+        neighbours, which needs every rank there: with it the call blocks as before."""
+        if self.transport is not None or call.op != "reduce_scatter":
+            self.collective(rank, call)
+            return
+        members = call.group.ranks if call.group is not None else self._world
+        t0 = time.perf_counter()
+        with self._lock:
+            finished = [r for r in members if self.baton.finished[r]] if self._finished else ()
+            k = self._posted.get((rank, members), 0)
+            self._posted[rank, members] = k + 1
+            if finished:
+                self._fail(rank, CollectiveError(f"rank {rank} posted {call.describe()} (its posted "
+                                                 f"collective #{k}) but rank(s) {finished} already returned"))
+            index = members.index(rank)
+            red = self._posts.get((members, k))
+            if red is None:
+                red = self._posts[members, k] = PostedReduction(len(members), call, index)
+            problem = red.problem(index, call)
+            if problem:
+                self._fail(rank, CollectiveError(f"posted collective #{k}: {problem}"))
+            with self._moving(rank):
+                red.add(index, call)
+            if red.done:
+                del self._posts[members, k]
+                for r in members:   # a rank waiting for this one may run again once all its are done
+                    if r in self._post_waiters and all(p.done for _, _, p in self._open.get(r, ())):
+                        self._post_waiters.discard(r)
+                        self._waiting.discard(r)
+            else:
+                self._open.setdefault(rank, []).append((members, k, red))
+        call.seconds = time.perf_counter() - t0
+
+    def wait(self, rank: int) -> None:
+        """Return once every reduce-scatter ``rank`` posted has written its outputs; until then the
+        baton goes to ranks that can run (the ones still to post)."""
+        while True:
+            with self._lock:
+                opens = self._open[rank] = [o for o in self._open.get(rank, ()) if not o[2].done]
+                if not opens:
+                    return
+                self._waiting.add(rank)
+                self._post_waiters.add(rank)
+                nxt = self.baton.next_rank(rank, skip=self._waiting.__contains__)
+                if nxt is None:
+                    self._fail(rank, CollectiveError(
+                        f"deadlock: rank {rank} waits for {self._missing_posts(rank)} and every "
+                        f"other rank waits too: {self._describe_pending()}"))
+            self.baton.pass_to(nxt)
+            try:
+                self.baton.wait_turn(rank, lambda: self._missing_posts(rank))
+            except ClusterAborted:
+                if self._error is not None:
+                    raise CollectiveError(str(self._error)) from None
+                raise
+
+    def _missing_posts(self, rank: int) -> str:
+        return "; ".join(f"posted collective #{k} {describe(*red.summary)}: rank(s) "
+                         f"{[members[i] for i in red.missing()]} never posted"
+                         for members, k, red in self._open.get(rank, ()) if not red.done)
+
+    def _moving(self, rank: int):
+        """The context the data of every rank moves in (the observers pause: it is no one's)."""
+        return contextlib.nullcontext() if self.around_move is None else self.around_move(rank)
+
     def rank_finished(self, rank: int) -> None:
         """``rank``'s function returned: hand the baton on, or fail if peers wait in a collective."""
         with self._lock:
@@ -108,6 +183,12 @@ class SimBackend:
                     err = CollectiveError(f"rank {rank} returned while rank(s) {waiting} wait in "
                                           f"collective #{self._seq} {pending[waiting[0]].describe()}")
                     self._fail(rank, err)
+            for (members, k), red in self._posts.items():
+                if rank in members and members.index(rank) in red.missing():
+                    self._fail(rank, CollectiveError(
+                        f"rank {rank} returned without posting posted collective #{k} "
+                        f"{describe(*red.summary)}, which rank(s) "
+                        f"{[m for i, m in enumerate(members) if i not in red.missing()]} posted"))
             nxt = self.baton.next_rank(rank, skip=self._waiting.__contains__)
             if nxt is None and self._waiting:
                 self._fail(rank, CollectiveError(
@@ -117,8 +198,10 @@ class SimBackend:
             self.baton.pass_to(nxt)
 
     def _describe_pending(self) -> str:
-        return "; ".join(f"rank {r} in {c.describe()} over {list(members)}"
-                         for members, pending in self._pending.items() for r, c in pending.items())
+        return "; ".join([f"rank {r} in {c.describe()} over {list(members)}"
+                          for members, pending in self._pending.items() for r, c in pending.items()]
+                         + [f"rank {r} in wait() for {self._missing_posts(r)}"
+                            for r in sorted(self._post_waiters)])
 
     def _missing(self, call: Call, members, seq: int) -> str:
         pending = self._pending.get(members, {})
@@ -133,11 +216,8 @@ class SimBackend:
     # -- data movement ----------------------------------------------------------------------------
     def _finalize(self, rank: int, calls: list[Call], members) -> None:
         t0 = time.perf_counter()
-        if self.around_move is None:
+        with self._moving(rank):
             self._move(rank, calls, members)
-        else:
-            with self.around_move(rank):
-                self._move(rank, calls, members)
         for c in calls:
             c.seconds = time.perf_counter() - t0
 

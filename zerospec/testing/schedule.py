@@ -1,9 +1,10 @@
 """A schedule hook for benchmarks: ``with barriers("backward"): train(cfg)``.
 
-The simulator runs its ranks one at a time and hands the baton on at every collective, so a
-collective inside backward (stage 2's and 3's reduce-scatters, stage 3's re-gathers) makes all
-ranks run backward in lockstep, unit by unit: every rank's activations stay alive while the
-others run, likely out of cache when its turn comes. A real GPU holds its own activations
+The simulator runs its ranks one at a time and hands the baton on at every collective a rank must
+wait for, so such a collective inside backward (stage 3's re-gathers; stage 2's and 3's
+reduce-scatters until they were posted, zerospec/comm/posted.py) makes all ranks run backward in
+lockstep, unit by unit: every rank's activations stay alive while the others run, likely out of
+cache when its turn comes. A real GPU holds its own activations
 whatever the others do, so such a cost would belong to the simulation, not to ZeRO.
 
 :func:`barriers` measures it on a stage with no collective in backward (stage 0): one barrier per

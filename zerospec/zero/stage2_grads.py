@@ -32,13 +32,18 @@ class Gradients(OptimizerStates):
         return slot
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
-        # with buckets: copied into the current bucket, reduced when it is full (still in backward)
-        self.fused.reduce_scatter(self.grad16[i], slot, "mean")
+        if self.fused is self.comm:
+            # posted: the slot is read at once and the rank goes on with its backward, as a GPU
+            # does while the reduction runs; reduce_gradients waits for the shard (comm/posted.py)
+            self.comm.reduce_scatter(self.grad16[i], slot, "mean", post=True)
+        else:   # buckets: copied into the current bucket, reduced when it is full (still in backward)
+            self.fused.reduce_scatter(self.grad16[i], slot, "mean")
         if self.grad_buffer is None:
             self.memory.free(slot)
 
     def reduce_gradients(self) -> None:
-        """Nothing left to do: every unit was reduce-scattered inside backward."""
+        """Every unit was reduce-scattered inside backward: wait until each shard is written."""
+        self.comm.wait()
 
     def grad_for_step(self, i: int) -> torch.Tensor:
         return self.grad16[i]
