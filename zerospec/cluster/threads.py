@@ -2,11 +2,12 @@
 
 Each rank's code is ordinary blocking code that calls collectives the way torch.distributed code
 does. Scheduling is deliberate: exactly one rank runs at a time. A rank holds the *baton* until it
-enters a collective, then hands it to the next rank that has not yet arrived there; the last rank to
-arrive completes the collective and carries on. Free-running threads fight over the GIL and
-OpenMP (spec/engine.md, "Why one rank at a time"); with the baton the cost of a step is the work
-plus one hand-off per rank per collective. It also makes every run deterministic, whatever the OS
-does with the threads.
+enters a collective it must wait for, then hands it to the next rank that has not yet arrived
+there; the last rank to arrive completes the collective and carries on (a reduce-scatter a rank
+posts lets it go on at once, and only ``wait`` may hand the baton on: zerospec/comm/posted.py).
+Free-running threads fight over the GIL and OpenMP (spec/engine.md, "Why one rank at a time");
+with the baton the cost of a step is the work plus one hand-off per rank per collective waited
+for. It also makes every run deterministic, whatever the OS does with the threads.
 
 Failure handling (design property 6): the first exception on any rank aborts the cluster, wakes
 every waiting rank (each raises :class:`ClusterAborted`), and :meth:`VirtualCluster.run` re-raises

@@ -201,9 +201,11 @@ class Interconnect:
                        post: bool = False) -> torch.Tensor:
         """Rank r's ``output`` gets chunk r of the reduction of all ranks' ``input`` (N equal chunks).
 
-        ``post``: the call may return as soon as ``input`` is read (free it or write it at will),
-        before ``output`` is written; :meth:`wait` returns once it is. A backend that cannot post
-        (torch.distributed, meta, the ring transport) completes the call at once, as without it."""
+        ``post``: the call may return as soon as ``input`` is read (the caller may free or reuse
+        it), before ``output`` is written; :meth:`wait` returns once it is, and a rank must call it
+        before it reads ``output`` or returns. A backend that cannot post (torch.distributed, meta,
+        the simulator's ring transport) completes the call at once, as does the simulator when
+        ``output`` lies inside ``input``."""
         self._run(Call("reduce_scatter", input, output, op), input.numel(),
                   post and hasattr(self.backend, "post"))
         return output

@@ -9,6 +9,12 @@ already is, else copied until they are, so the caller may free or reuse it on re
 input is in, every rank's output gets its chunk; ``Interconnect.wait`` returns once all of a rank's
 posted calls have got that far. The additions are those of ``reduce_in_rank_order``, in the same
 order, so the outputs are bit for bit the blocking call's, whatever order the ranks post in.
+
+What the simulator holds meanwhile belongs to no rank's device (no ledger counts it, the memory
+observer does not see it): per reduction in flight, the fp32 sum of one unit; and under a schedule
+that lets a rank post before a lower one (the jittered baton), a copy of each early input. In rank
+order (the default) stage 2 holds at most the fp32 sums of all units, 4Ψ bytes, just before the
+last rank posts.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ class PostedReduction:
         self.acc: torch.Tensor | None = None
         self.summed = 0                         # ranks 0 … summed−1 are in the accumulator
         self.done = False
+        self.seconds = 0.0                      # every rank's time in add, summed (the timeline's)
 
     def problem(self, index: int, call: Call) -> str | None:
         """What is wrong with group rank ``index``'s call, or None."""

@@ -37,7 +37,8 @@ def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
 
 
 class SimBackend:
-    """Thread rendezvous on a :class:`~zerospec.cluster.threads.Baton`; one collective in flight at a time."""
+    """Thread rendezvous on a :class:`~zerospec.cluster.threads.Baton`: one blocking collective in
+    flight per group at a time, and any number of posted reduce-scatters (comm/posted.py)."""
 
     def __init__(self, baton, transport=None):
         self.baton = baton
@@ -61,6 +62,7 @@ class SimBackend:
         self._posted: dict[tuple, int] = {}
         self._open: dict[int, list[tuple[tuple, int, PostedReduction]]] = {}
         self._post_waiters: set[int] = set()   # ranks in wait(), a subset of _waiting
+        self._unwaited: dict[int, int] = {}     # per rank, posts since its last wait()
         self._error: CollectiveError | None = None
         self._lock = threading.Lock()
 
@@ -108,23 +110,30 @@ class SimBackend:
     def post(self, rank: int, call: Call) -> None:
         """Read ``rank``'s input of a reduce-scatter and return; the outputs are written when the
         group's last input comes (comm/posted.py). The ring transport passes chunks between
-        neighbours, which needs every rank there: with it the call blocks as before."""
-        if self.transport is not None or call.op != "reduce_scatter":
+        neighbours, which needs every rank there, and an output inside the input would be written
+        after the caller let go of it: those calls block as before."""
+        if (self.transport is not None or call.op != "reduce_scatter"
+                or shares_storage(call.inp, call.out)):
             self.collective(rank, call)
             return
+        if self.baton.error is not None:   # the cluster aborted: stop here, as a blocking call does
+            raise ClusterAborted(f"rank {rank} aborted: rank {self.baton.failed_rank} failed") \
+                from self.baton.error
         members = call.group.ranks if call.group is not None else self._world
         t0 = time.perf_counter()
         with self._lock:
-            finished = [r for r in members if self.baton.finished[r]] if self._finished else ()
             k = self._posted.get((rank, members), 0)
             self._posted[rank, members] = k + 1
-            if finished:
-                self._fail(rank, CollectiveError(f"rank {rank} posted {call.describe()} (its posted "
-                                                 f"collective #{k}) but rank(s) {finished} already returned"))
+            self._unwaited[rank] = self._unwaited.get(rank, 0) + 1
             index = members.index(rank)
             red = self._posts.get((members, k))
             if red is None:
                 red = self._posts[members, k] = PostedReduction(len(members), call, index)
+            gone = [members[i] for i in red.missing() if self.baton.finished[members[i]]]
+            if gone:
+                self._fail(rank, CollectiveError(f"rank {rank} posted {call.describe()} (its posted "
+                                                 f"collective #{k}) but rank(s) {gone} returned "
+                                                 f"without posting it"))
             problem = red.problem(index, call)
             if problem:
                 self._fail(rank, CollectiveError(f"posted collective #{k}: {problem}"))
@@ -138,7 +147,10 @@ class SimBackend:
                         self._waiting.discard(r)
             else:
                 self._open.setdefault(rank, []).append((members, k, red))
-        call.seconds = time.perf_counter() - t0
+        # the last poster's event holds every rank's share: the replay (report/replay.py) takes
+        # a collective's longest event as its time, as it takes the mover's for a blocking one
+        red.seconds += time.perf_counter() - t0
+        call.seconds = red.seconds if red.done else time.perf_counter() - t0
 
     def wait(self, rank: int) -> None:
         """Return once every reduce-scatter ``rank`` posted has written its outputs; until then the
@@ -147,6 +159,7 @@ class SimBackend:
             with self._lock:
                 opens = self._open[rank] = [o for o in self._open.get(rank, ()) if not o[2].done]
                 if not opens:
+                    self._unwaited[rank] = 0
                     return
                 self._waiting.add(rank)
                 self._post_waiters.add(rank)
@@ -183,6 +196,10 @@ class SimBackend:
                     err = CollectiveError(f"rank {rank} returned while rank(s) {waiting} wait in "
                                           f"collective #{self._seq} {pending[waiting[0]].describe()}")
                     self._fail(rank, err)
+            if self._unwaited.get(rank):
+                self._fail(rank, CollectiveError(
+                    f"rank {rank} returned without wait() after posting {self._unwaited[rank]} "
+                    f"collective(s): their outputs may not have been written when it read them"))
             for (members, k), red in self._posts.items():
                 if rank in members and members.index(rank) in red.missing():
                     self._fail(rank, CollectiveError(

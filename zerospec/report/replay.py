@@ -11,8 +11,9 @@ on N independent clocks:
   *wait*), then all advance by the collective's data-movement time (the largest any rank recorded).
 
 Caveat, so nobody over-reads the numbers: the simulated backend's data movement copies every rank's
-buffers on one thread, so a collective's seconds are pessimistic for one GPU, and collectives never
-overlap compute here (real systems bucket and overlap, C8).
+buffers on one thread (a posted reduce-scatter's is spread over the ranks' posts, and its last
+poster records the sum), so a collective's seconds are pessimistic for one GPU, and collectives
+never overlap compute here, posted ones included (real systems bucket and overlap, C8).
 """
 from __future__ import annotations
 
