@@ -149,8 +149,9 @@ class SimBackend:
                 self._open.setdefault(rank, []).append((members, k, red))
         # the last poster's event holds every rank's share: the replay (report/replay.py) takes
         # a collective's longest event as its time, as it takes the mover's for a blocking one
-        red.seconds += time.perf_counter() - t0
-        call.seconds = red.seconds if red.done else time.perf_counter() - t0
+        own = time.perf_counter() - t0
+        red.seconds += own
+        call.seconds = red.seconds if red.done else own
 
     def wait(self, rank: int) -> None:
         """Return once every reduce-scatter ``rank`` posted has written its outputs; until then the
