@@ -146,8 +146,10 @@ def wallclock_table(m: Measurements) -> Table:
     t.notes.append(f"Serial: the {m.config.ranks} virtual GPUs take turns on this machine's CPU, so a "
                    f"step costs the sum of every rank's work; parallel: the same measured events "
                    f"replayed as if each rank had its own device (zerospec.report.replay.parallel_time). "
-                   f"Collectives: the simulator's data movement, one thread copying all "
-                   f"{m.config.ranks} ranks' buffers, so pessimistic for a real interconnect. "
+                   f"Collectives: the simulator's data movement, one thread at a time copying all "
+                   f"{m.config.ranks} ranks' buffers (a reduce-scatter that stages 2 and 3 post "
+                   f"inside backward is summed as each rank posts, and its last poster records "
+                   f"the whole), so pessimistic for a real interconnect. "
                    f"Threads are not GPUs: this shows synchronisation structure, not throughput — "
                    f"see the scaled table for volume ÷ bandwidth.")
     return t
