@@ -3,7 +3,9 @@
 ``check_calls`` is the cross-rank check of one collective (the same op, reduce op, dtypes and
 shapes on every rank; N × chunk sizes; contiguous outputs): the thread backend runs it on all N
 calls, the meta backend on its one. ``accumulator_dtype`` is the dtype a reduction sums in, the
-same in every backend so that their roundings agree.
+same in every backend so that their roundings agree; ``reduce_step`` and ``reduce_end`` are the
+simulator's rank-ordered reduction one input at a time, shared by its blocking calls (all inputs at
+once) and its posted ones (each as it comes, comm/posted.py), so the two cannot differ by a bit.
 """
 from __future__ import annotations
 
@@ -15,6 +17,21 @@ from .interconnect import Call
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp64 sums in fp64, every other float dtype in fp32 (rounded once to its dtype at the end)."""
     return torch.float64 if dtype == torch.float64 else torch.float32 if dtype.is_floating_point else dtype
+
+
+def reduce_step(acc: torch.Tensor | None, t: torch.Tensor, op: str) -> torch.Tensor:
+    """The next rank's ``t`` into a rank-ordered reduction: the first makes the accumulator (a copy
+    in the accumulator dtype), each later one is added (``max``: maximised) into it in place."""
+    if acc is None:
+        return t.to(accumulator_dtype(t.dtype), copy=True)
+    if op == "max":
+        return torch.maximum(acc, t, out=acc)
+    return acc.add_(t)
+
+
+def reduce_end(acc: torch.Tensor, op: str, n: int) -> torch.Tensor:
+    """The reduction of ``n`` inputs, finished: ``mean`` divides the sum by ``n`` once."""
+    return acc.div_(n) if op == "mean" else acc
 
 
 def _shapes(calls: list[Call], attr: str) -> str:

@@ -7,8 +7,8 @@ of the simulation, not of ZeRO (README, the lockstep diagnostic). Posted, the ca
 rank's input at once and returns: the input is added to an fp32 accumulator if every lower rank's
 already is, else copied until they are, so the caller may free or reuse it on return. When the last
 input is in, every rank's output gets its chunk; ``Interconnect.wait`` returns once all of a rank's
-posted calls have got that far. The additions are those of ``reduce_in_rank_order``, in the same
-order, so the outputs are bit for bit the blocking call's, whatever order the ranks post in.
+posted calls have got that far. The additions are the blocking call's (``checks.reduce_step``), in
+the same order, so the outputs are bit for bit the blocking call's, whatever order the ranks post in.
 
 What the simulator holds meanwhile belongs to no rank's device (no ledger counts it, the memory
 observer does not see it): per reduction in flight, the fp32 sum of one unit; and under a schedule
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import accumulator_dtype, check_calls
+from .checks import check_calls, reduce_end, reduce_step
 from .interconnect import Call, describe
 
 
@@ -30,6 +30,7 @@ class PostedReduction:
     def __init__(self, n: int, first: Call, index: int):
         self.n = n
         self.summary = first.summary()          # what every rank's call must match
+        self.op = first.reduce_op
         self.out_shape = tuple(first.out.shape)
         self.first = index
         self.outs: list[torch.Tensor | None] = [None] * n
@@ -67,18 +68,11 @@ class PostedReduction:
         while self.summed in self.early:
             self._sum(self.early.pop(self.summed))
         if self.summed == self.n:
-            acc, size = self.acc, self.acc.numel() // self.n
-            if self.summary[3] == "mean":
-                acc.div_(self.n)
+            acc, size = reduce_end(self.acc, self.op, self.n), self.acc.numel() // self.n
             for r, out in enumerate(self.outs):
                 out.view(-1).copy_(acc[r * size:(r + 1) * size])
             self.acc, self.outs, self.done = None, [], True
 
     def _sum(self, inp: torch.Tensor) -> None:
-        if self.acc is None:
-            self.acc = inp.to(accumulator_dtype(inp.dtype), copy=True)
-        elif self.summary[3] == "max":
-            torch.maximum(self.acc, inp, out=self.acc)
-        else:
-            self.acc.add_(inp)
+        self.acc = reduce_step(self.acc, inp, self.op)
         self.summed += 1

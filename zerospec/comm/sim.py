@@ -14,7 +14,7 @@ import time
 import torch
 
 from ..runtime.errors import ClusterAborted, CollectiveError
-from .checks import accumulator_dtype, check_calls
+from .checks import check_calls, reduce_end, reduce_step
 from .interconnect import Call, describe, shares_storage
 from .posted import PostedReduction
 
@@ -25,15 +25,10 @@ BLOCK = 1 << 16
 
 def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
     """Elementwise reduction of ``tensors`` in list order, in the accumulator dtype."""
-    acc = tensors[0].to(accumulator_dtype(tensors[0].dtype), copy=True)
-    for t in tensors[1:]:
-        if op == "max":
-            torch.maximum(acc, t, out=acc)
-        else:
-            acc.add_(t)
-    if op == "mean":
-        acc.div_(len(tensors))
-    return acc
+    acc = None
+    for t in tensors:
+        acc = reduce_step(acc, t, op)
+    return reduce_end(acc, op, len(tensors))
 
 
 class SimBackend:
