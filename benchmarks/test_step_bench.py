@@ -23,13 +23,17 @@ in a pytest process that holds every module and earlier case it took one step in
 the others, landing in whichever stage ran then; the run's own objects are still collected, and
 that time counts.
 
-Two floors, both measured between the same steps. The *replica* floor gives each of the 32 passes
-its own parameters and Adam state, as each rank holds its own (stage 0's replicas; stage 3's ranks
-gather their own full unit before each use): the same arithmetic over the same bytes the 32 ranks
-read. The *shared* floor (issue 18's original) runs all 32 passes on one parameter set, which stays
-in cache between passes; no implementation whose ranks hold their own memory reads its parameters
-that cheaply. The replica floor is the one asserted; the shared floor's work-matched ratio is
-recorded and printed beside it (``shared_matched_ratio``).
+Three floors, all measured between the same steps. The *replica* floor gives each of the 32
+passes its own parameters and Adam state, as each rank holds its own (stage 0's replicas; stage
+3's ranks gather their own full unit before each use): the same arithmetic over the same bytes the
+32 ranks read. The *shared* floor (issue 18's original) runs all 32 passes on one parameter set,
+which stays in cache between passes; no implementation whose ranks hold their own memory reads its
+parameters that cheaply. The *mixed-precision* floor (:func:`_mixed_floor`) is the replica floor
+with the casts mixed precision needs on a CPU (fp16 storage cast up per use, gradients cast down,
+an fp32 master per unit cast back) and Adam over one flat tensor per unit, as the stages hold
+them: the arithmetic of a plain mixed-precision trainer, without ZeRO's bookkeeping or the
+simulation. The replica floor is the one asserted; the other two floors' work-matched ratios are
+recorded and printed beside it (``shared_matched_ratio``, ``mixed_matched_ratio``).
 """
 from __future__ import annotations
 
@@ -90,11 +94,60 @@ def _floor(replicas: int, passes: int = N):
     return step
 
 
+def _mixed_floor(replicas: int, passes: int = N):
+    """:func:`_floor` with what mixed precision adds on a CPU and nothing else: each unit held as
+    one fp16 vector and cast to an fp32 leaf for each use (plain views; autograd accumulates the
+    leaf's gradient), the unit's gradient summed over its uses and cast to fp16, torch's Adam on an
+    fp32 master of the unit fed that gradient cast up, the master cast back to fp16. No stage,
+    ledger, saved-tensor hooks, gradient hand-off or threads. Returns :func:`_floor`'s triple."""
+    cfg = gpt.SMALL
+    init = list(gpt.init_params(cfg, 0).values())
+    layout = [[(name, t.shape) for name, t in ps.items()] for ps in init]
+    sizes = [[t.numel() for t in ps.values()] for ps in init]
+    flat = [torch.cat([t.reshape(-1) for t in ps.values()]) for ps in init]
+    masters = [[torch.nn.Parameter(f.clone()) for f in flat] for _ in range(replicas)]
+    p16 = [[m.detach().half() for m in ms] for ms in masters]
+    g16 = [[torch.empty_like(p) for p in ps] for ps in p16]
+    opts = [reference_optimizer(ms, AdamConfig()) for ms in masters]
+    idx, tgt = BigramData(cfg.vocab_size, cfg.block_size, 0).batch(0, 2)
+
+    def step() -> tuple[float, float, float]:
+        adam = fwd = 0.0
+        t0 = time.perf_counter()
+        for r in range(passes):
+            k, leaves = r % replicas, {}
+
+            @contextlib.contextmanager
+            def fetch(i, last=False):
+                leaf = p16[k][i].float().requires_grad_(True)
+                leaves.setdefault(i, []).append(leaf)
+                yield {n: v.view(shape) for (n, shape), v in zip(layout[i], leaf.split(sizes[i]))}
+            f = time.perf_counter()
+            loss = gpt.forward(cfg, idx, tgt, fetch)
+            fwd += time.perf_counter() - f
+            loss.backward()
+            for i, uses in leaves.items():
+                grad = uses[0].grad
+                for u in uses[1:]:
+                    grad = grad + u.grad
+                g16[k][i].copy_(grad)
+            a = time.perf_counter()
+            for m, g in zip(masters[k], g16[k]):
+                m.grad = g.float()
+            opts[k].step()
+            opts[k].zero_grad(set_to_none=True)
+            for m, p in zip(masters[k], p16[k]):
+                p.copy_(m.detach())
+            adam += time.perf_counter() - a
+        return time.perf_counter() - t0, adam, fwd
+    return step
+
+
 @pytest.mark.parametrize("stage", range(4))
 def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
     """Step time of a 32-rank run / the 32 ranks' work-matched compute floor, per stage,
     interleaved step by step (module docstring)."""
-    floors = {"replica": _floor(N), "shared": _floor(1)}
+    floors = {"replica": _floor(N), "shared": _floor(1), "mixed": _mixed_floor(N)}
     marks: list[tuple[float, float]] = []           # (start, end) of the floors after each step
     samples: dict[str, list[tuple[float, float]]] = {k: [] for k in floors}
     done: dict[int, int] = {}
@@ -129,6 +182,7 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
     work = [matched(x) for x in fl["replica"]]
     ratio = sum(ours) / sum(work)
     shared = sum(ours) / sum(matched(x) for x in fl["shared"])
+    mixed = sum(ours) / sum(matched(x) for x in fl["mixed"])
     pairs = [o / w for o, w in zip(ours, work)]                    # each step, its own floor
     replica_s = [x[0] for x in fl["replica"]]
     benchmark.extra_info.update(
@@ -136,6 +190,7 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
         matched_floor_s=statistics.mean(work), ratio=ratio,
         plain_ratio=sum(ours) / sum(replica_s),
         shared_floor_s=statistics.mean(x[0] for x in fl["shared"]), shared_matched_ratio=shared,
+        mixed_floor_s=statistics.mean(x[0] for x in fl["mixed"]), mixed_matched_ratio=mixed,
         paired_ratios=pairs,
         floor_spread=max(replica_s) / min(replica_s), step_spread=max(ours) / min(ours),
         intervals=len(ours), target=TARGET)
@@ -143,7 +198,7 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
         print(f"\nstage {stage}: {len(ours)} steps of {statistics.mean(ours) * 1e3:.0f} ms, each "
               f"after a replica floor of {statistics.mean(replica_s) * 1e3:.0f} ms (work-matched "
               f"{benchmark.extra_info['matched_floor_s'] * 1e3:.0f}): {ratio:.2f} (target ≤ "
-              f"{TARGET}); shared floor: {shared:.2f}; per step: "
+              f"{TARGET}); shared floor: {shared:.2f}; mixed-precision floor: {mixed:.2f}; per step: "
               f"{', '.join(f'{x:.2f}' for x in pairs)}; floor samples spread "
               f"{benchmark.extra_info['floor_spread']:.2f}×, our steps "
               f"{benchmark.extra_info['step_spread']:.2f}×")

@@ -39,8 +39,10 @@ def rows(data: dict) -> list[str]:
         value = info["ratio" if label == "ratio" else "seconds"]
         target = info.get("target")
         extra = f" (step/floor {info['plain_ratio']:.2f}" if "plain_ratio" in info else ""
-        if "shared_matched_ratio" in info:   # the step benchmark's second floor (its docstring)
+        if "shared_matched_ratio" in info:   # the step benchmark's other floors (its docstring)
             extra += f"; shared floor {info['shared_matched_ratio']:.2f}"
+        if "mixed_matched_ratio" in info:
+            extra += f"; mixed-precision floor {info['mixed_matched_ratio']:.2f}"
         extra += ")" if extra else ""
         machine = (f"{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
                    f"{info.get('torch', '?')}, {date}")

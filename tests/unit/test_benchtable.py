@@ -12,7 +12,8 @@ import benchtable  # noqa: E402
 
 DATA = {"datetime": "2026-12-01T05:00:00", "benchmarks": [
     {"name": "test_step[0]", "param": "0",
-     "extra_info": {"ratio": 1.234, "plain_ratio": 1.1, "shared_matched_ratio": 1.3, "target": 1.3,
+     "extra_info": {"ratio": 1.234, "plain_ratio": 1.1, "shared_matched_ratio": 1.3,
+                    "mixed_matched_ratio": 1.2, "target": 1.3,
                     "isa": "AVX2", "cpus": 2, "torch": "2.13.0"}},
     {"name": "test_meta", "param": None,
      "extra_info": {"seconds": 4.44, "target": 30.0, "isa": "AVX512", "cpus": 2, "torch": "2.13.0"}}]}
@@ -20,7 +21,8 @@ DATA = {"datetime": "2026-12-01T05:00:00", "benchmarks": [
 
 def test_each_row_shows_its_figure_target_and_machine():
     rows = benchtable.rows(DATA)
-    assert rows[2] == ("| `test_step` | 0 | ratio | 1.23 (step/floor 1.10; shared floor 1.30) | ≤ 1.30 | yes "
+    assert rows[2] == ("| `test_step` | 0 | ratio | 1.23 (step/floor 1.10; shared floor 1.30; mixed-precision "
+                       "floor 1.20) | ≤ 1.30 | yes "
                        "| AVX2, 2 CPUs, torch 2.13.0, 2026-12-01 |")
     assert rows[3] == ("| `test_meta` |  | seconds | 4.4 s | ≤ 30.0 s | yes "
                        "| AVX512, 2 CPUs, torch 2.13.0, 2026-12-01 |")
