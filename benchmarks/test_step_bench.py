@@ -59,16 +59,36 @@ LONG = 14          # the interleaved run: 11 measured intervals (the first and l
 TARGET = 1.25      # work-matched, against the replica floor, every stage (issue 18)
 
 
-def _floor(replicas: int, passes: int = N):
-    """A function running ``passes`` passes of forward + backward + Adam over ``replicas``
-    parameter sets (pass r uses set r mod replicas); it returns (seconds in all, seconds in Adam,
-    seconds in forward)."""
+def _passes(passes: int, fetch_for, after_backward, update):
+    """The floors' loop: pass r runs forward with ``fetch_for(r)`` (timed as forward), backward,
+    ``after_backward(r)`` (counted as backward) and ``update(r)`` (timed as Adam). Returns a function
+    running the ``passes`` passes that returns (seconds in all, seconds in Adam, seconds in forward)."""
     cfg = gpt.SMALL
-    init = gpt.init_params(cfg, 0)
-    sets = [[{n: torch.nn.Parameter(t.clone()) for n, t in ps.items()} for ps in init.values()]
-            for _ in range(replicas)]
-    opts = [[reference_optimizer(list(p.values()), AdamConfig()) for p in params] for params in sets]
     idx, tgt = BigramData(cfg.vocab_size, cfg.block_size, 0).batch(0, 2)
+
+    def step() -> tuple[float, float, float]:
+        adam = fwd = 0.0
+        t0 = time.perf_counter()
+        for r in range(passes):
+            fetch = fetch_for(r)
+            f = time.perf_counter()
+            loss = gpt.forward(cfg, idx, tgt, fetch)
+            fwd += time.perf_counter() - f
+            loss.backward()
+            after_backward(r)
+            a = time.perf_counter()
+            update(r)
+            adam += time.perf_counter() - a
+        return time.perf_counter() - t0, adam, fwd
+    return step
+
+
+def _floor(replicas: int, passes: int = N):
+    """``passes`` passes of forward + backward + Adam over ``replicas`` parameter sets (pass r uses
+    set r mod replicas), plain fp32 parameters; see :func:`_passes`."""
+    sets = [[{n: torch.nn.Parameter(t.clone()) for n, t in ps.items()}
+             for ps in gpt.init_params(gpt.SMALL, 0).values()] for _ in range(replicas)]
+    opts = [[reference_optimizer(list(p.values()), AdamConfig()) for p in params] for params in sets]
 
     def fetcher(params):
         @contextlib.contextmanager
@@ -77,21 +97,11 @@ def _floor(replicas: int, passes: int = N):
         return fetch
     fetches = [fetcher(params) for params in sets]
 
-    def step() -> tuple[float, float, float]:
-        adam = fwd = 0.0
-        t0 = time.perf_counter()
-        for r in range(passes):
-            f = time.perf_counter()
-            loss = gpt.forward(cfg, idx, tgt, fetches[r % replicas])
-            fwd += time.perf_counter() - f
-            loss.backward()
-            a = time.perf_counter()
-            for o in opts[r % replicas]:
-                o.step()
-                o.zero_grad(set_to_none=True)
-            adam += time.perf_counter() - a
-        return time.perf_counter() - t0, adam, fwd
-    return step
+    def update(r: int) -> None:
+        for o in opts[r % replicas]:
+            o.step()
+            o.zero_grad(set_to_none=True)
+    return _passes(passes, lambda r: fetches[r % replicas], lambda r: None, update)
 
 
 def _mixed_floor(replicas: int, passes: int = N):
@@ -99,48 +109,43 @@ def _mixed_floor(replicas: int, passes: int = N):
     one fp16 vector and cast to an fp32 leaf for each use (plain views; autograd accumulates the
     leaf's gradient), the unit's gradient summed over its uses and cast to fp16, torch's Adam on an
     fp32 master of the unit fed that gradient cast up, the master cast back to fp16. No stage,
-    ledger, saved-tensor hooks, gradient hand-off or threads. Returns :func:`_floor`'s triple."""
-    cfg = gpt.SMALL
-    init = list(gpt.init_params(cfg, 0).values())
-    layout = [[(name, t.shape) for name, t in ps.items()] for ps in init]
-    sizes = [[t.numel() for t in ps.values()] for ps in init]
+    ledger, saved-tensor hooks, gradient hand-off or threads."""
+    init = list(gpt.init_params(gpt.SMALL, 0).values())
+    layout = [[(name, t.shape, t.numel()) for name, t in ps.items()] for ps in init]
     flat = [torch.cat([t.reshape(-1) for t in ps.values()]) for ps in init]
     masters = [[torch.nn.Parameter(f.clone()) for f in flat] for _ in range(replicas)]
     p16 = [[m.detach().half() for m in ms] for ms in masters]
     g16 = [[torch.empty_like(p) for p in ps] for ps in p16]
     opts = [reference_optimizer(ms, AdamConfig()) for ms in masters]
-    idx, tgt = BigramData(cfg.vocab_size, cfg.block_size, 0).batch(0, 2)
+    leaves: dict[int, list[torch.Tensor]] = {}     # this pass's fp32 leaves, per unit
 
-    def step() -> tuple[float, float, float]:
-        adam = fwd = 0.0
-        t0 = time.perf_counter()
-        for r in range(passes):
-            k, leaves = r % replicas, {}
+    def fetch_for(r: int):
+        leaves.clear()
 
-            @contextlib.contextmanager
-            def fetch(i, last=False):
-                leaf = p16[k][i].float().requires_grad_(True)
-                leaves.setdefault(i, []).append(leaf)
-                yield {n: v.view(shape) for (n, shape), v in zip(layout[i], leaf.split(sizes[i]))}
-            f = time.perf_counter()
-            loss = gpt.forward(cfg, idx, tgt, fetch)
-            fwd += time.perf_counter() - f
-            loss.backward()
-            for i, uses in leaves.items():
-                grad = uses[0].grad
-                for u in uses[1:]:
-                    grad = grad + u.grad
-                g16[k][i].copy_(grad)
-            a = time.perf_counter()
-            for m, g in zip(masters[k], g16[k]):
-                m.grad = g.float()
-            opts[k].step()
-            opts[k].zero_grad(set_to_none=True)
-            for m, p in zip(masters[k], p16[k]):
-                p.copy_(m.detach())
-            adam += time.perf_counter() - a
-        return time.perf_counter() - t0, adam, fwd
-    return step
+        @contextlib.contextmanager
+        def fetch(i, last=False):
+            leaf = p16[r % replicas][i].float().requires_grad_(True)
+            leaves.setdefault(i, []).append(leaf)
+            views = leaf.split([n for _, _, n in layout[i]])
+            yield {name: v.view(shape) for (name, shape, _), v in zip(layout[i], views)}
+        return fetch
+
+    def grads_to_fp16(r: int) -> None:
+        for i, uses in leaves.items():
+            grad = uses[0].grad
+            for u in uses[1:]:
+                grad = grad + u.grad
+            g16[r % replicas][i].copy_(grad)
+
+    def update(r: int) -> None:
+        k = r % replicas
+        for m, g in zip(masters[k], g16[k]):
+            m.grad = g.float()
+        opts[k].step()
+        opts[k].zero_grad(set_to_none=True)
+        for m, p in zip(masters[k], p16[k]):
+            p.copy_(m.detach())
+    return _passes(passes, fetch_for, grads_to_fp16, update)
 
 
 @pytest.mark.parametrize("stage", range(4))
@@ -183,8 +188,7 @@ def test_step_time_at_32_ranks_over_compute_floor(stage, benchmark, capsys):
     fl = {k: v[1:len(ours) + 1] for k, v in samples.items()}       # the floors they follow
     work = [matched(x) for x in fl["replica"]]
     ratio = sum(ours) / sum(work)
-    shared = sum(ours) / sum(matched(x) for x in fl["shared"])
-    mixed = sum(ours) / sum(matched(x) for x in fl["mixed"])
+    shared, mixed = (sum(ours) / sum(matched(x) for x in fl[k]) for k in ("shared", "mixed"))
     pairs = [o / w for o, w in zip(ours, work)]                    # each step, its own floor
     replica_s = [x[0] for x in fl["replica"]]
     benchmark.extra_info.update(
