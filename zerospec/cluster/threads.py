@@ -7,7 +7,8 @@ there; the last rank to arrive completes the collective and carries on (a reduce
 posts lets it go on at once, and only ``wait`` may hand the baton on: zerospec/comm/posted.py).
 Free-running threads fight over the GIL and OpenMP (spec/engine.md, "Why one rank at a time");
 with the baton the cost of a step is the work plus one hand-off per rank per collective waited
-for. It also makes every run deterministic, whatever the OS does with the threads.
+for. It also makes every run deterministic, whatever the OS does with the threads. The ranks'
+threads share one CPU (``pin``), so a hand-off does not move the next rank to another core.
 
 Failure handling (design property 6): the first exception on any rank aborts the cluster, wakes
 every waiting rank (each raises :class:`ClusterAborted`), and :meth:`VirtualCluster.run` re-raises
@@ -18,6 +19,8 @@ them raise :class:`CollectiveTimeout` naming the ranks that never arrived. No pa
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import random
 import threading
 import time
@@ -108,6 +111,12 @@ class VirtualCluster:
     default: ranks take turns and their ops are small, so a second OpenMP thread mostly contends
     (spec/engine.md, "Why one rank at a time"). ``None`` leaves torch's setting alone.
 
+    ``pin``: run every rank's thread on one CPU, the one the caller is on when ``run`` starts
+    (Linux; elsewhere, or where the OS refuses, the ranks run where the OS puts them). Only with
+    ``torch_threads=1``: a rank's OpenMP team would be confined to that CPU too. Only one rank runs
+    at a time, so one CPU loses nothing, and it keeps each hand-off from waking the next rank on
+    another core, away from the caches the ranks share (spec/engine.md, "Why one CPU").
+
     ``transport``: ``"direct"`` (default) moves each collective's data in one go, reducing in rank
     order; ``"ring"`` passes chunks between neighbours (:mod:`zerospec.comm.ring`) and counts
     every transfer per link in ``self.wire``, to observe what the ledger's ring model books.
@@ -120,13 +129,18 @@ class VirtualCluster:
 
     def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
                  torch_threads: int | None = 1, jitter: int | None = None,
-                 transport: str = "direct", observe: bool = False):
+                 transport: str = "direct", observe: bool = False, pin: bool = True):
         if not isinstance(n_ranks, int) or n_ranks < 1:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
         if not 0 < timeout < float("inf"):   # NaN fails both comparisons
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         if jitter is not None and (not isinstance(jitter, int) or isinstance(jitter, bool)):
             raise ValueError(f"jitter must be an integer seed or None, got {jitter!r}")
+        if not isinstance(pin, bool):
+            raise ValueError(f"pin must be True or False, got {pin!r}")
+        if pin and torch_threads != 1:
+            raise ValueError(f"pin=True runs every rank on one CPU, which needs torch_threads=1, got "
+                             f"torch_threads={torch_threads!r}; pass pin=False")
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; accepted: {', '.join(TRANSPORTS)}")
         self.n_ranks = n_ranks
@@ -140,6 +154,7 @@ class VirtualCluster:
         self.contexts: list[RankContext] = []
         self.observe = observe
         self.observed: list[Observation] = []
+        self.pin = pin
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
         baton = Baton(self.n_ranks, self.timeout,
@@ -156,9 +171,12 @@ class VirtualCluster:
             backend.around_move = lambda rank: observers[rank].paused()
         all_done = threading.Event()
         remaining = [self.n_ranks]
+        cpu = _caller_cpu() if self.pin else None
 
         def body(ctx: RankContext) -> None:
             r = ctx.rank
+            if cpu is not None:
+                _pin_thread(cpu)
             try:
                 baton.wait_turn(r, lambda: f"rank {r} never got its first turn")
                 ctx.timeline.restart()
@@ -201,6 +219,26 @@ class VirtualCluster:
                 t.join()
         self.observed = [o.observation for o in observers] if self.observe else []
         return results
+
+
+def _caller_cpu() -> int | None:
+    """The CPU the calling thread runs on now, if the OS says and lets threads be pinned."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    try:
+        cpu = ctypes.CDLL(None).sched_getcpu()
+    except (AttributeError, OSError):   # no such libc function: any allowed CPU will do
+        cpu = -1
+    return cpu if cpu in allowed else min(allowed)
+
+
+def _pin_thread(cpu: int) -> None:
+    """Confine the calling thread (not the process: Linux sets a thread's own mask) to ``cpu``."""
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:   # the CPU left the allowed set since (a cgroup changed): run unpinned,
+        pass          # which changes the speed, never a result
 
 
 @contextlib.contextmanager
