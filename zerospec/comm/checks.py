@@ -19,13 +19,19 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32 if dtype.is_floating_point else dtype
 
 
-def reduce_step(acc: torch.Tensor | None, t: torch.Tensor, op: str) -> torch.Tensor:
+def reduce_step(acc: torch.Tensor | None, t: torch.Tensor, op: str,
+                scratch: torch.Tensor | None = None) -> torch.Tensor:
     """The next rank's ``t`` into a rank-ordered reduction: the first makes the accumulator (a copy
-    in the accumulator dtype), each later one is added (``max``: maximised) into it in place."""
+    in the accumulator dtype), each later one is added (``max``: maximised) into it in place.
+
+    ``scratch`` (the accumulator's shape and dtype): where ``t`` is cast up before the addition, the
+    exact cast the addition would make into a temporary of its own (same bits, no allocation)."""
     if acc is None:
         return t.to(accumulator_dtype(t.dtype), copy=True)
     if op == "max":
         return torch.maximum(acc, t, out=acc)
+    if scratch is not None and t.dtype != acc.dtype:
+        t = scratch.copy_(t)
     return acc.add_(t)
 
 

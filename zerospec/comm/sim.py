@@ -25,9 +25,11 @@ BLOCK = 1 << 16
 
 def reduce_in_rank_order(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
     """Elementwise reduction of ``tensors`` in list order, in the accumulator dtype."""
-    acc = None
+    acc = scratch = None
     for t in tensors:
-        acc = reduce_step(acc, t, op)
+        acc = reduce_step(acc, t, op, scratch)
+        if scratch is None and acc.dtype != t.dtype:
+            scratch = torch.empty_like(acc)   # one cast buffer, not one temporary per addition
     return reduce_end(acc, op, len(tensors))
 
 
