@@ -1,4 +1,4 @@
-"""VirtualCluster(pin=True): every rank's thread on the caller's CPU, as the OS reports it."""
+"""VirtualCluster pins by default: every rank's thread on the caller's CPU, as the OS reports it."""
 from __future__ import annotations
 
 import ctypes
@@ -38,15 +38,19 @@ def test_pin_false_leaves_the_ranks_where_the_caller_may_run():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"pin": 1}, "pin must be True or False, got 1"),
-    ({"torch_threads": 2}, "needs torch_threads=1, got torch_threads=2; pass pin=False"),
-    ({"torch_threads": None}, "needs torch_threads=1, got torch_threads=None")])
+    ({"pin": 1}, "pin must be True, False or None, got 1"),
+    ({"pin": True, "torch_threads": 2}, "needs torch_threads=1, got torch_threads=2; pass pin=False"),
+    ({"pin": True, "torch_threads": None}, "needs torch_threads=1, got torch_threads=None")])
 def test_pinning_needs_a_bool_and_one_torch_thread(kwargs, match):
     """A non-bool pin, or pinning with more than one intra-op thread per rank, is refused by name."""
     with pytest.raises(ValueError, match=match):
         VirtualCluster(2, **kwargs)
 
 
-def test_more_torch_threads_run_unpinned():
-    """torch_threads=2 with pin=False runs (the ranks' OpenMP teams are not confined)."""
-    assert VirtualCluster(2, torch_threads=2, pin=False).run(lambda ctx: ctx.rank) == [0, 1]
+@pytest.mark.parametrize("pin", [None, False])
+def test_more_torch_threads_run_unpinned(pin):
+    """With torch_threads=2 the default, like pin=False, leaves the ranks' masks as the caller's
+    (their OpenMP teams are not confined to one CPU)."""
+    before = os.sched_getaffinity(0)
+    seen = VirtualCluster(2, torch_threads=2, pin=pin).run(lambda ctx: os.sched_getaffinity(0))
+    assert seen == [before, before]

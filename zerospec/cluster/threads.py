@@ -113,7 +113,8 @@ class VirtualCluster:
 
     ``pin``: run every rank's thread on one CPU, the one the caller is on when ``run`` starts
     (Linux; elsewhere, or where the OS refuses, the ranks run where the OS puts them). Only with
-    ``torch_threads=1``: a rank's OpenMP team would be confined to that CPU too. Only one rank runs
+    ``torch_threads=1``: a rank's OpenMP team would be confined to that CPU too; ``None`` (the
+    default) pins exactly then, ``True`` with another thread count is refused. Only one rank runs
     at a time, so one CPU loses nothing, and it keeps each hand-off from waking the next rank on
     another core, away from the caches the ranks share (spec/engine.md, "Why one CPU").
 
@@ -129,15 +130,15 @@ class VirtualCluster:
 
     def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
                  torch_threads: int | None = 1, jitter: int | None = None,
-                 transport: str = "direct", observe: bool = False, pin: bool = True):
+                 transport: str = "direct", observe: bool = False, pin: bool | None = None):
         if not isinstance(n_ranks, int) or n_ranks < 1:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
         if not 0 < timeout < float("inf"):   # NaN fails both comparisons
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         if jitter is not None and (not isinstance(jitter, int) or isinstance(jitter, bool)):
             raise ValueError(f"jitter must be an integer seed or None, got {jitter!r}")
-        if not isinstance(pin, bool):
-            raise ValueError(f"pin must be True or False, got {pin!r}")
+        if pin is not None and not isinstance(pin, bool):
+            raise ValueError(f"pin must be True, False or None, got {pin!r}")
         if pin and torch_threads != 1:
             raise ValueError(f"pin=True runs every rank on one CPU, which needs torch_threads=1, got "
                              f"torch_threads={torch_threads!r}; pass pin=False")
@@ -154,7 +155,7 @@ class VirtualCluster:
         self.contexts: list[RankContext] = []
         self.observe = observe
         self.observed: list[Observation] = []
-        self.pin = pin
+        self.pin = torch_threads == 1 if pin is None else pin
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
         baton = Baton(self.n_ranks, self.timeout,
