@@ -129,3 +129,22 @@ def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
     for r in range(4):
         assert [(x.op, x.group, x.numel, x.elements_sent) for x in real.comm.records(r)] == \
                [(x.op, x.group, x.numel, x.elements_sent) for x in sim.comm.records(r)]
+
+
+def test_rank_processes_import_nothing_while_they_train():
+    """The forkserver imports what a rank's step needs (processes.PRELOAD) before it forks, so
+    no rank process pays an import of its own: training stage 0 and stage 3 (the one with the most
+    code) with activation checkpoints (their recompute calls autograd with gradients) imports no
+    module."""
+    from zerospec.training.config import TrainConfig
+    from zerospec.model.gpt import ODD
+    cfgs = [TrainConfig(stage=s, n_d=2, model=ODD, steps=2, checkpoint_activations=1, timeout=30)
+            for s in (0, 3)]
+    assert launch(workers.imports_while_training, 2, cfgs, timeout=30) == [[], []]
+
+
+def test_preload_refuses_what_is_not_a_module_name():
+    """processes.preload names the bad entry instead of breaking the forkserver's start later."""
+    from zerospec.cluster import processes
+    with pytest.raises(ValueError, match=r"non-empty module names, got \[''\]"):
+        processes.preload("torch", "")

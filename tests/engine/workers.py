@@ -201,3 +201,12 @@ def raise_in_phase(ctx, rank: int, phase: str) -> None:
         with ctx.phase(phase):
             raise ValueError(f"injected failure in {phase}")
     ctx.comm.barrier()
+
+
+def imports_while_training(ctx, cfgs) -> list[str]:
+    """The modules this rank process imported while training ``cfgs`` in turn (none, if the
+    forkserver's preload covers what a rank needs)."""
+    import sys
+    before = set(sys.modules)
+    tr.train_rank(ctx, cfgs)
+    return sorted(set(sys.modules) - before)
