@@ -112,9 +112,12 @@ class Observer(TorchDispatchMode):
     one phase, ``"run"``, and no categories. Storages that existed before entering are not counted.
     """
 
-    def __init__(self, ctx=None):
+    def __init__(self, ctx=None, *, peaks: bool = True):
         super().__init__()
         self.ctx = ctx
+        # False: follow the storages' lives only (``current``), no peaks, entries or written
+        # counts: a subclass that records something else (StorageTrace) skips their cost
+        self.peaks = peaks
         self.current = 0
         self._live: dict[int, _Tracked] = {}      # storage key -> what we know of it
         self._peaks: dict[str, Peak] = {}
@@ -140,13 +143,13 @@ class Observer(TorchDispatchMode):
         if self._paused or getattr(_host, "depth", 0):
             return func(*args, **kwargs)
         self._settle()
-        label = self._phase()
+        label = self._phase() if self.peaks else None
         out = func(*args, **kwargs)
         inputs = tensors_in(args, kwargs)
         seen = {t.untyped_storage()._cdata for t in inputs}
         for t in inputs:       # aten-level resizes (resize_, out= of another size) show here
             self._refresh(t.untyped_storage())
-        for k, name, kwarg_only in written_arguments(func):
+        for k, name, kwarg_only in written_arguments(func) if self.peaks else ():
             written = args[k] if k < len(args) and not kwarg_only else kwargs.get(name)
             for t in (written if isinstance(written, (list, tuple)) else [written]):
                 if isinstance(t, torch.Tensor):
@@ -157,7 +160,7 @@ class Observer(TorchDispatchMode):
             if st._cdata not in seen and st._cdata not in self._live:
                 self._born(st, func, t, label)
                 grew = True
-        if grew:
+        if grew and self.peaks:
             self._check_peak(label)
         return out
 
@@ -201,7 +204,8 @@ class Observer(TorchDispatchMode):
         rec = _Tracked()
         rec.ref = weakref.ref(st, lambda _, key=key: self._died(key))
         rec.nbytes = st.nbytes()
-        rec.op, rec.dtype, rec.shape, rec.born = str(func), t.dtype, tuple(t.shape), label
+        if self.peaks:   # what a peak's snapshot lists
+            rec.op, rec.dtype, rec.shape, rec.born = str(func), t.dtype, tuple(t.shape), label
         self._live[key] = rec
         self.current += rec.nbytes
 
@@ -216,7 +220,7 @@ class Observer(TorchDispatchMode):
             grew = st.nbytes() > rec.nbytes
             self.current += st.nbytes() - rec.nbytes
             rec.nbytes = st.nbytes()
-            if grew and not self._paused:
+            if grew and self.peaks and not self._paused:
                 self._check_peak(self._phase())
 
     def _category(self, st: torch.UntypedStorage) -> str | None:

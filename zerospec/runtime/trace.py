@@ -133,7 +133,7 @@ class StorageTrace(Observer):
     ledger's category once the ledger counts it (``""``: a temporary the ledger never counts)."""
 
     def __init__(self, ctx):
-        super().__init__(ctx)
+        super().__init__(ctx, peaks=False)    # the trace is the record; peaks would be unread
         self.trace: list[TraceEvent] = []
         self._alloc_at: dict[int, int] = {}      # live storage key -> its alloc event's index
         self._unnamed: set[int] = set()          # live keys the ledger has not counted (yet)
