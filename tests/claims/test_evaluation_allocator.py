@@ -1,0 +1,50 @@
+"""Figure 6 (C47) with fragmentation: the caching allocator model's OutOfMemory as the fit.
+
+Its own file, apart from test_evaluation.py, only so that pytest-xdist's ``--dist loadfile`` can run
+it on one worker while the rest of the evaluation runs on the other: its search replays some 70
+paper-scale meta steps with their storage traces (minutes on 2 cores), about half of the slow step's
+evaluation time. spec/evaluation.md has the table and says where it parts from the paper.
+"""
+from __future__ import annotations
+
+import pytest
+
+from zerospec.paper.hardware import DGX2
+from zerospec.report import paper_figures as pf
+from zerospec.report import paper_runs as pr
+from zerospec.report.configs import CONFIGS
+from zerospec.report.paper_figures import PAPER_SIZE
+
+PAGE = "spec/evaluation.md"
+
+
+# -- C47 with fragmentation: the allocator's OutOfMemory as the fit ---------------------------------------
+@pytest.mark.slow   # ~70 meta steps of 8–191 layers with storage traces: 3–5 min on 2 cores
+@pytest.mark.claim("C47", status="differs",
+                   page=f"{PAGE}#with-fragmentation-the-allocators-oom-as-the-fit")
+def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(claim_values):
+    """Figure 6 with the caching allocator as the judge: each configuration's largest model is
+    smaller than by the ledger's peak (fragmentation only takes memory away), still in the
+    paper's order C1 < C3 < C2 < C4 < C5. The evidence: L runs; L_a + 1 holds more than 32 GB at
+    its peak; and every L above the answer up to L_a runs out though it never holds more than
+    32 GB — fragmentation (C47)."""
+    from zerospec.report.cached import figure6_replayed
+    fit, cap = figure6_replayed(), DGX2.memory_bytes
+    for n, (L, L_a, seen) in fit.items():
+        assert L <= L_a < pr.figure6()[n][0]
+        assert seen[L].oom is None and seen[L_a + 1].allocated > cap >= seen[L_a].allocated
+        assert all(seen[k].oom is not None and seen[k].allocated <= cap
+                   for k in range(L + 1, L_a + 1))
+    assert sorted(fit, key=lambda n: fit[n][0]) == ["C1", "C3", "C2", "C4", "C5"]
+    claim_values(", ".join(f"{n} {pr.figure6_psi(L) / 1e9:.0f}B" for n, (L, _, _) in fit.items())
+                 + " by the allocator model",
+                 ", ".join(f"{n} {PAPER_SIZE[n]}" for n in CONFIGS) + " (C47; C3 inferred)",
+                 "400 GPUs, MP 16, batch 16, 32 GB, allocator model, meta")
+
+
+@pytest.mark.slow
+def test_figure6_with_fragmentation_table(md_snapshot):
+    """spec/evaluation.md's Figure 6 table by the allocator: per configuration, the ledger-peak
+    search's L and Ψ, L_a, the allocator's L and Ψ, and both against the paper (to 2 decimals)."""
+    from zerospec.report.cached import figure6_replayed_tables
+    assert md_snapshot == pf.bare(figure6_replayed_tables()[0])
