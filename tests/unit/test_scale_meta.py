@@ -1,7 +1,7 @@
 """zerospec.training.scale: a few representative ranks on meta tensors stand exactly for all N.
 
 The central check is ``test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads``: the
-same step run for every one of 64 ranks through the ordinary VirtualCluster (thread rendezvous)
+same step run for every one of 48 ranks through the ordinary VirtualCluster (thread rendezvous)
 gives, rank by rank, the same comm records and memory snapshots as the few representative ranks
 run alone against the meta backend.
 """
@@ -77,9 +77,10 @@ def _assert_same_ledgers(full, scaled, n_d):
 @pytest.mark.parametrize("stage", [
     0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
 def test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads(stage):
-    """64 ranks, a 1-layer model whose units pad unevenly (5 rank classes in stages 1–3; stage 0
-    all-reduces units that 64 does not divide, so ranks send different amounts)."""
-    n_d = 64
+    """48 ranks, a 1-layer model whose units pad unevenly (5 rank classes in stages 1–3: all-real,
+    then ranks with padding in h.0, in the embedding, in ln_f; stage 0 all-reduces units that 48
+    does not divide, so ranks send different amounts)."""
+    n_d = 48
     full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
                              device="meta"))
     scaled = measure(ONE_LAYER, stage, n_d)
