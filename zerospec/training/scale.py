@@ -71,11 +71,16 @@ def rank_classes(units: tuple[Unit, ...], n_d: int, partitioned: bool = True) ->
 
 # -- meta kernels, once per shape ------------------------------------------------------------------
 def _key(x):
+    # every op of a meta step passes here (tens of thousands a step): no generator, no tuple()
+    # of the shape (a torch.Size is a tuple and hashes as one)
     if isinstance(x, torch.Tensor):
-        return ("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device.type)
+        return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.device.type)
     if isinstance(x, (list, tuple)):
-        return (type(x), tuple(_key(y) for y in x))
+        return (type(x), tuple([_key(y) for y in x]))
     return (type(x), x)                        # 1 and 1.0 promote differently: keep the type
+
+
+_RETURNS_ALIAS: dict = {}   # aten op -> whether it returns a view or an input (schema: read once)
 
 
 class MetaKernelCache(TorchDispatchMode):
@@ -88,7 +93,10 @@ class MetaKernelCache(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if any(r.alias_info is not None for r in func._schema.returns):
+        alias = _RETURNS_ALIAS.get(func)
+        if alias is None:
+            alias = _RETURNS_ALIAS[func] = any(r.alias_info is not None for r in func._schema.returns)
+        if alias:
             return func(*args, **kwargs)       # views and in-place ops return their inputs
         try:
             key = (func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
