@@ -133,14 +133,24 @@ def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
 
 def test_rank_processes_import_nothing_while_they_train():
     """The forkserver imports what a rank's step needs (processes.PRELOAD) before it forks, so
-    no rank process pays an import of its own: training stage 0 and stage 3 (the one with the most
-    code) with activation checkpoints (their recompute calls autograd with gradients) imports no
-    module."""
+    no rank process pays an import of its own: training each stage with activation checkpoints
+    (their recompute calls autograd with gradients) imports no module."""
     from zerospec.training.config import TrainConfig
     from zerospec.model.gpt import ODD
     cfgs = [TrainConfig(stage=s, n_d=2, model=ODD, steps=2, checkpoint_activations=1, timeout=30)
-            for s in (0, 3)]
+            for s in range(4)]
     assert launch(workers.imports_while_training, 2, cfgs, timeout=30) == [[], []]
+
+
+def test_the_peers_modules_are_on_the_preload_list_and_exist():
+    """Importing the oracles puts the peers' modules on the forkserver's list; every name on it is
+    an importable module (the forkserver skips one it cannot import without a word)."""
+    import importlib.util
+
+    from zerospec.cluster import processes
+    from zerospec.testing.oracles import PEER_MODULES
+    assert set(PEER_MODULES) <= set(processes.PRELOAD)
+    assert [m for m in processes.PRELOAD if importlib.util.find_spec(m) is None] == []
 
 
 def test_preload_refuses_what_is_not_a_module_name():

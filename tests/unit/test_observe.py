@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from zerospec.cluster.threads import VirtualCluster
@@ -57,6 +58,25 @@ def test_resizing_a_storage_directly_is_seen_and_torch_is_restored_after():
         b = torch.zeros(10)
     assert obs.observation.peaks["run"].bytes == 400 and b.numel() == 10
     assert torch.UntypedStorage.resize_ is original
+
+
+def test_without_peaks_it_still_follows_every_birth_resize_and_death():
+    """``record_peaks=False`` (what a storage trace uses) keeps ``current`` exact through births,
+    direct resizes and deaths, and refuses to report peaks it never recorded."""
+    with Observer(record_peaks=False) as obs:
+        a = torch.zeros(100)            # 400 B
+        b = torch.zeros(50)             # 200 B
+        assert obs.current == 600
+        a.untyped_storage().resize_(0)
+        assert obs.current == 200
+        a.untyped_storage().resize_(40)
+        assert obs.current == 240
+        del a
+        assert obs.current == 200
+    del b
+    assert obs.current == 0
+    with pytest.raises(RuntimeError, match="record_peaks=False"):
+        obs.observation
 
 
 def test_meta_tensors_are_counted_by_their_size():

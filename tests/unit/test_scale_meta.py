@@ -77,14 +77,17 @@ def _assert_same_ledgers(full, scaled, n_d):
 @pytest.mark.parametrize("stage", [
     0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
 def test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads(stage):
-    """48 ranks, a 1-layer model whose units pad unevenly (5 rank classes in stages 1–3: all-real,
-    then ranks with padding in h.0, in the embedding, in ln_f; stage 0 all-reduces units that 48
-    does not divide, so ranks send different amounts)."""
+    """48 ranks, a 1-layer model whose units pad unevenly: in stages 1–3 five rank classes — ranks
+    0–29 all real, 30–44 ln_f padding only, 45 the embedding part padding, 46 the embedding padding
+    only, 47 h.0 part padding; stage 0 all-reduces units that 48 does not divide, so ranks send
+    different amounts. (64 ranks add an h.0 shard of padding only, at a third more threads; the
+    stage code treats every unit alike.)"""
     n_d = 48
     full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
                              device="meta"))
     scaled = measure(ONE_LAYER, stage, n_d)
-    assert len(scaled.classes) == (1 if stage == 0 else 5)
+    assert [(c.ranks.start, c.ranks.stop) for c in scaled.classes] == (
+        [(0, 48)] if stage == 0 else [(0, 30), (30, 45), (45, 46), (46, 47), (47, 48)])
     _assert_same_ledgers(full, scaled, n_d)
     if stage == 0:
         assert len({full.comm.elements(r) for r in range(n_d)}) > 1   # the case is not trivial

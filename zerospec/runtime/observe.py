@@ -110,14 +110,17 @@ class Observer(TorchDispatchMode):
     ``ctx``: anything with ``phase_name``, ``step`` and ``memory`` (a RankContext) — phases are
     labelled as the ledger labels its snapshots and each storage gets the ledger's category; None:
     one phase, ``"run"``, and no categories. Storages that existed before entering are not counted.
+
+    ``record_peaks=False``: follow the storages' lives only (``current``: bytes live now), with no
+    peaks, entries or written counts and no ``observation`` — for a subclass that records something
+    else (:class:`~zerospec.runtime.trace.StorageTrace`), which would otherwise pay for a listing of
+    every live storage at each new peak.
     """
 
-    def __init__(self, ctx=None, *, peaks: bool = True):
+    def __init__(self, ctx=None, *, record_peaks: bool = True):
         super().__init__()
         self.ctx = ctx
-        # False: follow the storages' lives only (``current``), no peaks, entries or written
-        # counts: a subclass that records something else (StorageTrace) skips their cost
-        self.peaks = peaks
+        self.record_peaks = record_peaks
         self.current = 0
         self._live: dict[int, _Tracked] = {}      # storage key -> what we know of it
         self._peaks: dict[str, Peak] = {}
@@ -143,13 +146,13 @@ class Observer(TorchDispatchMode):
         if self._paused or getattr(_host, "depth", 0):
             return func(*args, **kwargs)
         self._settle()
-        label = self._phase() if self.peaks else None
+        label = self._phase() if self.record_peaks else None
         out = func(*args, **kwargs)
         inputs = tensors_in(args, kwargs)
         seen = {t.untyped_storage()._cdata for t in inputs}
         for t in inputs:       # aten-level resizes (resize_, out= of another size) show here
             self._refresh(t.untyped_storage())
-        for k, name, kwarg_only in written_arguments(func) if self.peaks else ():
+        for k, name, kwarg_only in written_arguments(func) if self.record_peaks else ():
             written = args[k] if k < len(args) and not kwarg_only else kwargs.get(name)
             for t in (written if isinstance(written, (list, tuple)) else [written]):
                 if isinstance(t, torch.Tensor):
@@ -160,7 +163,7 @@ class Observer(TorchDispatchMode):
             if st._cdata not in seen and st._cdata not in self._live:
                 self._born(st, func, t, label)
                 grew = True
-        if grew and self.peaks:
+        if grew and self.record_peaks:
             self._check_peak(label)
         return out
 
@@ -199,12 +202,12 @@ class Observer(TorchDispatchMode):
             self._peaks[peak.label] = dataclasses.replace(
                 peak, ledger_bytes=peak.ledger_bytes + late, live=tuple(live))
 
-    def _born(self, st: torch.UntypedStorage, func, t: torch.Tensor, label: str) -> None:
+    def _born(self, st: torch.UntypedStorage, func, t: torch.Tensor, label: str | None) -> None:
         key = st._cdata
         rec = _Tracked()
         rec.ref = weakref.ref(st, lambda _, key=key: self._died(key))
         rec.nbytes = st.nbytes()
-        if self.peaks:   # what a peak's snapshot lists
+        if self.record_peaks:   # what a peak's snapshot lists
             rec.op, rec.dtype, rec.shape, rec.born = str(func), t.dtype, tuple(t.shape), label
         self._live[key] = rec
         self.current += rec.nbytes
@@ -220,7 +223,7 @@ class Observer(TorchDispatchMode):
             grew = st.nbytes() > rec.nbytes
             self.current += st.nbytes() - rec.nbytes
             rec.nbytes = st.nbytes()
-            if grew and self.peaks and not self._paused:
+            if grew and self.record_peaks and not self._paused:
                 self._check_peak(self._phase())
 
     def _category(self, st: torch.UntypedStorage) -> str | None:
@@ -247,6 +250,9 @@ class Observer(TorchDispatchMode):
 
     @property
     def observation(self) -> Observation:
+        if not self.record_peaks:
+            raise RuntimeError("this Observer was made with record_peaks=False: it kept no peaks, "
+                               "entries or written counts to report")
         self._settle()
         return Observation(dict(self._peaks), dict(self._entries),
                            {k: dict(v) for k, v in self._written.items()})

@@ -133,7 +133,7 @@ class StorageTrace(Observer):
     ledger's category once the ledger counts it (``""``: a temporary the ledger never counts)."""
 
     def __init__(self, ctx):
-        super().__init__(ctx, peaks=False)    # the trace is the record; peaks would be unread
+        super().__init__(ctx, record_peaks=False)   # the trace is the record; peaks go unread
         self.trace: list[TraceEvent] = []
         self._alloc_at: dict[int, int] = {}      # live storage key -> its alloc event's index
         self._unnamed: set[int] = set()          # live keys the ledger has not counted (yet)
@@ -165,7 +165,7 @@ class StorageTrace(Observer):
             self.trace.append(TraceEvent("phase", label=snap.label))
         self._marked = len(snapshots)
 
-    def _born(self, st: torch.UntypedStorage, func, t: torch.Tensor, label: str) -> None:
+    def _born(self, st: torch.UntypedStorage, func, t: torch.Tensor, label: str | None) -> None:
         super()._born(st, func, t, label)
         self._alloc(st._cdata, st.nbytes())
 

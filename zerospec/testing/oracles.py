@@ -42,8 +42,8 @@ from ..optim.adam import adam_update, reference_optimizer
 
 # the peers' modules, imported once by the forkserver instead of once by every rank process (alone:
 # torch.distributed.optim 0.74 s, torch.distributed.tensor 0.35 s, fsdp 0.41 s of import)
-processes.preload("torch.nn.parallel", "torch.distributed.optim", "torch.distributed.fsdp",
-                  "torch.distributed.tensor.debug")
+PEER_MODULES = ("torch.distributed.optim", "torch.distributed.fsdp", "torch.distributed.tensor.debug")
+processes.preload(*PEER_MODULES)
 
 PEERS = {0: "DDP", 1: "ZeroRedundancyOptimizer", 2: "FSDP2(reshard_after_forward=False)",
          3: "FSDP2(reshard_after_forward=True)"}
