@@ -42,7 +42,8 @@ from ..optim.adam import adam_update, reference_optimizer
 
 # the peers' modules, imported once by the forkserver instead of once by every rank process (alone:
 # torch.distributed.optim 0.74 s, torch.distributed.tensor 0.35 s, fsdp 0.41 s of import)
-PEER_MODULES = ("torch.distributed.optim", "torch.distributed.fsdp", "torch.distributed.tensor.debug")
+PEER_MODULES = ("torch.distributed.optim", "torch.distributed.fsdp",
+                "torch.distributed.tensor.debug")
 processes.preload(*PEER_MODULES)
 
 PEERS = {0: "DDP", 1: "ZeroRedundancyOptimizer", 2: "FSDP2(reshard_after_forward=False)",
@@ -291,13 +292,13 @@ def compare_rank(ctx, cfg, stages, *, count: bool = True, weights: bool = True,
                  optimizers=("torch",), peer_first: bool = False) -> list[dict]:
     """For each stage: zerospec's run, then its peer's with each optimizer (see :func:`build`);
     ``peer_first``: the peers' runs first (a benchmark alternates the order between rounds)."""
-    from ..cluster.processes import new_context
     out = []
     for k, stage in enumerate(stages):
         c = dataclasses.replace(cfg, stage=stage)
 
         def ours():
-            return _zerospec_rank(ctx if k == 0 else new_context(), c, count=count, weights=weights)
+            return _zerospec_rank(ctx if k == 0 else processes.new_context(), c, count=count,
+                                  weights=weights)
 
         def theirs():
             return {o: run_peer(stage, c, weights=weights, count=count, optimizer=o)
@@ -335,10 +336,9 @@ def compare(cfg, stages=(0, 1, 2, 3), *, count: bool = True, weights: bool = Tru
     """Launch ``cfg.n_d`` gloo processes; one row per stage with zerospec's and each peer's losses
     (mean over ranks, rank order), weights after every step ("unit/param" → tensor), per-step
     collective counts of the last step by phase, and step times (rank 0's)."""
-    from ..cluster.processes import launch
-    per_rank = launch(compare_rank, cfg.n_d, cfg, list(stages), count=count, weights=weights,
-                      optimizers=tuple(optimizers), peer_first=peer_first, timeout=cfg.timeout,
-                      **launch_kw)
+    per_rank = processes.launch(compare_rank, cfg.n_d, cfg, list(stages), count=count,
+                                weights=weights, optimizers=tuple(optimizers),
+                                peer_first=peer_first, timeout=cfg.timeout, **launch_kw)
     rows = []
     for k, stage in enumerate(stages):
         zs = [per_rank[r][k]["zerospec"] for r in range(cfg.n_d)]
