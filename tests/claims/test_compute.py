@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runs import run, stage_id
+from tests.runs import MODELS, run, stage_id
 from zerospec.paper import theory
+from zerospec.report.measure import VARIANTS, ReportConfig
 
 CASES = [pytest.param(n, m, id=f"nd={n}/{m}") for n, m in [(8, "small"), (4, "odd")]]
 
@@ -36,6 +37,20 @@ def test_forward_flops_match_the_matmul_count_and_backward_is_twice_forward(n_d,
     expected = theory.gpt_forward_flops(m.n_layer, m.n_embd, m.vocab_size, r.config.batch // n_d,
                                         m.block_size)
     assert r.ranks[0].flops[0] == {"forward": expected, "backward": 2 * expected}
+
+
+@pytest.mark.parametrize("n_d,model", CASES)
+@pytest.mark.claim("P2")
+def test_a_meta_step_counts_the_flops_of_a_real_step_on_every_rank(n_d, model):
+    """The report's FLOP count (one step on meta tensors, one rank per class) equals, rank by
+    rank, what FlopCounterMode counts in a real step: forward, backward, optimizer elements."""
+    for key, (stage, zero1, _) in VARIANTS.items():
+        real = run(stage, n_d, model, steps=1, count_flops=True, zero1_comm=zero1)
+        cfg = ReportConfig(ranks=n_d, model=MODELS[model], micro_batch=real.config.batch // n_d)
+        meta = cfg.count_flops(key)
+        assert len(meta) == n_d, key
+        assert [(o.flops, o.optim_elements) for o in meta] == \
+               [(o.flops, o.optim_elements) for o in real.ranks], key
 
 
 @pytest.mark.parametrize("stage", range(4))

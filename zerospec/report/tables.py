@@ -102,7 +102,7 @@ def equivalence_table(m: Measurements) -> Table:
 def _flops_of(run: Run) -> list[tuple[int, int, int]]:
     """Per rank: (forward, backward, optimizer elements) of the FLOP-counting run's step."""
     return [(o.flops[-1]["forward"], o.flops[-1]["backward"], o.optim_elements[-1])
-            for o in run.flops.ranks]
+            for o in run.flops]
 
 
 def flops_table(m: Measurements) -> Table:
@@ -123,7 +123,9 @@ def flops_table(m: Measurements) -> Table:
               Fraction(fwd) / theory.forward_flops(run.result.psi, tokens) if fwd else None, same,
               opt, theory.optimizer_elements(run.stage, run.result.psi, n))
     t.notes.append("Counted by torch's FlopCounterMode in a one-step run of the same configuration "
-                   "(counting slows every op, so it is kept out of the timed run); matmuls and "
+                   "on meta tensors (counting slows every op, so it is kept out of the timed run; "
+                   "FLOPs depend on shapes alone, so meta counts what real tensors do, rank by "
+                   "rank: tests/claims/test_compute.py); matmuls and "
                    "attention count, lookups and LayerNorm count 0. Expected: every matmul of the GPT "
                    "at 2 FLOPs per multiply-add (theory.gpt_forward_flops); 2Ψ per token forward, 4Ψ "
                    "backward is the dense-model rule (C-I5). ZeRO partitions state, never the math: "
