@@ -75,7 +75,10 @@ class ReportConfig:
         FLOPs are a function of the ops' shapes alone, so a meta step counts what a real one does
         (tests/claims/test_compute.py checks it rank by rank in every stage) in a fraction of the
         time: on real tensors the mode's Python hooks on every op made the counting step of 32
-        ranks take 1.7–4.3 s, half of the report's measuring, against 0.1 s on meta."""
+        ranks take 1.7–4.3 s, half of the report's measuring, against 0.1 s on meta (once warm:
+        the first meta step in a process pays about 2 s of imports). A meta step computes in
+        fp16, as a GPU would, where the CPU run computes in fp32: its ops' bytes differ, their
+        FLOPs do not."""
         from ..training.scale import measure as measure_meta
         stage, zero1, _ = VARIANTS[key]
         r = measure_meta(self.model, stage, self.ranks, micro_batch=self.micro_batch,
@@ -89,7 +92,8 @@ class Run:
     label: str
     result: Result          # the timed run: memory, comm, losses, weights, timelines
     replay: StepReplay      # its last step replayed on N parallel clocks
-    flops: list[RankOutput]  # per rank: one step of the same configuration under FlopCounterMode
+    flops: list[RankOutput]  # per rank: one step of the same configuration on meta tensors
+    #                          under FlopCounterMode (its losses and masters are meta tensors)
 
     @property
     def stage(self) -> int:
