@@ -59,10 +59,14 @@ def train_with(cfg: TrainConfig, overflow: tuple[int, int] | None = None, **trai
         return train(cfg, **train_kw)
 
 
+def trained(cfg: TrainConfig) -> Result:
+    """The cached ``train(cfg)`` on the thread simulator."""
+    return cached(("threads", cfg, None), lambda: train(cfg))
+
+
 def run(stage: int, n_d: int, model: str = "small", steps: int = STEPS, **kw) -> Result:
     """The claim grid's run of ``stage`` on ``n_d`` virtual GPUs."""
-    cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=steps, **kw)
-    return cached(("threads", cfg, None), lambda: train(cfg))
+    return trained(TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=steps, **kw))
 
 
 def config(stage: int, n_d: int = 4, steps: int = LONG_STEPS, **kw) -> TrainConfig:

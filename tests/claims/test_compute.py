@@ -9,10 +9,9 @@ import pytest
 
 import dataclasses
 
-from tests.runs import MODELS, cached, run, stage_id
+from tests.runs import MODELS, run, stage_id, trained
 from zerospec.paper import theory
 from zerospec.report.measure import VARIANTS, ReportConfig
-from zerospec.training.run import train
 
 CASES = [pytest.param(n, m, id=f"nd={n}/{m}") for n, m in [(8, "small"), (4, "odd")]]
 
@@ -51,8 +50,7 @@ def test_a_meta_step_counts_the_flops_of_a_real_step_on_every_rank(n_d, model, m
     checked on each of its ranks, not told apart from the others)."""
     cfg = ReportConfig(ranks=n_d, model=MODELS[model], micro_batch=micro_batch)
     for key in VARIANTS:
-        real_cfg = dataclasses.replace(cfg.train_config(key), steps=1, count_flops=True)
-        real = cached(("threads", real_cfg, None), lambda: train(real_cfg))
+        real = trained(dataclasses.replace(cfg.train_config(key), steps=1, count_flops=True))
         meta = cfg.count_flops(key)
         assert len(meta) == n_d, key
         assert [(o.flops, o.optim_elements) for o in meta] == \

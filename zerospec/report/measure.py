@@ -21,6 +21,7 @@ from ..training.result import Result
 from ..training.step import RankOutput
 from ..training.config import TrainConfig
 from ..training.run import train
+from ..training.scale import measure as measure_meta
 
 
 def _variant(stage: int, zero1_comm: str = "reduce_scatter") -> tuple[int, str, str]:
@@ -79,7 +80,6 @@ class ReportConfig:
         the first meta step in a process pays about 2 s of imports). A meta step computes in
         fp16, as a GPU would, where the CPU run computes in fp32: its ops' bytes differ, their
         FLOPs do not."""
-        from ..training.scale import measure as measure_meta
         stage, zero1, _ = VARIANTS[key]
         r = measure_meta(self.model, stage, self.ranks, micro_batch=self.micro_batch,
                          zero1_comm=zero1, count_flops=True)
@@ -118,8 +118,7 @@ def setup_model_states(stage: int, n_d: int, model: GPTConfig = SMALL, zero1_com
     """Per-rank model-state bytes right after set-up, measured on ``meta`` tensors by
     :func:`zerospec.training.scale.measure` (the unchanged per-rank step, one rank per padding class).
     Default ranks: rank 0 and the last rank."""
-    from ..training.scale import measure
-    r = measure(model, stage, n_d, zero1_comm=zero1_comm, setup_only=True)
+    r = measure_meta(model, stage, n_d, zero1_comm=zero1_comm, setup_only=True)
     return {k: r.model_states(k) for k in (ranks if ranks is not None else sorted({0, n_d - 1}))}
 
 
@@ -128,7 +127,6 @@ def zero_r_options(cfg: ReportConfig) -> dict:
     """ZeRO-R option -> one step of ZeRO-3 on meta tensors with it (zerospec.training.scale), the
     report's model and micro-batch: no checkpointing; a checkpoint per block; P_a and P_a+cpu at
     N_m = 2 on N_d = ⌊N/2⌋ (only when the heads split in two)."""
-    from ..training.scale import measure as measure_meta
     kw = dict(micro_batch=cfg.micro_batch)
     out = {"none": measure_meta(cfg.model, 3, cfg.ranks, **kw),
            "checkpoints": measure_meta(cfg.model, 3, cfg.ranks, checkpoint_activations=1, **kw)}
