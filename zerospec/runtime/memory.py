@@ -77,17 +77,21 @@ class MemoryLedger:
 
     def track(self, category: str, t: torch.Tensor) -> torch.Tensor:
         """Count an existing tensor's whole storage under ``category``."""
+        storage = t.untyped_storage()
+        self.count_storage(category, storage._cdata, storage.nbytes())
+        return t
+
+    def count_storage(self, category: str, key: int, nbytes: int) -> None:
+        """:meth:`track` for the storage with :func:`storage_key` ``key`` and size ``nbytes``, by
+        a caller that has both at hand (the saved-tensor hooks, once per saved activation)."""
         if category not in _KNOWN:
             raise ValueError(f"unknown memory category {category!r}; accepted: {', '.join(CATEGORIES)}")
-        key = storage_key(t)
         if key in self._live:
             raise ValueError(f"storage already counted under {self._live[key][0]!r}")
-        nbytes = t.untyped_storage().nbytes()
         self._live[key] = (category, nbytes)
         self._add(category, nbytes)
         if self.trace is not None:
             self.trace.append(TraceEvent("alloc", key, nbytes, category))
-        return t
 
     def free(self, t: torch.Tensor) -> None:
         """Release a counted tensor; freeing what was never allocated is an error."""
@@ -95,6 +99,10 @@ class MemoryLedger:
         if key not in self._live:
             raise ValueError(f"free of a tensor this ledger never allocated (shape {tuple(t.shape)}, "
                              f"{t.dtype}) on {self.device}")
+        self.free_storage(key)
+
+    def free_storage(self, key: int) -> None:
+        """:meth:`free` by :func:`storage_key` (of a storage counted here)."""
         category, nbytes = self._live.pop(key)
         self._add(category, -nbytes)
         if self.trace is not None:

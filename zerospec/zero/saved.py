@@ -1,10 +1,13 @@
 """What autograd saves for backward: parameters as references, activations counted in the ledger.
 
 :class:`SavedTensors` is one micro-step's pair of ``saved_tensors_hooks``. When autograd saves a
-view of a parameter (a view of a fetched unit's fp32 leaf), the pack hook stores a
-:class:`ParamRef` (use, size, stride, offset) instead of the data; the unpack hook rebuilds the
-view from whatever the :class:`Use` holds at that point of its lifecycle (:class:`UseState`) — in
-stage 3 it gathers the unit again (the re-gather of C24/C57, in reverse order) and casts it again.
+view of a parameter (a view of a fetched unit's fp32 leaf) of a unit the stage does not keep
+(stage 3), the pack hook stores a :class:`ParamRef` (use, size, stride, offset) instead of the
+data; the unpack hook rebuilds the view from whatever the :class:`Use` holds at that point of its
+lifecycle (:class:`UseState`): it gathers the unit again (the re-gather of C24/C57, in reverse
+order) and casts it again. A unit the stage keeps (stages 0–2) is read in backward from the
+forward's own cast, so its views are stored as they are (:class:`KeptView`); both kinds count
+the use's saved views, which is how the cast is freed once backward is done with it.
 Every other saved tensor is an activation: counted in the memory ledger once per storage
 (:class:`Activation`), released when backward has unpacked it as often as forward packed it —
 under ``"activations"``, or the category :meth:`SavedTensors.counting` names (activation
@@ -49,10 +52,21 @@ class Use:
 
     unit: int
     leaf: torch.Tensor                  # the forward's fp32 cast: autograd's leaf for this use
+    resident: bool = False              # the stage keeps the unit (stages 0–2): backward reads
+    #                                     this use's own cast, so saved views are kept as they are
     state: UseState = UseState.FORWARD
     refs: int = 0                       # saved views not yet unpacked
     full16: torch.Tensor | None = None  # the stage's fp16 vector, while backward needs it
     cast: torch.Tensor | None = None    # the fp32 values backward's views read
+
+
+class KeptView(NamedTuple):   # a tuple: made for every saved parameter view (hot path)
+    """What the pack hook stores for a saved view of a resident unit's parameters: the view itself
+    (backward reads the forward's own cast, CAST_KEPT), and the version it was saved at."""
+
+    use: Use
+    view: torch.Tensor
+    version: int
 
 
 class ParamRef(NamedTuple):   # a tuple: made for every saved parameter view (hot path)
@@ -70,6 +84,7 @@ class Activation:
     """A saved non-parameter storage: counted once in the ledger, freed at its last unpack."""
 
     tensor: torch.Tensor
+    key: int                     # its storage_key
     unpacks_left: int = 1
 
 
@@ -103,36 +118,39 @@ class SavedTensors:
             self.category = before
 
     def pack(self, t: torch.Tensor):
-        key = storage_key(t)
+        storage = t.untyped_storage()
+        key = storage._cdata             # storage_key(t), with the storage at hand for its size
         use = self.uses.get(key)
         if use is not None:
             use.refs += 1
+            if use.resident:
+                return KeptView(use, t, t._version)
             return ParamRef(use, t.size(), t.stride(), t.storage_offset(), t._version)
         act = self.activations.get(key)
         if act is None:
-            self.activations[key] = Activation(t)
-            self.memory.track(self.category, t)
+            act = self.activations[key] = Activation(t, key)
+            self.memory.count_storage(self.category, key, storage.nbytes())
         else:
             act.unpacks_left += 1
-        return t
+        return act, t      # a plain tuple (the refs are named ones): unpack needs no lookup
 
     def unpack(self, packed):
-        if not isinstance(packed, ParamRef):
-            key = storage_key(packed)
-            act = self.activations[key]
+        if type(packed) is tuple:
+            act, t = packed
             act.unpacks_left -= 1
             if act.unpacks_left == 0:
-                self.memory.free(act.tensor)
-                del self.activations[key]
-            return packed
+                self.memory.free_storage(act.key)
+                del self.activations[act.key]
+            return t
+        if type(packed) is KeptView:
+            use = packed.use
+            self._check_version(use, packed.version)
+            use.refs -= 1
+            if use.refs == 0:
+                self._released(use)
+            return packed.view
         use = packed.use
-        if use.leaf._version != packed.version:
-            # autograd's own check for saved tensors, which the reference bypasses: backward
-            # must not see (stages 0–2, which reuse the forward's cast) or miss (stage 3, which
-            # casts again) an in-place write made after the save
-            raise RuntimeError(f"a parameter of unit {self.units[use.unit].name!r} was modified in "
-                               f"place after autograd saved it for backward (version "
-                               f"{packed.version} -> {use.leaf._version})")
+        self._check_version(use, packed.version)
         if use.state in (UseState.SAVED, UseState.UNIT_KEPT):
             if use.state is UseState.SAVED:
                 use.full16 = self.stage.acquire(use.unit)
@@ -141,14 +159,27 @@ class SavedTensors:
         view = use.cast.as_strided(packed.size, packed.stride, packed.offset)
         use.refs -= 1
         if use.refs == 0:
-            if use.full16 is not None:
-                self.stage.release(use.unit, use.full16)
-            use.full16 = use.cast = None
-            use.state = UseState.RELEASED
+            self._released(use)
         return view
+
+    def _check_version(self, use: Use, version: int) -> None:
+        if use.leaf._version != version:
+            # autograd's own check for saved tensors, which the hooks bypass: backward must not
+            # see (stages 0–2, which reuse the forward's cast) or miss (stage 3, which casts
+            # again) an in-place write made after the save
+            raise RuntimeError(f"a parameter of unit {self.units[use.unit].name!r} was modified in "
+                               f"place after autograd saved it for backward (version "
+                               f"{version} -> {use.leaf._version})")
+
+    def _released(self, use: Use) -> None:
+        """The last saved view of ``use`` is unpacked: nothing is held for backward any more."""
+        if use.full16 is not None:
+            self.stage.release(use.unit, use.full16)
+        use.full16 = use.cast = None
+        use.state = UseState.RELEASED
 
     def release_unconsumed(self) -> None:
         """After backward: free activations saved but never unpacked (a branch backward skipped)."""
-        for act in self.activations.values():
-            self.memory.free(act.tensor)
+        for key in self.activations:
+            self.memory.free_storage(key)
         self.activations.clear()
