@@ -77,8 +77,7 @@ class MemoryLedger:
 
     def track(self, category: str, t: torch.Tensor) -> torch.Tensor:
         """Count an existing tensor's whole storage under ``category``."""
-        storage = t.untyped_storage()
-        self.count_storage(category, storage._cdata, storage.nbytes())
+        self.count_storage(category, storage_key(t), t.untyped_storage().nbytes())
         return t
 
     def count_storage(self, category: str, key: int, nbytes: int) -> None:

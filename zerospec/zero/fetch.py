@@ -62,7 +62,7 @@ class ParamFetcher:
         unit = self.units[i]
         full16 = self.stage.acquire(i)
         leaf = unit_cast(full16, unit.numel, self.compute_dtype).requires_grad_(True)
-        use = Use(i, leaf, self.stage.is_resident(i))
+        use = Use(i, leaf, resident=self.stage.is_resident(i))
         self.saved.add_use(use)
         self._n_uses[i] += 1
         try:
