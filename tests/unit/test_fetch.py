@@ -131,3 +131,57 @@ def test_a_use_nothing_was_saved_from_is_released_when_its_block_ends():
             return p["b"].sum() + p["a"].sum()
     (use,) = _run(forward).fetcher.saved.uses.values()
     assert use.refs == 0 and use.state is UseState.RELEASED
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["stages0-2", "stage3"])
+def test_a_second_backward_over_one_graph_is_refused_not_read_from_freed_memory(resident):
+    """retain_graph=True: the saved parameter views were freed by the first backward."""
+    stage = _Stage()
+    stage.resident = resident
+    fetcher = ParamFetcher(stage, torch.float32)
+    with fetcher.hooks():
+        loss = _square(fetcher.fetch)
+    fetcher.end_forward()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="unit 'u'.s parameters saved for backward was already freed"):
+        loss.backward()
+
+
+def test_a_second_backward_over_a_saved_activation_is_refused():
+    """The same for an activation: counted once, freed at its last unpack, not unpacked again."""
+    stage = _Stage()
+    fetcher = ParamFetcher(stage, torch.float32)
+    with fetcher.hooks():
+        with fetcher.fetch(0) as p:
+            h = p["a"] * 3.0                  # an activation (mul by a scalar saves nothing)
+            loss = (h * h).sum()              # saves h twice
+    fetcher.end_forward()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="an activation saved for backward was already freed"):
+        loss.backward()
+
+
+def test_views_of_one_activation_storage_are_counted_once_at_the_storage_s_size():
+    """Two views of one 8-element storage, each saved twice: 32 bytes while saved, 0 after."""
+    seen = []
+
+    def forward(fetch):
+        with fetch(0) as p:
+            big = torch.cat([p["a"], p["b"], p["a"]])      # one new storage of 8 fp32
+            y = (big[:4] * big[:4]).sum() + (big[4:] * big[4:]).sum()
+        seen.append(fetch.__self__.saved.memory.current["activations"])
+        return y
+    stage = _run(forward)
+    memory = stage.ctx.memory
+    assert seen == [32] and memory.peak["activations"] == 32 and memory.current["activations"] == 0
+
+
+def test_an_activation_backward_never_reads_is_freed_after_backward():
+    """A branch the loss does not use saved an activation: released after backward, not kept."""
+    def forward(fetch):
+        with fetch(0) as p:
+            h = p["a"] * 3.0
+            (h * h).sum()                     # saves h; its node is never run by backward
+            return p["a"].sum() + p["b"].sum()
+    memory = _run(forward).ctx.memory
+    assert memory.peak["activations"] == 12 and memory.current["activations"] == 0

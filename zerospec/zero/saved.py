@@ -137,6 +137,8 @@ class SavedTensors:
     def unpack(self, packed):
         if type(packed) is tuple:
             act, t = packed
+            if act.unpacks_left == 0:
+                raise _freed("an activation")
             act.unpacks_left -= 1
             if act.unpacks_left == 0:
                 self.memory.free_storage(act.key)
@@ -144,12 +146,14 @@ class SavedTensors:
             return t
         if type(packed) is KeptView:
             use = packed.use
+            self._check_live(use)
             self._check_version(use, packed.version)
             use.refs -= 1
             if use.refs == 0:
                 self._released(use)
             return packed.view
         use = packed.use
+        self._check_live(use)
         self._check_version(use, packed.version)
         if use.state in (UseState.SAVED, UseState.UNIT_KEPT):
             if use.state is UseState.SAVED:
@@ -161,6 +165,10 @@ class SavedTensors:
         if use.refs == 0:
             self._released(use)
         return view
+
+    def _check_live(self, use: Use) -> None:
+        if use.state is UseState.RELEASED:   # every saved view of the use was unpacked already
+            raise _freed(f"unit {self.units[use.unit].name!r}'s parameters")
 
     def _check_version(self, use: Use, version: int) -> None:
         if use.leaf._version != version:
@@ -183,3 +191,11 @@ class SavedTensors:
         for key in self.activations:
             self.memory.free_storage(key)
         self.activations.clear()
+
+
+def _freed(what: str) -> RuntimeError:
+    """Backward over the same graph a second time (``retain_graph=True``): what the first one
+    unpacked was freed as it went, as autograd frees saved tensors without the flag."""
+    return RuntimeError(f"trying to backward through the graph a second time: {what} saved for "
+                        f"backward was already freed by the first backward (zerospec frees saved "
+                        f"tensors as backward consumes them; retain_graph=True is not supported)")
