@@ -50,14 +50,18 @@ class UseState(enum.Enum):
 class Use:
     """One forward use of unit ``unit`` (one fetch block) and what backward still needs of it."""
 
+    # the tensors stay out of repr: printing a Use whose cast was freed (storage resized to 0)
+    # would read freed memory
     unit: int
-    leaf: torch.Tensor                  # the forward's fp32 cast: autograd's leaf for this use
+    leaf: torch.Tensor = dataclasses.field(repr=False)   # the forward's fp32 cast: autograd's leaf
     resident: bool = False              # the stage keeps the unit (stages 0–2): backward reads
     #                                     this use's own cast, so saved views are kept as they are
     state: UseState = UseState.FORWARD
     refs: int = 0                       # saved views not yet unpacked
-    full16: torch.Tensor | None = None  # the stage's fp16 vector, while backward needs it
-    cast: torch.Tensor | None = None    # the fp32 values backward's views read
+    full16: torch.Tensor | None = dataclasses.field(default=None, repr=False)  # the stage's fp16
+    #                                     vector, while backward needs it
+    cast: torch.Tensor | None = dataclasses.field(default=None, repr=False)    # the fp32 values
+    #                                     backward's views read
 
 
 class KeptView(NamedTuple):   # a tuple: made for every saved parameter view (hot path)
