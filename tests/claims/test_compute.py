@@ -5,9 +5,9 @@ backward. Attention is written out as matmuls (model.py), so it is counted.
 """
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
+
+import pytest
 
 from tests.runs import MODELS, run, stage_id, trained
 from zerospec.paper import theory

@@ -148,47 +148,32 @@ class SavedTensors:
                 self.memory.free_storage(act.key)
                 del self.activations[act.key]
             return t
-        if type(packed) is KeptView:
-            use = packed.use
-            self._check_live(use)
-            self._check_version(use, packed.version)
-            use.refs -= 1
-            if use.refs == 0:
-                self._released(use)
-            return packed.view
         use = packed.use
-        self._check_live(use)
-        self._check_version(use, packed.version)
-        if use.state in (UseState.SAVED, UseState.UNIT_KEPT):
-            if use.state is UseState.SAVED:
-                use.full16 = self.stage.acquire(use.unit)
-            use.cast = unit_cast(use.full16, self.units[use.unit].numel, self.compute_dtype)
-            use.state = UseState.REGATHERED
-        view = use.cast.as_strided(packed.size, packed.stride, packed.offset)
-        use.refs -= 1
-        if use.refs == 0:
-            self._released(use)
-        return view
-
-    def _check_live(self, use: Use) -> None:
         if use.state is UseState.RELEASED:   # every saved view of the use was unpacked already
             raise _freed(f"unit {self.units[use.unit].name!r}'s parameters")
-
-    def _check_version(self, use: Use, version: int) -> None:
-        if use.leaf._version != version:
+        if use.leaf._version != packed.version:
             # autograd's own check for saved tensors, which the hooks bypass: backward must not
             # see (stages 0–2, which reuse the forward's cast) or miss (stage 3, which casts
             # again) an in-place write made after the save
             raise RuntimeError(f"a parameter of unit {self.units[use.unit].name!r} was modified in "
                                f"place after autograd saved it for backward (version "
-                               f"{version} -> {use.leaf._version})")
-
-    def _released(self, use: Use) -> None:
-        """The last saved view of ``use`` is unpacked: nothing is held for backward any more."""
-        if use.full16 is not None:
-            self.stage.release(use.unit, use.full16)
-        use.full16 = use.cast = None
-        use.state = UseState.RELEASED
+                               f"{packed.version} -> {use.leaf._version})")
+        if type(packed) is KeptView:
+            view = packed.view
+        else:
+            if use.state in (UseState.SAVED, UseState.UNIT_KEPT):
+                if use.state is UseState.SAVED:
+                    use.full16 = self.stage.acquire(use.unit)
+                use.cast = unit_cast(use.full16, self.units[use.unit].numel, self.compute_dtype)
+                use.state = UseState.REGATHERED
+            view = use.cast.as_strided(packed.size, packed.stride, packed.offset)
+        use.refs -= 1
+        if use.refs == 0:
+            if use.full16 is not None:
+                self.stage.release(use.unit, use.full16)
+            use.full16 = use.cast = None
+            use.state = UseState.RELEASED
+        return view
 
     def release_unconsumed(self) -> None:
         """After backward: free activations saved but never unpacked (a branch backward skipped)."""
