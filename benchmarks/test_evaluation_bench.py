@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerospec.report import paper_figures as pf
 from zerospec.report import paper_runs as pr
+from zerospec.runtime.dispatch import DispatchMode
 
 BUDGET = 60.0
 
@@ -46,9 +46,10 @@ def test_figure_reproduction_from_cold(figure, benchmark, capsys):
 OPS_TARGET = 1.35
 
 
-class _NoOps(TorchDispatchMode):
+class _NoOps(DispatchMode):
     """The baseline: a dispatch mode that passes every op on and records nothing, in the
-    OpCounter's place, so the ratio is the op observer's own work (FlopCounterMode stays)."""
+    OpCounter's place, so the ratio is the op observer's own work (FlopCounterMode stays); on the
+    OpCounter's base, so torch wraps neither (runtime/dispatch.py)."""
 
     def __init__(self):
         super().__init__()

@@ -32,7 +32,8 @@ import weakref
 from collections import defaultdict
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from .dispatch import DispatchMode
 
 
 _host = threading.local()   # how deep this thread is in off_device() blocks
@@ -104,7 +105,7 @@ class _Tracked:
     __slots__ = ("ref", "nbytes", "op", "dtype", "shape", "born")
 
 
-class Observer(TorchDispatchMode):
+class Observer(DispatchMode):
     """Observe one thread's storages: ``with Observer(ctx) as obs: ...`` then ``obs.observation``.
 
     ``ctx``: anything with ``phase_name``, ``step`` and ``memory`` (a RankContext) — phases are

@@ -36,9 +36,9 @@ from collections import Counter
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from .dispatch import DispatchMode
 from .memory import storage_key
 from .observe import tensors_in, written_arguments
 
@@ -139,7 +139,7 @@ def _record(f: _Facts, args: tuple, kwargs: dict, out) -> Op:
     return Op(f.name, flops, _nbytes((args, kwargs)), _nbytes(out))
 
 
-class OpCounter(TorchDispatchMode):
+class OpCounter(DispatchMode):
     """``with OpCounter() as c: ...`` then ``c.ops``: a Counter of :class:`Op` tuples."""
 
     def __init__(self):

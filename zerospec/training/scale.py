@@ -37,10 +37,10 @@ import dataclasses
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..runtime.context import RankContext
+from ..runtime.dispatch import DispatchMode
 from ..comm.groups import Grid
 from ..comm.interconnect import Interconnect
 from ..comm.ledger import CommLedger
@@ -83,7 +83,7 @@ def _key(x):
 _RETURNS_ALIAS: dict = {}   # aten op -> whether it returns a view or an input (schema: read once)
 
 
-class MetaKernelCache(TorchDispatchMode):
+class MetaKernelCache(DispatchMode):
     """Answer repeated meta ops that return fresh tensors from their remembered output metadata."""
 
     def __init__(self):
