@@ -113,6 +113,16 @@ def test_the_kernel_cache_answers_repeated_ops():
     assert v.untyped_storage()._cdata == x.untyped_storage()._cdata
 
 
+def test_the_kernel_cache_runs_an_op_that_returns_its_inputs_storage_every_time():
+    """_unsafe_view returns its input's storage under a schema that promises a fresh tensor: the
+    cache never answers it, however often it repeats (a fresh answer would be bytes no GPU holds)."""
+    x = torch.empty(4, 6, device="meta")
+    with scale_mod.MetaKernelCache() as cache:
+        views = [torch.ops.aten._unsafe_view.default(x, [6, 4]) for _ in range(3)]
+    assert {v.untyped_storage()._cdata for v in views} == {x.untyped_storage()._cdata}
+    assert cache.hits == 0
+
+
 def test_the_kernel_cache_answers_a_repeat_in_the_shape_of_the_first_answer():
     """Repeats of ops returning several tensors (a tuple: layer norm's three, max's values and
     indices; a list: a foreach op) come back as the first answers did, tensor by tensor."""

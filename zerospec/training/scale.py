@@ -81,6 +81,7 @@ def _key(x):
 
 
 _RETURNS_ALIAS: dict = {}   # aten op -> whether it returns a view or an input (schema: read once)
+_UNCACHEABLE = object()     # a key whose output is not a fresh tensor (decided by the key alone)
 
 
 class MetaKernelCache(DispatchMode):
@@ -102,6 +103,8 @@ class MetaKernelCache(DispatchMode):
             key = (func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
             hit = self.cache.get(key)
         except TypeError:                      # an unhashable argument: just run the kernel
+            return func(*args, **kwargs)
+        if hit is _UNCACHEABLE:                # seen before: its output is not a fresh tensor
             return func(*args, **kwargs)
         if hit is not None:
             self.hits += 1
@@ -128,6 +131,7 @@ class MetaKernelCache(DispatchMode):
         for o in outs:
             if not isinstance(o, torch.Tensor):
                 if o is not None and type(o) not in (bool, int, float):
+                    self.cache[key] = _UNCACHEABLE
                     return
                 metas.append(("V", o))
                 continue
@@ -135,7 +139,8 @@ class MetaKernelCache(DispatchMode):
             if (o.device.type != "meta" or o.storage_offset() != 0
                     or o.untyped_storage()._cdata in inputs
                     or o.untyped_storage().nbytes() != fresh.untyped_storage().nbytes()):
-                return                         # not a plain fresh tensor: never cache this op
+                self.cache[key] = _UNCACHEABLE   # not a plain fresh tensor (_unsafe_view's
+                return                         # output is its input's storage): run it each time
             metas.append(("T", tuple(o.shape), o.stride(), o.dtype))
         self.cache[key] = (metas, spec)
 
