@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
 from ..model.presets import gpt
 from ..paper import evaluation as ev
@@ -31,12 +32,29 @@ from .timing import StepTime, step_time
 BASELINE_KW = dict(checkpoint_activations=1)      # Megatron-LM: checkpoints, no ZeRO-R
 
 
+def memoised(fn):
+    """``functools.lru_cache`` keyed on the arguments as bound, defaults filled in: lru_cache alone
+    keys ``step(r, "zero")`` and ``step(r, "zero", None)`` apart, and so measured the same
+    paper-scale step once per way of calling it (36 s of the slow tests' CPU). ``cache_clear`` as
+    lru_cache's."""
+    signature = inspect.signature(fn)
+    memo = functools.lru_cache(maxsize=None)(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return memo(*bound.args, **bound.kwargs)
+    call.cache_clear, call.cache_info = memo.cache_clear, memo.cache_info
+    return call
+
+
 def zero_config(run: ev.Run) -> ZeroConfig:
     """The configuration ZeRO's rows run as: C4, or C3 at MP 1 (no MP group for P_a)."""
     return CONFIGS["C4" if run.mp > 1 else "C3"]
 
 
-@functools.lru_cache(maxsize=None)
+@memoised
 def step(run: ev.Run, how: str = "zero", config: str | None = None) -> ScaleResult:
     """One meta step of ``run`` with FLOPs: ``how`` "zero" (``config``, else :func:`zero_config`)
     or "baseline" (stage 0 over the row's N_d × MP grid, module doc)."""
@@ -73,7 +91,7 @@ class Timed:
         return self.peak <= DGX2.memory_bytes
 
 
-@functools.lru_cache(maxsize=None)
+@memoised
 def timed(run: ev.Run, how: str = "zero", config: str | None = None,
           machine: Machine = DGX2) -> Timed:
     r = step(run, how, config)
@@ -120,7 +138,7 @@ def figure4_rows() -> list[Timed]:
     return [timed(r) if r.who == "ZeRO" else timed(r, "baseline") for r in ev.FIGURE4]
 
 
-@functools.lru_cache(maxsize=None)
+@memoised
 def baseline_batch(run: ev.Run, capacity: int = DGX2.memory_bytes) -> int:
     """The most sequences per GPU the baseline (stage 0) fits for ``run``'s model and grid
     (fit.max_micro_batch); 0: not even one."""
@@ -128,7 +146,7 @@ def baseline_batch(run: ev.Run, capacity: int = DGX2.memory_bytes) -> int:
                            **BASELINE_KW)
 
 
-@functools.lru_cache(maxsize=None)
+@memoised
 def dp_limit(how: str, hd: int, heads: int, batch: int, gpus: int = 128,
              capacity: int = DGX2.memory_bytes) -> DPLimit:
     """The most layers (hidden ``hd``) whose step, without MP, peaks within ``capacity`` on
@@ -151,7 +169,7 @@ def figure4_limits() -> list[DPLimit]:
 
 
 # -- Figure 6 (C47) and Figure 8 (C49) ---------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@memoised
 def figure6() -> dict[str, tuple[int, int, int]]:
     """Per configuration: (the most layers at hidden 8192 that fit 32 GB at 400 GPUs, MP 16,
     16 sequences per GPU; the measured peak at L; at L + 1)."""
