@@ -33,11 +33,15 @@ def peak(result: ScaleResult, rank: int = 0, states_only: bool = False) -> int:
     return result.model_states(rank) if states_only else result.memory(rank).peak_total
 
 
-def max_micro_batch(model, stage: int, n_d: int, capacity: int, **kw) -> int:
+def max_micro_batch(model, stage: int, n_d: int, capacity: int, seen: dict | None = None,
+                    **kw) -> int:
     """The most sequences per GPU (per MP group with N_m > 1) whose step peaks within
-    ``capacity`` bytes on every rank class; ``kw`` as :func:`measure` (n_m, P_a, …)."""
+    ``capacity`` bytes on every rank class; ``kw`` as :func:`measure` (n_m, P_a, …). ``seen``, if
+    given, receives each measured step by batch, the answer's among them (not measured again)."""
+    seen = {} if seen is None else seen
+
     def fits(b: int) -> bool:
-        r = measure(model, stage, n_d, micro_batch=b, **kw)
+        r = seen[b] = measure(model, stage, n_d, micro_batch=b, **kw)
         return all(c.memory.peak_total <= capacity for c in r.classes)
     return largest(fits)
 
