@@ -150,9 +150,10 @@ class Observer(DispatchMode):
         label = self._phase() if self.record_peaks else None
         out = func(*args, **kwargs)
         inputs = tensors_in(args, kwargs)
-        seen = {t.untyped_storage()._cdata for t in inputs}
-        for t in inputs:       # aten-level resizes (resize_, out= of another size) show here
-            self._refresh(t.untyped_storage())
+        storages = [t.untyped_storage() for t in inputs]   # a new Python object per call: once
+        seen = {st._cdata for st in storages}
+        for st in storages:    # aten-level resizes (resize_, out= of another size) show here
+            self._refresh(st)
         for k, name, kwarg_only in written_arguments(func) if self.record_peaks else ():
             written = args[k] if k < len(args) and not kwarg_only else kwargs.get(name)
             for t in (written if isinstance(written, (list, tuple)) else [written]):

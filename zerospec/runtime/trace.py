@@ -192,11 +192,11 @@ class StorageTrace(Observer):
         to an allocator, its old block is freed and a block of the new size is taken."""
         key = st._cdata
         rec = self._live.get(key)
-        old = rec.nbytes if rec is not None else None
+        if rec is None or rec.nbytes == st.nbytes():   # not one of ours, or not resized: most calls
+            return
         super()._refresh(st)
-        if old is not None and old != st.nbytes():
-            if key in self._alloc_at:
-                self._free(key)
-            if st.nbytes():
-                self._mark()
-                self._alloc(key, st.nbytes())
+        if key in self._alloc_at:
+            self._free(key)
+        if st.nbytes():
+            self._mark()
+            self._alloc(key, st.nbytes())
