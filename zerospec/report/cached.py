@@ -18,7 +18,6 @@ first that fits, every L above it up to L_a measured to run out.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from ..model.presets import gpt
 from ..paper import evaluation as ev
@@ -27,6 +26,7 @@ from ..runtime.trace import OOMPoint, replay
 from ..training.scale import measure
 from .configs import CONFIGS, FIG6, ZeroConfig
 from .format import Table
+from .paper_runs import memoised
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *,
                       samples=free[0].samples if samples else None)
 
 
-@functools.lru_cache(maxsize=None)
+@memoised
 def figure7(size: str, capacity: int | None = DGX2.memory_bytes,
             samples: bool = False) -> dict[str, StepMemory]:
     """Figure 7's run ``size`` ("40B": 50 × 8192 at 16 sequences per GPU; "100B": 125 × 8192 at
@@ -124,7 +124,7 @@ def figure7_tables() -> list[Table]:
     return [t]
 
 
-@functools.lru_cache(maxsize=None)
+@memoised
 def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
     """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
     model at 400 GPUs, MP 16, 16 per GPU; L_a, the most whose allocated peak is within 32 GB;

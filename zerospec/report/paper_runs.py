@@ -36,7 +36,7 @@ def memoised(fn):
     """``functools.lru_cache`` keyed on the arguments as bound, defaults filled in: lru_cache alone
     keys ``step(r, "zero")`` and ``step(r, "zero", None)`` apart, and so measured the same
     paper-scale step once per way of calling it (36 s of the slow tests' CPU). ``cache_clear`` as
-    lru_cache's."""
+    lru_cache's. The report's cached paper-scale runs all go through it (here and cached.py)."""
     signature = inspect.signature(fn)
     memo = functools.lru_cache(maxsize=None)(fn)
 
