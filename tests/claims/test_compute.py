@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from tests.runs import MODELS, run, stage_id, trained
+from tests.runs import MODELS, run, sizes, stage_id, trained, wider
 from zerospec.paper import theory
 from zerospec.report.measure import VARIANTS, ReportConfig
 
@@ -41,7 +41,8 @@ def test_forward_flops_match_the_matmul_count_and_backward_is_twice_forward(n_d,
     assert r.ranks[0].flops[0] == {"forward": expected, "backward": 2 * expected}
 
 
-@pytest.mark.parametrize("n_d,model,micro_batch", [(8, "small", 2), (4, "odd", 3)])
+@pytest.mark.parametrize("n_d,model,micro_batch", [pytest.param(8, "small", 2, marks=wider(8)),
+                                                    (4, "odd", 3)])
 @pytest.mark.claim("P2")
 def test_a_meta_step_counts_the_flops_of_a_real_step_on_every_rank(n_d, model, micro_batch):
     """The report's FLOP count (one step on meta tensors, one rank per class) equals what
@@ -57,10 +58,11 @@ def test_a_meta_step_counts_the_flops_of_a_real_step_on_every_rank(n_d, model, m
                [(o.flops, o.optim_elements) for o in real.ranks], key
 
 
+@pytest.mark.parametrize("n_d", sizes(4, 8))
 @pytest.mark.parametrize("stage", range(4))
 @pytest.mark.claim("C7")
-def test_optimizer_step_touches_psi_elements_in_dp_and_psi_over_n_otherwise(stage):
+def test_optimizer_step_touches_psi_elements_in_dp_and_psi_over_n_otherwise(stage, n_d):
     """Rank i updates only its 1/N_d partition (C7): Ψ elements at stage 0, Ψ_p/N_d at stages 1–3."""
-    r = run(stage, 8)
-    expected = r.psi if stage == 0 else r.psi_padded // 8
+    r = run(stage, n_d)
+    expected = r.psi if stage == 0 else r.psi_padded // n_d
     assert {e for o in r.ranks for e in o.optim_elements} == {expected}, stage_id(stage)

@@ -83,7 +83,8 @@ CASES = [pytest.param(s, m, id=f"{stage_id(s)}/nd={N}/{m}",
 
 @pytest.mark.parametrize("stage,model,g", [pytest.param(*c.values, 1, id=c.id, marks=c.marks)
                                            for c in CASES] + [
-    pytest.param(s, "odd", g, id=f"{stage_id(s)}/nd={N}/odd/G={g}", marks=pytest.mark.claim(CLAIM[s]))
+    pytest.param(s, "odd", g, id=f"{stage_id(s)}/nd={N}/odd/G={g}",
+                 marks=[pytest.mark.claim(CLAIM[s])] + [pytest.mark.slow] * (g > 2))  # G = 2 accumulates
     for g in (2, 4) for s in range(4)])
 def test_at_every_phase_entry_observed_bytes_equal_the_ledger_plus_named_extras(stage, model, g):
     """Between phases every live storage is the ledger's, a returned loss, or (stages 0–2, entering

@@ -20,6 +20,9 @@ from tests import runs
 from tests.runs import LONG_STEPS, assert_same_training, run, stage_id
 
 STAGES = range(4)
+# the 4-process launches: the ODD model in fp32 (~1 s) in the default run; the small model in fp16
+# (~10 s: 4 stages × 4 processes × 5 steps of real compute on 2 cores) with the slow cases
+LAUNCHES = [pytest.param("small", "fp16", marks=pytest.mark.slow), ("odd", "fp32")]
 
 
 def assert_close(ours, sim) -> None:
@@ -29,7 +32,7 @@ def assert_close(ours, sim) -> None:
     assert max(float((ours.master[k] - sim.master[k]).abs().max()) for k in sim.master) <= lr / 10
 
 
-@pytest.mark.parametrize("model,precision", [("small", "fp16"), ("odd", "fp32")])
+@pytest.mark.parametrize("model,precision", LAUNCHES)
 @pytest.mark.parametrize("stage", [1, 2, 3], ids=stage_id)
 def test_every_stage_on_gloo_is_bit_identical_to_data_parallelism(stage, model, precision):
     """On 4 gloo processes, each stage's per-rank losses and final weights equal stage 0's bits."""
@@ -45,7 +48,7 @@ def test_two_gloo_processes_equal_the_simulator_exactly(stage, precision):
                          runs.sim_matched(stage, 2, "odd", precision))
 
 
-@pytest.mark.parametrize("model,precision", [("small", "fp16"), ("odd", "fp32")])
+@pytest.mark.parametrize("model,precision", LAUNCHES)
 @pytest.mark.parametrize("stage", STAGES, ids=stage_id)
 def test_four_gloo_processes_match_the_simulator_within_the_derived_tolerance(stage, model, precision):
     """N = 4: ring order vs rank order; losses to 1e-6 relative, weights to lr/10 (module doc)."""
@@ -53,19 +56,21 @@ def test_four_gloo_processes_match_the_simulator_within_the_derived_tolerance(st
     assert_close(runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, **kw))
 
 
-def test_gloo_ledger_books_the_simulators_traffic():
+@pytest.mark.parametrize("model,precision", LAUNCHES)
+def test_gloo_ledger_books_the_simulators_traffic(model, precision):
     """Per step and phase, every rank books the same collectives and elements as on the simulator."""
     key = lambda x: (x.seq, x.op, x.dtype, x.numel, x.elements_sent, x.bytes_sent, x.phase, x.step)
     for stage in STAGES:
-        ours, sim = runs.gloo(4)[stage], run(stage, 4, "small", LONG_STEPS)
+        ours, sim = runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, precision=precision)
         for r in range(4):
             assert [key(x) for x in ours.comm.records(r)] == [key(x) for x in sim.comm.records(r)]
 
 
-def test_gloo_memory_ledger_equals_the_simulators():
+@pytest.mark.parametrize("model,precision", LAUNCHES)
+def test_gloo_memory_ledger_equals_the_simulators(model, precision):
     """Model-state bytes and peak bytes per rank do not depend on the backend."""
     for stage in STAGES:
-        ours, sim = runs.gloo(4)[stage], run(stage, 4, "small", LONG_STEPS)
+        ours, sim = runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, precision=precision)
         for r in range(4):
             assert ours.memory[r].peak == sim.memory[r].peak
             assert ours.model_states(r) == sim.model_states(r)
