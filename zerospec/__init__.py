@@ -2,18 +2,36 @@
 
 The public face: configure a run, train it on virtual GPUs (threads) or on real processes, read
 its :class:`Result`. Everything else lives in one package per layer (see README, "Layout").
+
+The names below load on first use (PEP 562), so ``import zerospec`` and the command line's parser
+do not import torch: ``zerospec plan --gpu-mem lots`` fails in a fraction of a second.
 """
-from .cluster.threads import VirtualCluster
-from .model.gpt import ODD, SMALL, GPTConfig
-from .optim.adam import AdamConfig
-from .optim.loss_scale import LossScale
-from .runtime.context import RankContext
-from .runtime.errors import ClusterAborted, ClusterError, CollectiveError, CollectiveTimeout, RankError
-from .training.config import TrainConfig
-from .training.result import Result
-from .training.run import train, train_processes
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+_HOME = {"VirtualCluster": ".cluster.threads",
+         "ODD": ".model.gpt", "SMALL": ".model.gpt", "GPTConfig": ".model.gpt",
+         "AdamConfig": ".optim.adam", "LossScale": ".optim.loss_scale",
+         "RankContext": ".runtime.context",
+         "ClusterAborted": ".runtime.errors", "ClusterError": ".runtime.errors",
+         "CollectiveError": ".runtime.errors", "CollectiveTimeout": ".runtime.errors",
+         "RankError": ".runtime.errors",
+         "TrainConfig": ".training.config", "Result": ".training.result",
+         "train": ".training.run", "train_processes": ".training.run"}
 __all__ = ["train", "train_processes", "TrainConfig", "Result", "GPTConfig", "SMALL", "ODD",
            "AdamConfig", "LossScale", "VirtualCluster", "RankContext", "ClusterError",
            "ClusterAborted", "CollectiveError", "CollectiveTimeout", "RankError"]
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'zerospec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name], __name__), name)
+    globals()[name] = value    # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

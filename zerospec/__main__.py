@@ -17,16 +17,20 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``command`` only that subcommand's: some subcommands' options
+    need torch for their defaults, and a mistyped ``plan`` option should not wait for it."""
     parser = _Parser(prog="zerospec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in SUBCOMMANDS.items():
-        module.add_parser(sub)
+        if command in (None, name):
+            module.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     try:
         args = parser.parse_args(argv)
         if args.command is None:   # a command is required: help on stderr, exit 2

@@ -142,6 +142,16 @@ def test_bad_plan_input_is_one_line_and_exit_code_2(capsys, argv, named):
     assert_usage_error(capsys, *argv, named=named)
 
 
+def test_plan_answers_without_importing_torch():
+    """`zerospec plan` is closed forms: as a process it answers, and refuses bad input, without
+    importing torch (a few tenths of a second, where torch's import alone takes seconds)."""
+    code = ("import sys; from zerospec.__main__ import main; "
+            "rc = main(['plan', '--params', '7.5B', '--gpus', '64']); "
+            "print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "0 False", done.stderr
+
+
 def test_console_entry_point_fails_cleanly_as_a_process():
     """`python -m zerospec plan --gpu-mem lots` as a process: exit 2, the value named, no traceback."""
     bad = subprocess.run([sys.executable, "-m", "zerospec", "plan", "--gpu-mem", "lots"],

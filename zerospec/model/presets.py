@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .gpt import GPTConfig
+from .config import GPTConfig
 
 GPT2_VOCAB = 50257
 GPT2_CONTEXT = 1024
