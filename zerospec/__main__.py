@@ -18,13 +18,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser, or with ``command`` only that subcommand's: some subcommands' options
-    need torch for their defaults, and a mistyped ``plan`` option should not wait for it."""
+    """The parser with ``command``'s options, the other subcommands by name and help only: some
+    subcommands' options need torch for their defaults, and neither ``zerospec --help`` nor a
+    mistyped ``plan`` option should wait for it."""
     parser = _Parser(prog="zerospec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in SUBCOMMANDS.items():
-        if command in (None, name):
+        if name == command:
             module.add_parser(sub)
+        elif command is None:
+            sub.add_parser(name, help=module.HELP)
     return parser
 
 

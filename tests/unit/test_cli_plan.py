@@ -142,14 +142,16 @@ def test_bad_plan_input_is_one_line_and_exit_code_2(capsys, argv, named):
     assert_usage_error(capsys, *argv, named=named)
 
 
-def test_plan_answers_without_importing_torch():
-    """`zerospec plan` is closed forms: as a process it answers, and refuses bad input, without
-    importing torch (a few tenths of a second, where torch's import alone takes seconds)."""
+def test_plan_and_help_answer_without_importing_torch():
+    """`zerospec plan` is closed forms: as a process it answers, and so does `zerospec` with no
+    command (the subcommands' list), without importing torch (tenths of a second, where torch's
+    import alone takes seconds)."""
     code = ("import sys; from zerospec.__main__ import main; "
-            "rc = main(['plan', '--params', '7.5B', '--gpus', '64']); "
-            "print(rc, 'torch' in sys.modules)")
+            "rcs = main(['plan', '--params', '7.5B', '--gpus', '64']), main([]); "
+            "print(*rcs, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stdout.splitlines()[-1] == "0 False", done.stderr
+    assert done.stdout.splitlines()[-1] == "0 2 False", done.stderr
+    assert "plan      per-GPU model states" in done.stderr     # the help, with each subcommand's line
 
 
 def test_console_entry_point_fails_cleanly_as_a_process():

@@ -1,4 +1,5 @@
-"""Subcommands: each module has ``add_parser(subparsers)`` and ``run(args) -> int``.
+"""Subcommands: each module has ``HELP`` (its line in ``zerospec --help``), ``add_parser(subparsers)``
+and ``run(args) -> int``.
 
 To add one, write ``zerospec/cli/<name>.py`` and list it in ``SUBCOMMANDS`` below.
 """

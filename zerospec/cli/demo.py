@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 
+HELP = "train every ZeRO stage briefly and print memory and traffic"
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="train every ZeRO stage briefly and print memory and traffic")
+    p = sub.add_parser("demo", help=HELP)
     p.add_argument("--ranks", type=int, default=8, help="virtual GPUs (N_d), default 8")
     p.add_argument("--steps", type=int, default=2, help="training steps, default 2")
 

@@ -15,11 +15,14 @@ import sys
 from pathlib import Path
 
 
+HELP = ("reproduce one of the paper's evaluation figures or tables (meta steps timed on a DGX-2 "
+        "model) next to its values")
+
+
 def add_parser(sub) -> None:
     from ..report.format import FORMATS
     from ..report.paper_figures import FIGURES, TABLES
-    p = sub.add_parser("paper", help="reproduce one of the paper's evaluation figures or tables "
-                                     "(meta steps timed on a DGX-2 model) next to its values",
+    p = sub.add_parser("paper", help=HELP,
                        description=__doc__.splitlines()[0].replace("``", ""))
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--figure", type=_choice(FIGURES, "--figure"),

@@ -7,11 +7,14 @@ import sys
 from . import argtypes as T
 
 
+HELP = ("per-GPU model states, fit, comm and time per stage for any Ψ and N; the paper's Table 1 "
+        "and 2")
+
+
 def add_parser(sub) -> None:
     from ..paper.estimators import ESTIMATOR_NAMES
     from ..report.format import FORMATS
-    p = sub.add_parser("plan", help="per-GPU model states, fit, comm and time per stage for any Ψ and N; "
-                                    "the paper's Table 1 and 2",
+    p = sub.add_parser("plan", help=HELP,
                        description=__doc__.splitlines()[0])
     T.accept_negative_values(p)
     p.add_argument("--params", type=T.list_of(T.plan.parse_count, "parameter count"), default=None,

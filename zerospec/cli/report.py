@@ -9,13 +9,15 @@ from pathlib import Path
 from . import argtypes as T
 
 
+HELP = "run every stage on N virtual GPUs; print the measured tables, write figures"
+
+
 def add_parser(sub) -> None:
     from ..model.gpt import SMALL
     from ..report.measure import VARIANTS
     from ..report.format import FORMATS
     from ..report.tables import TABLES
-    p = sub.add_parser("report", help="run every stage on N virtual GPUs; print the measured tables, "
-                                      "write figures",
+    p = sub.add_parser("report", help=HELP,
                        description=__doc__.splitlines()[0])
     T.accept_negative_values(p)
     p.add_argument("--ranks", type=T.positive_int, default=32, help="virtual GPUs N (default 32)")

@@ -12,10 +12,13 @@ def _usage(message: str) -> Exception:
     return UsageError(message)
 
 
+HELP = ("measure per-GPU model states and traffic of a paper-size model on meta tensors (no memory "
+        "needed)")
+
+
 def add_parser(sub) -> None:
     from . import argtypes as T
-    p = sub.add_parser("scale", description=__doc__.splitlines()[0].replace("``", ""), help="measure per-GPU model states and traffic of a paper-size "
-                                     "model on meta tensors (no memory needed)")
+    p = sub.add_parser("scale", description=__doc__.splitlines()[0].replace("``", ""), help=HELP)
     p.add_argument("--preset", default=None, help="a model from zerospec.model.presets (see --list); "
                                                   "default 7.5B unless --layers/--hidden are given")
     p.add_argument("--gpus", type=T.positive_int, default=64,

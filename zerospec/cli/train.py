@@ -18,12 +18,15 @@ BACKENDS = ("sim", "torch")
 MODELS = ("small", "odd")
 
 
+HELP = ("train one ZeRO stage on the simulator or on real processes (torch.distributed), and print "
+        "losses and traffic")
+
+
 def add_parser(sub) -> None:
     from . import argtypes as T
     from ..optim.precision import POLICIES
     from ..zero import ZERO1_COMM
-    p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help="train one ZeRO stage on the simulator or on real processes "
-                                     "(torch.distributed), and print losses and traffic")
+    p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help=HELP)
     p.add_argument("--backend", choices=BACKENDS, default="sim",
                    help="sim: virtual GPUs as threads; torch: real processes (default sim)")
     p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=3, help="ZeRO stage, default 3")
