@@ -137,21 +137,11 @@ def test_closed_form_modules_are_importable_names():
 
 
 
-# Claims whose every test measures at paper scale for minutes (memory-fit searches and timed meta
-# steps of 40B–170B models): the default run leaves them to the slow cases.
-SLOW_ONLY = {"C34": "the batch P_a makes room for: searches over 100B steps",
-             "C38": "the Megatron-LM baseline's TFLOPS, timed at 40B",
-             "C42": "the baseline across nodes, timed at 40B",
-             "C43": "Figure 3: 60B on 64 to 400 GPUs",
-             "C44": "Figure 4: the largest model per GPU count, by memory fit",
-             "C48": "Figure 7: allocator replays of 40B and 100B steps",
-             "C49": "Figure 8: 60B throughput per configuration"}
-
-
 def test_the_default_run_checks_every_claim_but_the_evaluations_longest(request):
     """The slow cases widen or lengthen checks the default run makes: every claim a test checks has
-    a test outside the slow and DeepSpeed marks too (plain ``pytest`` checks it), but SLOW_ONLY's."""
+    a test outside the slow and DeepSpeed marks too (plain ``pytest`` checks it), but conftest.py's
+    SLOW_ONLY, which the summary names as not run."""
     items = whole_claim_suite(request)
     default = {m.cid for it in items for m in claims.claim_marks(it)
                if not it.get_closest_marker("slow") and not it.get_closest_marker("deepspeed")}
-    assert sorted(set(declared(items)) - default) == sorted(SLOW_ONLY)
+    assert sorted(set(declared(items)) - default) == sorted(claims.SLOW_ONLY)

@@ -26,11 +26,23 @@ __all__ = ["train", "train_processes", "TrainConfig", "Result", "GPTConfig", "SM
 
 
 def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'zerospec' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name], __name__), name)
-    globals()[name] = value    # once: later lookups do not come here
-    return value
+    """A public name from its module, or a subpackage (``zerospec.training.checkpoint.load``), on
+    first use; importing a module sets it here, so later lookups do not come back."""
+    if name in _HOME:
+        value = getattr(importlib.import_module(_HOME[name], __name__), name)
+        globals()[name] = value
+        return value
+    try:
+        module = importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":    # the subpackage exists but lacks a dependency
+            raise
+        raise AttributeError(f"module 'zerospec' has no attribute {name!r}") from None
+    # a dotted path (zerospec.training.checkpoint.load) reaches into modules the package used to
+    # import eagerly: load them, as it did
+    for home in set(_HOME.values()):
+        importlib.import_module(home, __name__)
+    return module
 
 
 def __dir__() -> list[str]:

@@ -21,7 +21,7 @@ from tests.runs import MODELS, N_DS, assert_same_training, run, stage_id, wider
 from zerospec.testing.reference import reference_train
 
 CASES = [pytest.param(s, n, m, v, id=f"{stage_id(s)}{'-allreduce' if v == 'all_reduce' else ''}/nd={n}/{m}",
-                      marks=wider(n))
+                      marks=wider(n, m))
          for m in MODELS for n in N_DS for s, v in [(1, "reduce_scatter"), (2, None), (3, None)]
          ] + [pytest.param(1, n, "small", "all_reduce", id=f"P_os-allreduce/nd={n}/small", marks=wider(n))
               for n in (2, 8, 32)]
