@@ -32,6 +32,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_HOME[name], __name__), name)
         globals()[name] = value
         return value
+    if name.startswith("_"):    # tools probe dunders (__wrapped__, __path__ …): no import for those
+        raise AttributeError(f"module 'zerospec' has no attribute {name!r}")
     try:
         module = importlib.import_module(f".{name}", __name__)
     except ModuleNotFoundError as exc:
