@@ -220,11 +220,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not rows:
         return
     # Claims without a test, with spec/README.md's reason: on a full run only (a -k run names its own)
+    # and the slow-only claims this run left out
     unchecked = {} if config.option.keyword else {
-        cid: st for cid, st in spec_statuses().items() if st[0].startswith("not ") and cid not in rows}
-    unchecked |= {} if config.option.keyword else {
-        cid: ("not run", f"slow only, `pytest -m slow` ({why})") for cid, why in SLOW_ONLY.items()
-        if cid not in rows}
+        **{cid: st for cid, st in spec_statuses().items() if st[0].startswith("not ")},
+        **{cid: ("not run", f"slow only, `pytest -m slow` ({why})") for cid, why in SLOW_ONLY.items()}}
+    unchecked = {cid: st for cid, st in unchecked.items() if cid not in rows}
     tw = terminalreporter
     tw.section("claims summary (ids from docs/claims.md)")
     by_section = defaultdict(list)

@@ -136,15 +136,18 @@ def test_closed_form_modules_are_importable_names():
         importlib.import_module(name)
 
 
+def in_default_run(items) -> list:
+    """The items plain ``pytest`` runs: neither slow nor DeepSpeed (pyproject.toml's addopts)."""
+    return [it for it in items
+            if not it.get_closest_marker("slow") and not it.get_closest_marker("deepspeed")]
+
 
 def test_the_default_run_checks_every_claim_but_the_evaluations_longest(request):
     """The slow cases widen or lengthen checks the default run makes: every claim a test checks has
     a test outside the slow and DeepSpeed marks too (plain ``pytest`` checks it), but conftest.py's
     SLOW_ONLY, which the summary names as not run."""
     items = whole_claim_suite(request)
-    default = {m.cid for it in items for m in claims.claim_marks(it)
-               if not it.get_closest_marker("slow") and not it.get_closest_marker("deepspeed")}
-    assert sorted(set(declared(items)) - default) == sorted(claims.SLOW_ONLY)
+    assert sorted(set(declared(items)) - set(declared(in_default_run(items)))) == sorted(claims.SLOW_ONLY)
 
 
 def test_the_summary_names_what_only_the_slow_cases_measure(request):
@@ -152,9 +155,7 @@ def test_the_summary_names_what_only_the_slow_cases_measure(request):
     conftest.py's MEASURED_WHEN_SLOW with the status all its tests add up to, so the default
     summary does not pass a "closed form only" off as the claim's whole status."""
     items = whole_claim_suite(request)
-    fast = declared([it for it in items if not it.get_closest_marker("slow")
-                     and not it.get_closest_marker("deepspeed")])
-    full = declared(items)
+    fast, full = declared(in_default_run(items)), declared(items)
     weaker = {c: claims.claim_status(full[c]) for c in fast
               if claims.claim_status(fast[c]) != claims.claim_status(full[c])}
     assert weaker == claims.MEASURED_WHEN_SLOW

@@ -52,8 +52,7 @@ def test_two_gloo_processes_equal_the_simulator_exactly(stage, precision):
 @pytest.mark.parametrize("stage", STAGES, ids=stage_id)
 def test_four_gloo_processes_match_the_simulator_within_the_derived_tolerance(stage, model, precision):
     """N = 4: ring order vs rank order; losses to 1e-6 relative, weights to lr/10 (module doc)."""
-    kw = {} if precision == "fp16" else {"precision": precision}
-    assert_close(runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, **kw))
+    assert_close(runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, precision=precision))
 
 
 @pytest.mark.parametrize("model,precision", LAUNCHES)
@@ -61,7 +60,8 @@ def test_gloo_ledger_books_the_simulators_traffic(model, precision):
     """Per step and phase, every rank books the same collectives and elements as on the simulator."""
     key = lambda x: (x.seq, x.op, x.dtype, x.numel, x.elements_sent, x.bytes_sent, x.phase, x.step)
     for stage in STAGES:
-        ours, sim = runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, precision=precision)
+        ours = runs.gloo(4, model, precision)[stage]
+        sim = run(stage, 4, model, LONG_STEPS, precision=precision)
         for r in range(4):
             assert [key(x) for x in ours.comm.records(r)] == [key(x) for x in sim.comm.records(r)]
 
@@ -70,7 +70,8 @@ def test_gloo_ledger_books_the_simulators_traffic(model, precision):
 def test_gloo_memory_ledger_equals_the_simulators(model, precision):
     """Model-state bytes and peak bytes per rank do not depend on the backend."""
     for stage in STAGES:
-        ours, sim = runs.gloo(4, model, precision)[stage], run(stage, 4, model, LONG_STEPS, precision=precision)
+        ours = runs.gloo(4, model, precision)[stage]
+        sim = run(stage, 4, model, LONG_STEPS, precision=precision)
         for r in range(4):
             assert ours.memory[r].peak == sim.memory[r].peak
             assert ours.model_states(r) == sim.model_states(r)
