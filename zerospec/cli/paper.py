@@ -21,7 +21,7 @@ HELP = ("reproduce one of the paper's evaluation figures or tables (meta steps t
 
 def add_parser(sub) -> None:
     from ..report.format import FORMATS
-    from ..report.paper_figures import FIGURES, TABLES
+    from ..report.choices import PAPER_FIGURES as FIGURES, PAPER_TABLES as TABLES
     p = sub.add_parser("paper", help=HELP,
                        description=__doc__.splitlines()[0].replace("``", ""))
     what = p.add_mutually_exclusive_group(required=True)

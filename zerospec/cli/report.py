@@ -13,10 +13,9 @@ HELP = "run every stage on N virtual GPUs; print the measured tables, write figu
 
 
 def add_parser(sub) -> None:
-    from ..model.gpt import SMALL
-    from ..report.measure import VARIANTS
+    from ..model.config import SMALL
+    from ..report.choices import TABLES, VARIANTS
     from ..report.format import FORMATS
-    from ..report.tables import TABLES
     p = sub.add_parser("report", help=HELP,
                        description=__doc__.splitlines()[0])
     T.accept_negative_values(p)

@@ -25,7 +25,7 @@ HELP = ("train one ZeRO stage on the simulator or on real processes (torch.distr
 def add_parser(sub) -> None:
     from . import argtypes as T
     from ..optim.precision import POLICIES
-    from ..zero import ZERO1_COMM
+    from ..paper.theory import ZERO1_COMM
     p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help=HELP)
     p.add_argument("--backend", choices=BACKENDS, default="sim",
                    help="sim: virtual GPUs as threads; torch: real processes (default sim)")

@@ -13,18 +13,31 @@ working copies (fp32 under the fp32 policy) and ``master32`` exists only with a 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported on first use of a dtype, not here: the command line lists the policies'
+# names for `zerospec train --help` and refuses a bad one without waiting seconds for torch
 
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
     name: str
-    dtype: torch.dtype       # storage of the working parameters and gradients
+    dtype_name: str          # torch's name of the working storage dtype: torch.<dtype_name>
     master: bool             # a separate fp32 master copy of the weights exists
+
+    @functools.cached_property   # read on hot paths; frozen, so computed once
+    def dtype(self) -> torch.dtype:
+        """The storage of the working parameters and gradients."""
+        import torch
+        return getattr(torch, self.dtype_name)
 
     @property
     def param_bytes(self) -> int:
+        import torch
         return torch.empty((), dtype=self.dtype).element_size()
 
     @property
@@ -34,9 +47,9 @@ class Precision:
 
 
 POLICIES = {
-    "fp16": Precision("fp16", torch.float16, True),
-    "bf16": Precision("bf16", torch.bfloat16, True),
-    "fp32": Precision("fp32", torch.float32, False),
+    "fp16": Precision("fp16", "float16", True),
+    "bf16": Precision("bf16", "bfloat16", True),
+    "fp32": Precision("fp32", "float32", False),
 }
 
 

@@ -83,6 +83,11 @@ def ring_factor(n_d: int) -> Fraction:
     return Fraction(n_d - 1, n_d)
 
 
+# ZeRO-1's two gradient syncs: the paper's reduce-scatter (2Ψ, C22) and DeepSpeed's first
+# all-reduce (3Ψ, C23); the stage (zerospec/zero/stage1_os.py) and the command line accept these
+ZERO1_COMM = ("reduce_scatter", "all_reduce")
+
+
 def comm_elements(stage: int, psi, n_d: int, zero1_comm: str = "reduce_scatter") -> Fraction:
     """Elements each rank sends per step under the ring model.
 

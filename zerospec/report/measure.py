@@ -16,6 +16,7 @@ import torch
 
 from ..model.gpt import SMALL, GPTConfig
 from ..paper import theory
+from .choices import VARIANTS
 from .replay import StepReplay, parallel_time
 from ..training.result import Result
 from ..training.step import RankOutput
@@ -24,16 +25,6 @@ from ..training.run import train
 from ..training.scale import measure as measure_meta
 
 
-def _variant(stage: int, zero1_comm: str = "reduce_scatter") -> tuple[int, str, str]:
-    """(stage, ZeRO-1 gradient sync, label), the label from the stage table: ``ZeRO-1 (P_os)``."""
-    extra = ", all-reduce" if zero1_comm == "all_reduce" else ""
-    return stage, zero1_comm, f"ZeRO-{stage} ({theory.stage(stage).label}{extra})"
-
-
-# "1" is the paper's 2Ψ ZeRO-1 (C22); "1ar" the all-reduce ZeRO-1 of the seed and of DeepSpeed's
-# first version, 3Ψ (C23).
-VARIANTS = {"0": _variant(0), "1": _variant(1), "1ar": _variant(1, "all_reduce"), "2": _variant(2),
-            "3": _variant(3)}
 SWEEP_N = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 

@@ -17,11 +17,10 @@ from pathlib import Path
 from ..paper import evaluation as ev
 from ..paper.hardware import DGX2
 from . import paper_runs as pr
+from .choices import PAPER_FIGURES as FIGURES, PAPER_TABLES as TABLES
 from .configs import CONFIGS, PAPER_TABLE3
 from .format import Table, markdown
 
-FIGURES = (2, 3, 4, 6, 7, 8)
-TABLES = (3,)
 PAPER_SIZE = {"C1": "40B", "C2": "60B", "C3": "50B", "C4": "140B", "C5": "150B"}   # C47 (C3: I)
 
 

@@ -11,11 +11,11 @@ from fractions import Fraction
 import torch
 
 from ..paper import theory
+from .choices import TABLES
 from .format import Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, max_delta, sig
 from .measure import Measurements, Run
 from .plan import plan_table
 
-TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "zero_r", "scaled")
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 

@@ -17,9 +17,8 @@ memory 4Ψ + 12Ψ/N rather than stage 2's 2Ψ + 14Ψ/N.
 from __future__ import annotations
 
 from ..paper import theory
+from ..paper.theory import ZERO1_COMM
 from .stage0_dp import DataParallel
-
-ZERO1_COMM = ("reduce_scatter", "all_reduce")
 
 
 class OptimizerStates(DataParallel):
