@@ -24,8 +24,8 @@ def test_small_report_markdown_snapshot(capsys, md_snapshot):
 
 
 def test_report_json_and_figures(capsys, tmp_path):
-    """`--format json --out DIR`: parseable tables, report.json, and four figures as PNG and SVG,
-    each a real picture (at least 600×400 pixels, not blank)."""
+    """`--format json --out DIR`: parseable tables, report.json, and every figure the report
+    draws as PNG and SVG, each a real picture (at least 600×400 pixels, not blank)."""
     from matplotlib.image import imread
     rc, out, err = run_cli(capsys, *SMALL_RUN, "--stages", "0,3", "--format", "json", "--out", str(tmp_path))
     assert rc == 0
@@ -33,7 +33,9 @@ def test_report_json_and_figures(capsys, tmp_path):
     assert [t["name"] for t in doc["tables"]][:2] == ["memory", "comm"]
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["psi"] == 536_064
     assert json.loads((tmp_path / "report.json").read_text()) == doc
-    names = ["memory_per_stage", "comm_per_stage", "memory_vs_n", "timeline"]
+    names = ["memory_per_stage", "comm_per_stage", "memory_vs_n", "timeline", "fragmentation"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["report.json"] + [f"{n}.{ext}" for n in names for ext in ("png", "svg")])
     for name in names:
         assert (tmp_path / f"{name}.svg").read_text().lstrip().startswith("<?xml")
         img = imread(tmp_path / f"{name}.png")
