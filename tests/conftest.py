@@ -21,10 +21,20 @@ PER_STEP = 2 * LAMBDA * math.sqrt(N_LONGEST) * U_FP32   # two builds, each off b
 assert PER_STEP == 2.0 ** -15
 
 
+# Young collections every 20,000 container allocations instead of CPython's 700: a training run's
+# objects that live for one forward and backward then die young, instead of reaching the old
+# generation and bringing on full collections of the worker's whole heap (the figures:
+# docs/performance.md, "Garbage collection in the test workers").
+GC_THRESHOLD = (20_000, 20, 20)
+
+
 def pytest_configure(config):
-    """An xdist worker computes on one thread: -n auto starts one worker per CPU already, and a
-    worker's second OpenMP thread would only spin against the other workers (as the virtual
-    cluster does for its ranks, spec/engine.md)."""
+    """Young garbage collections less often (GC_THRESHOLD). An xdist worker computes on one thread:
+    -n auto starts one worker per CPU already, and a worker's second OpenMP thread would only spin
+    against the other workers (as the virtual cluster does for its ranks, spec/engine.md)."""
+    import gc
+
+    gc.set_threshold(*GC_THRESHOLD)
     if hasattr(config, "workerinput"):
         import torch    # here, not at the top: the xdist controller runs no test and needs no torch
 
