@@ -64,18 +64,28 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
                          "tests/claims/test_equivalence.py", "tests/claims/test_spec_tables.py",
                          "tests/claims/test_compute.py"})
 
+# Files that start rank processes (zerospec/cluster/processes.py: a forkserver per test process,
+# which imports torch and the library once before it forks a rank, 3–4 s of CPU). Kept on one
+# worker, only that worker starts a forkserver.
+PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
+    "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
+    | {"spec/engine.md", "spec/checkpoints.md"})
+UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
+         **dict.fromkeys(PROCESS_LAUNCHES, "the process launches")}
+
 
 def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile, with the files of SHARED_GRID as one unit (None: xdist's own choice)."""
+    """--dist loadfile, with the files of each of SHARED_GRID and PROCESS_LAUNCHES as one unit
+    (None: xdist's own choice)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class SharedGridScheduling(LoadFileScheduling):
+    class GroupedFileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return "the shared grid" if scope in SHARED_GRID else scope
-    return SharedGridScheduling(config, log)
+            return UNITS.get(scope, scope)
+    return GroupedFileScheduling(config, log)
 
 
 def step_rtol(step: int) -> float:
