@@ -21,7 +21,7 @@ PER_STEP = 2 * LAMBDA * math.sqrt(N_LONGEST) * U_FP32   # two builds, each off b
 assert PER_STEP == 2.0 ** -15
 
 
-# Young collections every 20,000 container allocations instead of CPython's 700: a training run's
+# Young collections every 20,000 net container allocations instead of CPython's 700: a training run's
 # objects that live for one forward and backward then die young, instead of reaching the old
 # generation and bringing on full collections of the worker's whole heap (the figures:
 # docs/performance.md, "Garbage collection in the test workers").
@@ -69,7 +69,7 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
 # worker, only that worker starts a forkserver.
 PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
     "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
-    | {"spec/engine.md", "spec/checkpoints.md"})
+    | {"spec/engine.md"})
 UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
          **dict.fromkeys(PROCESS_LAUNCHES, "the process launches")}
 

@@ -159,3 +159,11 @@ def test_the_summary_names_what_only_the_slow_cases_measure(request):
     weaker = {c: claims.claim_status(full[c]) for c in fast
               if claims.claim_status(fast[c]) != claims.claim_status(full[c])}
     assert weaker == claims.MEASURED_WHEN_SLOW
+
+
+def test_every_file_the_scheduler_groups_exists():
+    """The xdist units of tests/conftest.py name files that exist: a renamed file would silently
+    leave its group (and train the shared grid twice, or start a second forkserver)."""
+    from tests import conftest as setup
+    assert setup.UNITS and all((ROOT / path).is_file() for path in setup.UNITS), \
+        sorted(p for p in setup.UNITS if not (ROOT / p).is_file())

@@ -17,7 +17,6 @@ from pathlib import Path
 from ..paper import evaluation as ev
 from ..paper.hardware import DGX2
 from . import paper_runs as pr
-from .choices import PAPER_FIGURES as FIGURES, PAPER_TABLES as TABLES
 from .configs import CONFIGS, PAPER_TABLE3
 from .format import Table, markdown
 
