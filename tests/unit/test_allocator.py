@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import SMALL
@@ -368,3 +370,33 @@ def test_with_expandable_segments_best_fit_stops_at_the_first_block_that_could_n
     assert a.segments() == [[(50 * MiB, u), (10 * MiB, u)],
                             [(20 * MiB, f), (5 * MiB, u), (15 * MiB, f)]]
     assert a.reserved == 100 * MiB
+
+
+@st.composite
+def traces(draw) -> list[TraceEvent]:
+    """Allocations of small, large and oversize requests, frees of live ones, phase markers."""
+    events, live, key = [], [], 0
+    for _ in range(draw(st.integers(1, 40))):
+        op = draw(st.sampled_from(("alloc", "alloc", "free", "phase")))
+        if op == "free" and live:
+            events.append(TraceEvent("free", live.pop(draw(st.integers(0, len(live) - 1)))))
+        elif op == "phase":
+            events.append(TraceEvent("phase", label=f"p{len(events)}"))
+        else:
+            key += 1
+            live.append(key)
+            size = draw(st.sampled_from((512, 300 * KiB, 1 * MiB, 3 * MiB, 11 * MiB, 25 * MiB, 70 * MiB)))
+            events.append(TraceEvent("alloc", key, size))
+    return events
+
+
+@settings(max_examples=200, deadline=None)
+@given(traces(), st.integers(0, 4 * MiB))
+def test_a_capacity_the_unlimited_replay_never_reserves_past_changes_nothing(trace, spare):
+    """A device at least as large as what the replay without a limit reserved at its peak runs the
+    same trace the same way, without running out (so cached.step_memory skips that replay)."""
+    free = replay(trace)
+    capped = replay(trace, max(free.peak_reserved, 1) + spare)
+    assert capped.oom is None
+    assert capped.phases == free.phases
+    assert (capped.peak_allocated, capped.peak_reserved) == (free.peak_allocated, free.peak_reserved)
