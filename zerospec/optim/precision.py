@@ -36,11 +36,6 @@ class Precision:
         return getattr(torch, self.dtype_name)
 
     @property
-    def param_bytes(self) -> int:
-        import torch
-        return torch.empty((), dtype=self.dtype).element_size()
-
-    @property
     def k(self) -> int:
         """Optimizer-state bytes per parameter (C4's K): master (if any) + exp_avg + exp_avg_sq."""
         return 12 if self.master else 8
