@@ -23,7 +23,8 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def machine_kind(request):
     """Every benchmark's JSON record says what it ran on: the CPU kernels torch dispatched to
-    (AVX512, AVX2, DEFAULT: ATEN_CPU_CAPABILITY changes it), torch's version, the CPU count.
+    (AVX512, AVX2, DEFAULT: ATEN_CPU_CAPABILITY changes it), the CPU's model, torch's version,
+    the CPU count.
     tools/benchtable.py writes the README's table from these records."""
     yield
     bench = request.node.funcargs.get("benchmark")
@@ -31,8 +32,23 @@ def machine_kind(request):
         import os
 
         import torch
-        bench.extra_info.update(isa=torch.backends.cpu.get_cpu_capability(),
+        bench.extra_info.update(isa=torch.backends.cpu.get_cpu_capability(), cpu=cpu_model(),
                                 torch=torch.__version__.split("+")[0], cpus=os.cpu_count())
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the OS gives it ("AMD EPYC", "Intel(R) Xeon(R) …"): two machines
+    that dispatch to the same kernels (AVX2 on a Xeon told to, AVX2 on an EPYC) differ here."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
 
 
 def best_of(fn, rounds: int) -> float:

@@ -4,12 +4,13 @@
     python tools/benchtable.py bench.json              # rewrite the README's table from them
     python tools/benchtable.py bench.json --check      # exit 1 if the README's table differs
     python tools/benchtable.py avx512.json avx2.json   # several runs (machines, ISAs): one table
+    python tools/benchtable.py bench.json --keep       # add a run, keep the other machines' rows
 
 Each benchmark records in ``extra_info`` its figure (``ratio``, or ``seconds`` for the meta
 runs), its ``target`` and, through benchmarks/conftest.py, what it ran on (``isa``: the CPU
-kernels torch dispatched to, ``torch``, ``cpus``). The table sits in README.md between
-``<!-- benchmarks: begin -->`` and ``<!-- benchmarks: end -->``; one row per benchmark case,
-with the machine it came from, so a figure is never shown without its machine.
+kernels torch dispatched to, ``cpu``: its model, ``torch``, ``cpus``). The table sits in
+README.md between ``<!-- benchmarks: begin -->`` and ``<!-- benchmarks: end -->``; one row per
+benchmark case, with the machine it came from, so a figure is never shown without its machine.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def rows(data: dict) -> list[str]:
         if "mixed_matched_ratio" in info:
             extra += f"; mixed-precision floor {info['mixed_matched_ratio']:.2f}"
         extra += ")" if extra else ""
-        machine = (f"{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
+        cpu = f"{info['cpu']}, " if info.get("cpu") else ""   # recorded since 2026-12-04
+        machine = (f"{cpu}{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
                    f"{info.get('torch', '?')}, {date}")
         met = "—" if target is None else "yes" if value <= target else "**no**"
         out.append(f"| `{name}` | {case} | {label} | {fmt.format(value)}{extra} | "
@@ -60,10 +62,23 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def machine_of(row: str) -> str:
+    """The machine cell of one table row (its last)."""
+    return row.rstrip().rstrip("|").rsplit("|", 1)[-1].strip()
+
+
+def kept_rows(old_table: str, new_table: str) -> list[str]:
+    """``--keep``: the rows of ``old_table`` from machines (and days) none of ``new_table``'s rows
+    come from, so a run on one machine adds its rows without dropping another machine's, whose
+    JSON is not at hand. A row is never kept beside a newer one from the same machine and day."""
+    new = {machine_of(r) for r in new_table.splitlines()[2:]}
+    return [r for r in old_table.splitlines()[2:] if r.startswith("| ") and machine_of(r) not in new]
+
+
 def main(argv: list[str]) -> int:
     paths = [a for a in argv if not a.startswith("--")]
     if not paths:
-        print("usage: python tools/benchtable.py BENCH.json [BENCH.json ...] [--check]",
+        print("usage: python tools/benchtable.py BENCH.json [BENCH.json ...] [--keep] [--check]",
               file=sys.stderr)
         return 2
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
@@ -74,6 +89,8 @@ def main(argv: list[str]) -> int:
         print("README.md has no <!-- benchmarks: begin --> … <!-- benchmarks: end --> block",
               file=sys.stderr)
         return 2
+    if "--keep" in argv:
+        table_text += "".join(r + "\n" for r in kept_rows(m.group(2), table_text))
     if m.group(2) == table_text:
         return 0
     if "--check" in argv:

@@ -60,3 +60,31 @@ def test_runs_on_several_machines_share_one_table_each_row_naming_its_own():
     assert len(lines) == 2 + 2 + 1
     assert lines[-1].endswith("| AVX2, 2 CPUs, torch 2.13.0, 2026-12-02 |")
     assert lines[3].endswith("| AVX512, 2 CPUs, torch 2.13.0, 2026-12-01 |")
+
+
+def test_a_row_names_the_cpu_model_when_the_run_recorded_it():
+    data = {"datetime": "2026-12-04T10:00:00", "benchmarks": [
+        {"name": "t", "extra_info": {"ratio": 1.0, "cpu": "AMD EPYC", "isa": "AVX2", "cpus": 2,
+                                     "torch": "2.13.0"}}]}
+    assert benchtable.rows(data)[2].endswith("| AMD EPYC, AVX2, 2 CPUs, torch 2.13.0, 2026-12-04 |")
+
+
+def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- benchmarks: begin -->\n<!-- benchmarks: end -->\n")
+    monkeypatch.setattr(benchtable, "README", readme)
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(DATA))                       # AVX2 and AVX512 rows, 2026-12-01
+    epyc = {"datetime": "2026-12-04T10:00:00", "benchmarks": [
+        {"name": "test_meta", "extra_info": {"seconds": 3.0, "target": 30.0, "cpu": "AMD EPYC",
+                                             "isa": "AVX2", "cpus": 2, "torch": "2.13.0"}}]}
+    second.write_text(json.dumps(epyc))
+    assert benchtable.main([str(first)]) == 0
+    assert benchtable.main([str(second), "--keep"]) == 0
+    rows = [r for r in readme.read_text().splitlines() if r.startswith("| `")]
+    assert [benchtable.machine_of(r) for r in rows] == [
+        "AMD EPYC, AVX2, 2 CPUs, torch 2.13.0, 2026-12-04",
+        "AVX2, 2 CPUs, torch 2.13.0, 2026-12-01", "AVX512, 2 CPUs, torch 2.13.0, 2026-12-01"]
+    assert benchtable.main([str(second), "--keep"]) == 0     # the same run again: no duplicate
+    assert len([r for r in readme.read_text().splitlines() if r.startswith("| `")]) == 3
+    assert benchtable.main([str(second), "--keep", "--check"]) == 0
