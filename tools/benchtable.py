@@ -4,7 +4,7 @@
     python tools/benchtable.py bench.json              # rewrite the README's table from them
     python tools/benchtable.py bench.json --check      # exit 1 if the README's table differs
     python tools/benchtable.py avx512.json avx2.json   # several runs (machines, ISAs): one table
-    python tools/benchtable.py bench.json --keep       # add a run, keep the other machines' rows
+    python tools/benchtable.py bench.json --keep       # add a run, keep other machines' rows
 
 Each benchmark records in ``extra_info`` its figure (``ratio``, or ``seconds`` for the meta
 runs), its ``target`` and, through benchmarks/conftest.py, what it ran on (``isa``: the CPU
@@ -67,19 +67,32 @@ def machine_of(row: str) -> str:
     return row.rstrip().rstrip("|").rsplit("|", 1)[-1].strip()
 
 
+def _machine(row: str) -> str:
+    """The machine cell without its date: a later run of the same machine replaces its rows."""
+    return machine_of(row).rsplit(", ", 1)[0]
+
+
 def kept_rows(old_table: str, new_table: str) -> list[str]:
-    """``--keep``: the rows of ``old_table`` from machines (and days) none of ``new_table``'s rows
-    come from, so a run on one machine adds its rows without dropping another machine's, whose
-    JSON is not at hand. A row is never kept beside a newer one from the same machine and day."""
-    new = {machine_of(r) for r in new_table.splitlines()[2:]}
-    return [r for r in old_table.splitlines()[2:] if r.startswith("| ") and machine_of(r) not in new]
+    """``--keep``: the rows of ``old_table`` from machines none of ``new_table``'s rows come from
+    (CPU model, kernels, CPU count and torch version: the cell less its date), so a run on one
+    machine adds its rows without dropping another machine's, whose JSON is not at hand, and
+    replaces the rows of an earlier run of its own machine."""
+    new = {_machine(r) for r in new_table.splitlines()[2:]}
+    return [r for r in old_table.splitlines()[2:]
+            if r.startswith("| ") and _machine(r) not in new]
+
+
+USAGE = "usage: python tools/benchtable.py BENCH.json [BENCH.json ...] [--keep] [--check]"
+OPTIONS = ("--keep", "--check")
 
 
 def main(argv: list[str]) -> int:
     paths = [a for a in argv if not a.startswith("--")]
-    if not paths:
-        print("usage: python tools/benchtable.py BENCH.json [BENCH.json ...] [--keep] [--check]",
-              file=sys.stderr)
+    unknown = [a for a in argv if a.startswith("--") and a not in OPTIONS]
+    if unknown or not paths:
+        # a mistyped --keep must not rewrite the table without the other machines' rows
+        print((f"unknown option {unknown[0]!r}; accepted: {', '.join(OPTIONS)}\n" if unknown
+               else "") + USAGE, file=sys.stderr)
         return 2
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     table_text = table(runs)
@@ -89,8 +102,8 @@ def main(argv: list[str]) -> int:
         print("README.md has no <!-- benchmarks: begin --> … <!-- benchmarks: end --> block",
               file=sys.stderr)
         return 2
-    if "--keep" in argv:
-        table_text += "".join(r + "\n" for r in kept_rows(m.group(2), table_text))
+    kept = kept_rows(m.group(2), table_text) if "--keep" in argv else []
+    table_text += "".join(r + "\n" for r in kept)
     if m.group(2) == table_text:
         return 0
     if "--check" in argv:
@@ -98,7 +111,8 @@ def main(argv: list[str]) -> int:
         return 1
     README.write_text(text[:m.start(2)] + table_text + text[m.end(2):])
     n = sum(len(d["benchmarks"]) for d in runs)
-    print(f"rewrote README.md's benchmark table from {', '.join(paths)} ({n} rows)")
+    print(f"rewrote README.md's benchmark table from {', '.join(paths)} ({n} rows"
+          + (f", {len(kept)} kept from other machines)" if kept else ")"))
     return 0
 
 

@@ -19,6 +19,20 @@ DATA = {"datetime": "2026-12-01T05:00:00", "benchmarks": [
      "extra_info": {"seconds": 4.44, "target": 30.0, "isa": "AVX512", "cpus": 2, "torch": "2.13.0"}}]}
 
 
+@pytest.fixture
+def readme(tmp_path, monkeypatch):
+    """A README whose table block holds "old", in place of the project's; returns its path."""
+    path = tmp_path / "README.md"
+    path.write_text("intro\n<!-- benchmarks: begin -->\nold\n<!-- benchmarks: end -->\nrest\n")
+    monkeypatch.setattr(benchtable, "README", path)
+    return path
+
+
+def write_json(path: Path, data: dict) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
 def test_each_row_shows_its_figure_target_and_machine():
     rows = benchtable.rows(DATA)
     assert rows[2] == ("| `test_step` | 0 | ratio | 1.23 (step/floor 1.10; shared floor 1.30; mixed-precision "
@@ -39,12 +53,8 @@ def test_a_benchmark_without_a_figure_is_refused_by_name():
         benchtable.rows(bad)
 
 
-def test_the_readme_table_is_rewritten_between_its_markers(tmp_path, monkeypatch):
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- benchmarks: begin -->\nold\n<!-- benchmarks: end -->\nrest\n")
-    monkeypatch.setattr(benchtable, "README", readme)
-    path = tmp_path / "b.json"
-    path.write_text(json.dumps(DATA))
+def test_the_readme_table_is_rewritten_between_its_markers(tmp_path, readme):
+    path = write_json(tmp_path / "b.json", DATA)
     assert benchtable.main([str(path), "--check"]) == 1
     assert benchtable.main([str(path)]) == 0 and benchtable.main([str(path), "--check"]) == 0
     text = readme.read_text()
@@ -69,12 +79,9 @@ def test_a_row_names_the_cpu_model_when_the_run_recorded_it():
     assert benchtable.rows(data)[2].endswith("| AMD EPYC, AVX2, 2 CPUs, torch 2.13.0, 2026-12-04 |")
 
 
-def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, monkeypatch):
-    readme = tmp_path / "README.md"
-    readme.write_text("<!-- benchmarks: begin -->\n<!-- benchmarks: end -->\n")
-    monkeypatch.setattr(benchtable, "README", readme)
-    first, second = tmp_path / "a.json", tmp_path / "b.json"
-    first.write_text(json.dumps(DATA))                       # AVX2 and AVX512 rows, 2026-12-01
+def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, readme):
+    first = write_json(tmp_path / "a.json", DATA)          # AVX2 and AVX512 rows, 2026-12-01
+    second = tmp_path / "b.json"
     epyc = {"datetime": "2026-12-04T10:00:00", "benchmarks": [
         {"name": "test_meta", "extra_info": {"seconds": 3.0, "target": 30.0, "cpu": "AMD EPYC",
                                              "isa": "AVX2", "cpus": 2, "torch": "2.13.0"}}]}
@@ -88,3 +95,16 @@ def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, monkey
     assert benchtable.main([str(second), "--keep"]) == 0     # the same run again: no duplicate
     assert len([r for r in readme.read_text().splitlines() if r.startswith("| `")]) == 3
     assert benchtable.main([str(second), "--keep", "--check"]) == 0
+    epyc["datetime"] = "2026-12-05T10:00:00"                # the same machine a day later
+    second.write_text(json.dumps(epyc))
+    assert benchtable.main([str(second), "--keep"]) == 0
+    rows = [r for r in readme.read_text().splitlines() if r.startswith("| `")]
+    days = [benchtable.machine_of(r)[-10:] for r in rows]
+    assert days == ["2026-12-05", "2026-12-01", "2026-12-01"]
+
+
+def test_a_mistyped_option_is_refused_and_the_table_left_alone(tmp_path, readme, capsys):
+    path = write_json(tmp_path / "b.json", DATA)
+    assert benchtable.main([str(path), "--kep"]) == 2
+    assert "unknown option '--kep'; accepted: --keep, --check" in capsys.readouterr().err
+    assert "\nold\n" in readme.read_text()
