@@ -33,6 +33,11 @@ def write_json(path: Path, data: dict) -> Path:
     return path
 
 
+def table_rows(readme: Path) -> list[str]:
+    """The benchmark rows of the README's table (no header, no separator)."""
+    return [r for r in readme.read_text().splitlines() if r.startswith("| `")]
+
+
 def test_each_row_shows_its_figure_target_and_machine():
     rows = benchtable.rows(DATA)
     assert rows[2] == ("| `test_step` | 0 | ratio | 1.23 (step/floor 1.10; shared floor 1.30; mixed-precision "
@@ -81,25 +86,22 @@ def test_a_row_names_the_cpu_model_when_the_run_recorded_it():
 
 def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, readme):
     first = write_json(tmp_path / "a.json", DATA)          # AVX2 and AVX512 rows, 2026-12-01
-    second = tmp_path / "b.json"
     epyc = {"datetime": "2026-12-04T10:00:00", "benchmarks": [
         {"name": "test_meta", "extra_info": {"seconds": 3.0, "target": 30.0, "cpu": "AMD EPYC",
                                              "isa": "AVX2", "cpus": 2, "torch": "2.13.0"}}]}
-    second.write_text(json.dumps(epyc))
+    second = write_json(tmp_path / "b.json", epyc)
     assert benchtable.main([str(first)]) == 0
     assert benchtable.main([str(second), "--keep"]) == 0
-    rows = [r for r in readme.read_text().splitlines() if r.startswith("| `")]
-    assert [benchtable.machine_of(r) for r in rows] == [
+    assert [benchtable.machine_of(r) for r in table_rows(readme)] == [
         "AMD EPYC, AVX2, 2 CPUs, torch 2.13.0, 2026-12-04",
         "AVX2, 2 CPUs, torch 2.13.0, 2026-12-01", "AVX512, 2 CPUs, torch 2.13.0, 2026-12-01"]
     assert benchtable.main([str(second), "--keep"]) == 0     # the same run again: no duplicate
-    assert len([r for r in readme.read_text().splitlines() if r.startswith("| `")]) == 3
+    assert len(table_rows(readme)) == 3
     assert benchtable.main([str(second), "--keep", "--check"]) == 0
     epyc["datetime"] = "2026-12-05T10:00:00"                # the same machine a day later
-    second.write_text(json.dumps(epyc))
+    write_json(second, epyc)
     assert benchtable.main([str(second), "--keep"]) == 0
-    rows = [r for r in readme.read_text().splitlines() if r.startswith("| `")]
-    days = [benchtable.machine_of(r)[-10:] for r in rows]
+    days = [benchtable.machine_of(r)[-10:] for r in table_rows(readme)]
     assert days == ["2026-12-05", "2026-12-01", "2026-12-01"]
 
 
