@@ -70,13 +70,17 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
 PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
     "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
     | {"spec/engine.md"})
+# Files that read C30's storage trace (zerospec/report/cached.py's c30_trace, memoised per
+# process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure.
+C30_TRACES = frozenset({"tests/claims/test_fragmentation.py", "tests/unit/test_cli_report.py"})
 UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
-         **dict.fromkeys(PROCESS_LAUNCHES, "the process launches")}
+         **dict.fromkeys(PROCESS_LAUNCHES, "the process launches"),
+         **dict.fromkeys(C30_TRACES, "the C30 traces")}
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile, with the files of each of SHARED_GRID and PROCESS_LAUNCHES as one unit
-    (None: xdist's own choice)."""
+    """--dist loadfile, with the files of each of SHARED_GRID, PROCESS_LAUNCHES and C30_TRACES as
+    one unit (None: xdist's own choice)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling

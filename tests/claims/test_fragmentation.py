@@ -8,7 +8,6 @@ numbers and what other configurations give.
 """
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from tests.runs import SCALER, assert_same_training, odd_run, stage_id
 from zerospec.model.gpt import SMALL
 from zerospec.model.presets import preset
 from zerospec.paper import theory
+from zerospec.report.cached import c30_trace
 from zerospec.runtime.trace import replay
 from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure
@@ -25,16 +25,6 @@ from zerospec.training.scale import measure
 GB, CAP = theory.GB, theory.V100_BYTES       # a 32 GB V100: 32e9 bytes the allocator may reserve
 GPT2 = preset("1.5B").model                  # 48 × 1600, vocabulary 50257, sequence 1024
 PAGE = "spec/allocator.md#m_d-c37"
-
-
-@functools.lru_cache(maxsize=None)
-def traced(micro_batch: int, md: bool) -> list:
-    """GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2 blocks, with or
-    without M_D: rank 0's storage trace of one step."""
-    r = measure(GPT2, 3, 400, micro_batch=micro_batch, checkpoint_activations=2,
-                contiguous_checkpoints=md, trace=True)
-    assert len(r.classes) == 1
-    return r.classes[0].allocations
 
 
 def need(trace) -> int:
@@ -49,14 +39,14 @@ def test_a_step_that_needs_29gb_runs_out_on_a_32gb_gpu_with_32_percent_free(clai
     gradient (74·1024·50257·2 B = 7.62 GB) finds no block: 10.23 GB (32.0%) is free, in pieces —
     free blocks of split segments (the largest 2.24 GB) and 7.38 GB never reserved (C30: out of
     memory with over 30% still free). One sequence fewer fits."""
-    trace = traced(74, False)
+    trace = c30_trace(74, False)
     oom = replay(trace, CAP).oom
     assert need(trace) == 29_386_251_776 < CAP
     assert oom.phase == "backward@1" and oom.error.requested == 74 * 1024 * 50257 * 2
     assert (oom.free, oom.error.reserved, oom.error.largest_free) == (
         10_230_604_288, 24_620_564_480, 2_240_544_768)
     assert oom.free_fraction > 0.30
-    assert replay(traced(73, False), CAP).oom is None
+    assert replay(c30_trace(73, False), CAP).oom is None
     claim_values(f"OOM with {oom.free / GB:.2f} GB = {oom.free_fraction:.1%} free (step needs "
                  f"{need(trace) / GB:.2f} GB)", "over 30% free in extreme cases (C30)",
                  "1.5B, P_os+g+p, N_d=400, k=2, b=74, 32 GB")
@@ -67,7 +57,7 @@ def test_md_removes_that_oom_the_checkpoints_in_one_buffer(claim_values):
     """The same step with M_D: its 24 checkpoints (74·1024·1600·2 B each) are copied into one
     buffer allocated at the first; the step fits on the 32 GB GPU, holding no more than without
     M_D (C37: no OOM from a lack of contiguous memory)."""
-    off, on = traced(74, False), traced(74, True)
+    off, on = c30_trace(74, False), c30_trace(74, True)
     r = replay(on, CAP)
     ckpt = [e.nbytes for e in on if e.op == "alloc" and e.category == "checkpoints"]
     assert ckpt == [24 * 74 * 1024 * 1600 * 2]
@@ -81,8 +71,8 @@ def test_md_removes_that_oom_the_checkpoints_in_one_buffer(claim_values):
 def test_md_grows_the_largest_micro_batch_on_32gb_from_73_to_80():
     """Without M_D 74 sequences run out (above); with it 80 fit, and 81 run out only because
     the step then needs more than the GPU has (32.14 GB): a shortage, not fragmentation."""
-    assert replay(traced(80, True), CAP).oom is None
-    assert replay(traced(81, True), CAP).oom is not None and need(traced(81, True)) > CAP
+    assert replay(c30_trace(80, True), CAP).oom is None
+    assert replay(c30_trace(81, True), CAP).oom is not None and need(c30_trace(81, True)) > CAP
 
 
 # -- the table of spec/allocator.md: other configurations at their largest micro-batch ---------------

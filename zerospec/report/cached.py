@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..model.presets import gpt
+from ..model.presets import gpt, preset
 from ..paper import evaluation as ev
 from ..paper.hardware import DGX2
 from ..runtime.trace import OOMPoint, replay
@@ -57,6 +57,18 @@ def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *,
                       reserved=max(f.peak_reserved for f in free),
                       oom=next((o for o in capped if o is not None), None),
                       samples=free[0].samples if samples else None)
+
+
+@memoised
+def c30_trace(micro_batch: int = 74, md: bool = False) -> list:
+    """C30's case: GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2
+    blocks, ``micro_batch`` sequences per GPU, with or without M_D: rank 0's storage trace of one
+    step. The report's fragmentation figure and the claim tests read this one trace."""
+    r = measure(preset("1.5B").model, 3, 400, micro_batch=micro_batch, checkpoint_activations=2,
+                contiguous_checkpoints=md, trace=True)
+    if len(r.classes) != 1:
+        raise AssertionError(f"C30's case has one rank class at N_d = 400, got {len(r.classes)}")
+    return r.classes[0].allocations
 
 
 @memoised
