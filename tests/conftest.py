@@ -78,6 +78,7 @@ UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
          **dict.fromkeys(C30_TRACES, "the C30 traces")}
 
 
+@pytest.hookimpl(optionalhook=True)   # xdist's hook: `pytest -p no:xdist` must still run
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile, with the files of each of SHARED_GRID, PROCESS_LAUNCHES and C30_TRACES as
     one unit (None: xdist's own choice)."""

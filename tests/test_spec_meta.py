@@ -167,3 +167,14 @@ def test_every_file_the_scheduler_groups_exists():
     from tests import conftest as setup
     assert setup.UNITS and all((ROOT / path).is_file() for path in setup.UNITS), \
         sorted(p for p in setup.UNITS if not (ROOT / p).is_file())
+
+
+def test_the_suite_runs_without_xdist():
+    """`pytest -p no:xdist` (one process, for a debugger or a profiler) runs the tests: the
+    scheduler hook tests/conftest.py gives xdist is optional where xdist is not loaded."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly",
+                           "-o", "addopts=-p no:cacheprovider", "-q", "--collect-only",
+                           "tests/unit/test_benchtable.py"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
