@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from zerospec.runtime.observe import Observer
 from zerospec.runtime.opcount import OpCounter
 from zerospec.runtime.trace import StorageTrace
-from zerospec.training.scale import MetaKernelCache
+from zerospec.runtime.metacache import MetaKernelCache
 
 
 class _Plain(TorchDispatchMode):

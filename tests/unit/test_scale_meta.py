@@ -100,52 +100,6 @@ def test_the_kernel_cache_changes_no_ledger():
         assert a.memory.snapshots == b.memory.snapshots and a.memory.peak == b.memory.peak
 
 
-def test_the_kernel_cache_answers_repeated_ops():
-    cache = scale_mod.MetaKernelCache()
-    x = torch.empty(4, 6, dtype=torch.float16, device="meta")
-    with cache:
-        a = torch.nn.functional.gelu(x)
-        b = torch.nn.functional.gelu(x)
-        v = x.view(6, 4)                       # a view: never cached, still a view of x
-    assert (cache.misses, cache.hits) == (1, 1)
-    assert (a.shape, a.dtype, b.shape, b.dtype) == ((4, 6), torch.float16, (4, 6), torch.float16)
-    assert a.untyped_storage()._cdata != b.untyped_storage()._cdata
-    assert v.untyped_storage()._cdata == x.untyped_storage()._cdata
-
-
-def test_the_kernel_cache_runs_an_op_that_returns_its_inputs_storage_every_time():
-    """_unsafe_view returns its input's storage under a schema that promises a fresh tensor: the
-    cache never answers it, however often it repeats (a fresh answer would be bytes no GPU holds)."""
-    x = torch.empty(4, 6, device="meta")
-    with scale_mod.MetaKernelCache() as cache:
-        views = [torch.ops.aten._unsafe_view.default(x, [6, 4]) for _ in range(3)]
-    assert {v.untyped_storage()._cdata for v in views} == {x.untyped_storage()._cdata}
-    assert cache.hits == 0
-
-
-def test_the_kernel_cache_answers_a_repeat_in_the_shape_of_the_first_answer():
-    """Repeats of ops returning several tensors (a tuple: layer norm's three, max's values and
-    indices; a list: a foreach op) come back as the first answers did, tensor by tensor."""
-    x = torch.empty(4, 6, device="meta")
-    ln = torch.ops.aten.native_layer_norm.default
-    with scale_mod.MetaKernelCache() as cache:
-        firsts = (ln(x, [6], None, None, 1e-5), torch.max(x, dim=1), torch._foreach_add([x, x], 1.0))
-        repeats = (ln(x, [6], None, None, 1e-5), torch.max(x, dim=1), torch._foreach_add([x, x], 1.0))
-    assert cache.hits == 3
-    for a, b in zip(firsts, repeats):
-        assert type(a) is type(b) and len(a) == len(b)
-        assert [(t.shape, t.stride(), t.dtype) for t in a] == [(t.shape, t.stride(), t.dtype) for t in b]
-    assert repeats[1].indices.dtype == torch.int64
-
-
-def test_the_kernel_cache_keeps_python_scalar_types_apart():
-    """mul by 1 and by 1.0 promote an integer tensor differently, so they are different keys."""
-    x = torch.empty(3, dtype=torch.int64, device="meta")
-    with scale_mod.MetaKernelCache():
-        assert (x * 1).dtype == torch.int64
-        assert (x * 1.0).dtype == torch.float32
-
-
 def test_setup_only_holds_the_same_model_states_as_the_full_step():
     for stage in range(4):
         full, setup = measure(ODD, stage, 8), measure(ODD, stage, 8, setup_only=True)

@@ -24,11 +24,9 @@ and snapshot by snapshot) to running all N ranks as threads through
 :class:`~zerospec.cluster.threads.VirtualCluster`.
 
 **Speed.** PyTorch implements many meta kernels in Python (layer norm backward: ~2 ms a call),
-and a 1T model makes the same few hundred calls per layer with the same shapes.
-:class:`MetaKernelCache` remembers, per (op, argument shapes/strides/dtypes, other arguments), the
-output metadata of ops that return fresh tensors, and answers repeats with new empty meta tensors
-of that metadata. It is exact by construction (a meta kernel's output is a function of that key)
-and checked against an uncached run in the tests.
+and a 1T model makes the same few hundred calls per layer with the same shapes: the step runs
+under :class:`~zerospec.runtime.metacache.MetaKernelCache`, which answers repeats of an op with the
+same argument metadata without running its kernel (exact by construction; see its module).
 """
 from __future__ import annotations
 
@@ -36,18 +34,14 @@ import contextlib
 import dataclasses
 import time
 
-import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
-
 from ..runtime.context import RankContext
-from ..runtime.dispatch import DispatchMode
 from ..comm.groups import Grid
 from ..comm.interconnect import Interconnect
 from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
 from ..runtime.errors import RankError
 from ..runtime.memory import MemoryLedger
-from ..runtime.observe import tensors_in
+from ..runtime.metacache import MetaKernelCache
 from ..runtime.trace import StorageTrace
 from ..model.gpt import GPTConfig
 from ..model.units import Sized, Unit
@@ -67,82 +61,6 @@ def rank_classes(units: tuple[Unit, ...], n_d: int, partitioned: bool = True) ->
         cuts.update(r for r in (full, full + (u.numel % u.chunk > 0)) if 0 < r < n_d)
     cuts = sorted(cuts)
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
-
-
-# -- meta kernels, once per shape ------------------------------------------------------------------
-def _key(x):
-    # every op of a meta step passes here (tens of thousands a step): no generator, no tuple()
-    # of the shape (a torch.Size is a tuple and hashes as one)
-    if isinstance(x, torch.Tensor):
-        return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.device.type)
-    if isinstance(x, (list, tuple)):
-        return (type(x), tuple([_key(y) for y in x]))
-    return (type(x), x)                        # 1 and 1.0 promote differently: keep the type
-
-
-_RETURNS_ALIAS: dict = {}   # aten op -> whether it returns a view or an input (schema: read once)
-_UNCACHEABLE = object()     # a key whose output is not a fresh tensor (decided by the key alone)
-
-
-class MetaKernelCache(DispatchMode):
-    """Answer repeated meta ops that return fresh tensors from their remembered output metadata."""
-
-    def __init__(self):
-        super().__init__()
-        self.cache: dict = {}
-        self.hits = self.misses = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        alias = _RETURNS_ALIAS.get(func)
-        if alias is None:
-            alias = _RETURNS_ALIAS[func] = any(r.alias_info is not None for r in func._schema.returns)
-        if alias:
-            return func(*args, **kwargs)       # views and in-place ops return their inputs
-        try:
-            key = (func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
-            hit = self.cache.get(key)
-        except TypeError:                      # an unhashable argument: just run the kernel
-            return func(*args, **kwargs)
-        if hit is _UNCACHEABLE:                # seen before: its output is not a fresh tensor
-            return func(*args, **kwargs)
-        if hit is not None:
-            self.hits += 1
-            metas, spec = hit
-            outs = [torch.empty_strided(*m[1:3], dtype=m[3], device="meta") if m[0] == "T"
-                    else m[1] for m in metas]
-            # a plain tensor or a tuple of them (most ops) without pytree's generic walk
-            return outs[0] if spec is None else spec(outs) if isinstance(spec, type) \
-                else tree_unflatten(outs, spec)
-        self.misses += 1
-        out = func(*args, **kwargs)
-        self._remember(key, tensors_in(args, kwargs), out)
-        return out
-
-    def _remember(self, key, inputs, out) -> None:
-        outs, spec = tree_flatten(out)
-        if isinstance(out, torch.Tensor):
-            spec = None
-        elif type(out) in (tuple, list) and all(isinstance(o, torch.Tensor)
-                                                or type(o) in (bool, int, float) for o in out):
-            spec = type(out)                   # flat: no nesting, no None (a pytree node)
-        inputs = {x.untyped_storage()._cdata for x in inputs}
-        metas = []
-        for o in outs:
-            if not isinstance(o, torch.Tensor):
-                if o is not None and type(o) not in (bool, int, float):
-                    self.cache[key] = _UNCACHEABLE
-                    return
-                metas.append(("V", o))
-                continue
-            fresh = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta")
-            if (o.device.type != "meta" or o.storage_offset() != 0
-                    or o.untyped_storage()._cdata in inputs
-                    or o.untyped_storage().nbytes() != fresh.untyped_storage().nbytes()):
-                self.cache[key] = _UNCACHEABLE   # not a plain fresh tensor (_unsafe_view's
-                return                         # output is its input's storage): run it each time
-            metas.append(("T", tuple(o.shape), o.stride(), o.dtype))
-        self.cache[key] = (metas, spec)
 
 
 # -- results ----------------------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""Meta kernels once per shape: :class:`MetaKernelCache`, the dispatch mode paper-scale meta steps
+run under (zerospec/training/scale.py).
+
+PyTorch implements many meta kernels in Python (``mm`` ~50 µs a call, an out= ``div`` ~350 µs, layer
+norm backward ~2 ms), and a 1T model makes the same few hundred calls per layer with the same
+shapes. A meta kernel's result is a function of its arguments' metadata alone (shapes, strides,
+offsets, dtypes, devices, and the non-tensor arguments), so the cache remembers, per such key, what
+the kernel did, and answers repeats without running it:
+
+* an op that returns fresh tensors: the outputs' metadata; a repeat gets new empty meta tensors of
+  it (never the remembered tensors: each call's outputs are storages of their own);
+* an op that writes one of its arguments and returns it (in place, ``add_``; or ``out=``):
+  whether the first call changed any argument's metadata (an ``out=`` of the wrong size is
+  resized); if not, a repeat returns that argument (the one its schema names) without running
+  the kernel. Only where every tensor argument is a meta tensor: a host tensor's values change;
+* views, and ops whose output is not a fresh tensor (``_unsafe_view`` returns its input's
+  storage), and other writes (several, or none returned): run every time, so a view shares its
+  input's storage as on a GPU.
+
+It is exact by construction and checked against an uncached run in the tests
+(tests/unit/test_scale_meta.py). Everything else that watches the ops (the memory observers, the
+op counter, FlopCounterMode) is entered after it, so sees every op before it answers.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .dispatch import DispatchMode
+from .observe import tensors_in
+
+
+def _key(x):
+    # every op of a meta step passes here (tens of thousands a step): no generator, no tuple()
+    # of the shape (a torch.Size is a tuple and hashes as one)
+    if isinstance(x, torch.Tensor):
+        return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.device.type)
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple([_key(y) for y in x]))
+    return (type(x), x)                        # 1 and 1.0 promote differently: keep the type
+
+
+def _metadata(tensors: list[torch.Tensor]) -> list[tuple]:
+    """What a write may change besides values: the view of the storage, and the storage (set_)."""
+    return [(t.shape, t.stride(), t.storage_offset(), t.dtype, t.untyped_storage()._cdata)
+            for t in tensors]
+
+
+_KIND: dict = {}            # aten op -> "fresh", "run", or (position, name) of the argument it
+#                             writes and returns
+_UNCACHEABLE = object()     # a key whose answer is not cached (decided by the key alone)
+
+
+def _kind(func):
+    """What ``func``'s schema says it returns (read once per op): "fresh" tensors and writes no
+    argument; one argument it writes, (position, name); else "run" (a view; several writes; a
+    write that returns nothing, as the in-place foreach ops do)."""
+    returns = [r.alias_info for r in func._schema.returns]
+    writes = [(i, a.name, a.alias_info.before_set) for i, a in enumerate(func._schema.arguments)
+              if a.alias_info is not None and a.alias_info.is_write]
+    if not writes and all(r is None for r in returns):
+        return "fresh"
+    if len(returns) == 1 and returns[0] is not None and returns[0].is_write:
+        return next(((i, name) for i, name, held in writes if held == returns[0].before_set), "run")
+    return "run"
+
+
+class MetaKernelCache(DispatchMode):
+    """Answer repeated meta ops from what the first call of the same key did (module doc)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache: dict = {}
+        self.hits = self.misses = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = _KIND.get(func)
+        if kind is None:
+            kind = _KIND[func] = _kind(func)
+        if kind == "run":
+            return func(*args, **kwargs)       # a view returns its input's storage: run it
+        try:
+            # id(func): an OpOverload hashes in Python; the ops live as long as the process
+            key = (id(func), _key(args), tuple([(k, _key(v)) for k, v in kwargs.items()]))
+            hit = self.cache.get(key)
+        except TypeError:                      # an unhashable argument: just run the kernel
+            return func(*args, **kwargs)
+        if hit is _UNCACHEABLE:                # seen before: its answer is not remembered
+            return func(*args, **kwargs)
+        if hit is not None:
+            self.hits += 1
+            if kind != "fresh":                # the argument it writes, as the kernel returns it
+                position, name = kind
+                return kwargs[name] if name in kwargs else args[position]
+            metas, spec = hit
+            outs = [torch.empty_strided(*m[1:3], dtype=m[3], device="meta") if m[0] == "T"
+                    else m[1] for m in metas]
+            # a plain tensor or a tuple of them (most ops) without pytree's generic walk
+            return outs[0] if spec is None else spec(outs) if isinstance(spec, type) \
+                else tree_unflatten(outs, spec)
+        self.misses += 1
+        inputs = tensors_in(args, kwargs)
+        if kind != "fresh":
+            before = _metadata(inputs)
+            out = func(*args, **kwargs)
+            # a host tensor's values changed: only meta tensors are all metadata
+            meta = all(t.device.type == "meta" for t in inputs)
+            self.cache[key] = True if meta and _metadata(inputs) == before else _UNCACHEABLE
+            return out
+        out = func(*args, **kwargs)
+        self._remember(key, inputs, out)
+        return out
+
+    def _remember(self, key, inputs, out) -> None:
+        outs, spec = tree_flatten(out)
+        if isinstance(out, torch.Tensor):
+            spec = None
+        elif type(out) in (tuple, list) and all(isinstance(o, torch.Tensor)
+                                                or type(o) in (bool, int, float) for o in out):
+            spec = type(out)                   # flat: no nesting, no None (a pytree node)
+        inputs = {x.untyped_storage()._cdata for x in inputs}
+        metas = []
+        for o in outs:
+            if not isinstance(o, torch.Tensor):
+                if o is not None and type(o) not in (bool, int, float):
+                    self.cache[key] = _UNCACHEABLE
+                    return
+                metas.append(("V", o))
+                continue
+            fresh = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta")
+            if (o.device.type != "meta" or o.storage_offset() != 0
+                    or o.untyped_storage()._cdata in inputs
+                    or o.untyped_storage().nbytes() != fresh.untyped_storage().nbytes()):
+                self.cache[key] = _UNCACHEABLE   # not a plain fresh tensor (_unsafe_view's
+                return                         # output is its input's storage): run it each time
+            metas.append(("T", tuple(o.shape), o.stride(), o.dtype))
+        self.cache[key] = (metas, spec)
