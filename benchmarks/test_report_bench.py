@@ -21,8 +21,8 @@ def test_report_at_its_default_size(benchmark, capsys, tmp_path):
     argv = [sys.executable, "-m", "zerospec", "report", "--format", "json", "--quiet",
             "--out", str(tmp_path)]
     t0 = time.perf_counter()
-    proc = benchmark.pedantic(subprocess.run, args=(argv,), kwargs=dict(capture_output=True, text=True),
-                              rounds=1, iterations=1)
+    proc = benchmark.pedantic(subprocess.run, args=(argv,), rounds=1, iterations=1,
+                              kwargs=dict(capture_output=True, text=True))
     whole = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
     measuring = json.loads(proc.stdout)["meta"]["measure_seconds"]
@@ -33,4 +33,5 @@ def test_report_at_its_default_size(benchmark, capsys, tmp_path):
         print(f"\nzerospec report at its default size: {measuring:.1f} s of measuring "
               f"(target {MEASURING:g} s), {whole:.1f} s in all with {len(figures)} figures")
     assert len(figures) == 5
-    assert measuring <= MEASURING, f"measuring took {measuring:.1f} s; the target is {MEASURING:g} s"
+    assert measuring <= MEASURING, \
+        f"measuring took {measuring:.1f} s; the target is {MEASURING:g} s"

@@ -170,11 +170,12 @@ def test_every_file_the_scheduler_groups_exists():
 
 
 def test_the_suite_runs_without_xdist():
-    """`pytest -p no:xdist` (one process, for a debugger or a profiler) runs the tests: the
-    scheduler hook tests/conftest.py gives xdist is optional where xdist is not loaded."""
+    """The tests run in one process, without xdist (for a debugger or a profiler, as the README
+    says): the scheduler hook tests/conftest.py gives xdist is optional where xdist is absent."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly",
                            "-o", "addopts=-p no:cacheprovider", "-q", "--collect-only",
-                           "tests/unit/test_benchtable.py"], cwd=ROOT, capture_output=True, text=True)
+                           "tests/unit/test_benchtable.py"],
+                          cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

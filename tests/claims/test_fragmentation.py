@@ -8,7 +8,6 @@ numbers and what other configurations give.
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 

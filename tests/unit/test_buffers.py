@@ -9,11 +9,11 @@ from tests.runs import assert_same_training, odd_run, stage_id
 from zerospec.paper import theory
 from zerospec.training.config import TrainConfig
 
-# Not a multiple of N = 4 (a bucket holds N·⌊B/N⌋ = 300) and smaller than the ODD model's large
-# units (735, 2895 ×2), larger than its small one (30): every unit boundary falls inside a bucket.
-# 22 buckets a stream a step; B = 37 (182) took 4× as long, and one-column buckets (B = 4) run with
-# the slow cases (test_other_buffers_change_no_sum).
-B = 301
+# Not a multiple of N = 4 (a bucket holds N·⌊B/N⌋ = 312 elements, and a stream of N rows needs 22
+# buckets where one row needs 21) and smaller than the ODD model's large units (735, 2895 ×2),
+# larger than its small one (30): every unit boundary falls inside a bucket. B = 37 (~180 buckets
+# a stream) took 4× as long; one-column buckets (B = 4) run with the slow cases.
+B = 313
 
 
 @pytest.mark.parametrize("stage", range(4), ids=stage_id)

@@ -8,6 +8,9 @@ replays each rank class's trace through the allocator model (zerospec/runtime/al
 spec/allocator.md): the ledger's peak, the allocated and the reserved ("cached") peaks on a
 device without a limit, and whether the step runs out on a device of ``capacity`` bytes.
 
+:func:`c30_trace` is C30's case (GPT-2 1.5B, P_os+g+p, N_d = 400) traced once per process: the
+report's fragmentation figure and the claim tests read the same trace.
+
 :func:`max_layers_replayed` is Figure 6's search with the allocator's OutOfMemory as the fit
 criterion. Fitting is not monotone in L under fragmentation (a step may run out where one more
 layer fits), so the search does not bisect: it finds L_a, the most layers whose allocated peak

@@ -159,7 +159,8 @@ def timeline(m: Measurements, out: Path) -> list[Path]:
             if seg.kind == "wait" or seg.seconds <= 0:
                 continue
             key = f"compute:{seg.phase}" if seg.kind == "compute" else f"op:{seg.kind}"
-            x0, x1, y0, y1 = seg.start * 1e3, (seg.start + seg.seconds) * 1e3, seg.rank - 0.4, seg.rank + 0.4
+            x0, x1 = seg.start * 1e3, (seg.start + seg.seconds) * 1e3
+            y0, y1 = seg.rank - 0.4, seg.rank + 0.4
             bars.setdefault(key, []).append(((x0, y0), (x0, y1), (x1, y1), (x1, y0)))
         # one collection per kind of bar, every rank's bars in it: a collection per rank and kind
         # (a thousand artists at N = 32) took 8 of the report's 40 s to lay out and save

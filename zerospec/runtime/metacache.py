@@ -4,8 +4,8 @@ run under (zerospec/training/scale.py).
 PyTorch implements many meta kernels in Python (``mm`` ~50 µs a call, an out= ``div`` ~350 µs, layer
 norm backward ~2 ms), and a 1T model makes the same few hundred calls per layer with the same
 shapes. A meta kernel's result is a function of its arguments' metadata alone (shapes, strides,
-offsets, dtypes, devices, and the non-tensor arguments), so the cache remembers, per such key, what
-the kernel did, and answers repeats without running it:
+offsets, dtypes, devices, and the non-tensor arguments; ``set_`` aside, below), so the cache
+remembers, per such key, what the kernel did, and answers repeats without running it:
 
 * an op that returns fresh tensors: the outputs' metadata; a repeat gets new empty meta tensors of
   it (never the remembered tensors: each call's outputs are storages of their own);
@@ -13,13 +13,14 @@ the kernel did, and answers repeats without running it:
   whether the first call changed any argument's metadata (an ``out=`` of the wrong size is
   resized); if not, a repeat returns that argument (the one its schema names) without running
   the kernel. Only where every tensor argument is a meta tensor: a host tensor's values change;
-* views, and ops whose output is not a fresh tensor (``_unsafe_view`` returns its input's
-  storage), and other writes (several, or none returned): run every time, so a view shares its
-  input's storage as on a GPU.
+* views, ops whose output is not a fresh tensor (``_unsafe_view`` returns its input's storage),
+  writes that return several tensors or none, and ``set_`` (what it does depends on which storage
+  it is given, not only on metadata): run every time, so a view shares its input's storage as on
+  a GPU.
 
-It is exact by construction and checked against an uncached run in the tests
-(tests/unit/test_scale_meta.py). Everything else that watches the ops (the memory observers, the
-op counter, FlopCounterMode) is entered after it, so sees every op before it answers.
+It is exact by construction and checked case by case (tests/unit/test_metacache.py) and against
+an uncached run (tests/unit/test_scale_meta.py). Everything else that watches the ops (the memory
+observers, the op counter, FlopCounterMode) is entered after it, so sees every op before it answers.
 """
 from __future__ import annotations
 
@@ -41,9 +42,9 @@ def _key(x):
 
 
 def _metadata(tensors: list[torch.Tensor]) -> list[tuple]:
-    """What a write may change besides values: the view of the storage, and the storage (set_)."""
-    return [(t.shape, t.stride(), t.storage_offset(), t.dtype, t.untyped_storage()._cdata)
-            for t in tensors]
+    """What a write may change besides values: the view of the storage, the storage, its size."""
+    return [(t.shape, t.stride(), t.storage_offset(), t.dtype, t.untyped_storage()._cdata,
+             t.untyped_storage().nbytes()) for t in tensors]
 
 
 _KIND: dict = {}            # aten op -> "fresh", "run", or (position, name) of the argument it
@@ -53,13 +54,15 @@ _UNCACHEABLE = object()     # a key whose answer is not cached (decided by the k
 
 def _kind(func):
     """What ``func``'s schema says it returns (read once per op): "fresh" tensors and writes no
-    argument; one argument it writes, (position, name); else "run" (a view; several writes; a
-    write that returns nothing, as the in-place foreach ops do)."""
+    argument; one argument it writes, (position, name); else "run" (a view; several returns; a
+    write that returns nothing, as the in-place foreach ops do; ``set_``)."""
     returns = [r.alias_info for r in func._schema.returns]
     writes = [(i, a.name, a.alias_info.before_set) for i, a in enumerate(func._schema.arguments)
               if a.alias_info is not None and a.alias_info.is_write]
     if not writes and all(r is None for r in returns):
         return "fresh"
+    if func._schema.name == "aten::set_":   # what it does depends on which storage it is given,
+        return "run"                         # which no key holds
     if len(returns) == 1 and returns[0] is not None and returns[0].is_write:
         return next(((i, name) for i, name, held in writes if held == returns[0].before_set), "run")
     return "run"
