@@ -82,7 +82,7 @@ class MetaKernelCache(DispatchMode):
         if kind is None:
             kind = _KIND[func] = _kind(func)
         if kind == "run":
-            return func(*args, **kwargs)       # a view returns its input's storage: run it
+            return func(*args, **kwargs)       # views, set_, other writes: never answered
         try:
             # id(func): an OpOverload hashes in Python; the ops live as long as the process
             key = (id(func), _key(args), tuple([(k, _key(v)) for k, v in kwargs.items()]))
