@@ -69,7 +69,7 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
 # worker, only that worker starts a forkserver.
 PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
     "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
-    | {"spec/engine.md"})
+    | {"spec/engine.md", "tests/unit/test_parallel.py"})   # and the report's helper process
 # Files that read C30's storage trace (zerospec/report/cached.py's c30_trace, memoised per
 # process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure.
 C30_TRACES = frozenset({"tests/claims/test_fragmentation.py", "tests/unit/test_cli_report.py"})

@@ -116,7 +116,9 @@ def preload(*modules: str) -> None:
     PRELOAD.extend(m for m in modules if m not in PRELOAD)
 
 
-def _mp_context(start_method: str | None):
+def mp_context(start_method: str | None):
+    """The multiprocessing context ranks (and the report's helpers) start from: the forkserver
+    with PRELOAD imported, where the platform has one; else spawn."""
     method = start_method or ("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
                               else "spawn")
     mpctx = multiprocessing.get_context(method)
@@ -144,7 +146,7 @@ def launch(fn: Callable[..., Any], n_ranks: int, *args, backend: str = "gloo",
         raise ValueError("backend 'nccl' needs CUDA, which this machine does not have; use 'gloo'")
     store = dist.TCPStore("127.0.0.1", 0, n_ranks + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))   # port 0: any free port
-    mpctx = _mp_context(start_method)
+    mpctx = mp_context(start_method)
     with tempfile.TemporaryDirectory(prefix="zerospec-launch-") as outdir:
         procs = [mpctx.Process(target=_child, name=f"zerospec-rank{r}", daemon=True,
                                args=(r, n_ranks, store.port, backend, timeout, torch_threads, fn,
@@ -233,4 +235,4 @@ def _rank_error(reports: list[dict]) -> RankError:
     return err
 
 
-__all__ = ["launch", "new_context", "BACKENDS"]
+__all__ = ["launch", "new_context", "mp_context", "BACKENDS"]

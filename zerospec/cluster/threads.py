@@ -172,7 +172,7 @@ class VirtualCluster:
             backend.around_move = lambda rank: observers[rank].paused()
         all_done = threading.Event()
         remaining = [self.n_ranks]
-        cpu = _caller_cpu() if self.pin else None
+        cpu = caller_cpu() if self.pin else None
 
         def body(ctx: RankContext) -> None:
             r = ctx.rank
@@ -222,7 +222,7 @@ class VirtualCluster:
         return results
 
 
-def _caller_cpu() -> int | None:
+def caller_cpu() -> int | None:
     """The CPU the calling thread runs on now, if the OS says and lets threads be pinned."""
     if not hasattr(os, "sched_setaffinity"):
         return None

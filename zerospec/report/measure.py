@@ -17,6 +17,7 @@ import torch
 from ..model.gpt import SMALL, GPTConfig
 from ..paper import theory
 from .choices import VARIANTS
+from .parallel import Beside
 from .replay import StepReplay, parallel_time
 from ..training.result import Result
 from ..training.step import RankOutput
@@ -130,6 +131,16 @@ def zero_r_options(cfg: ReportConfig) -> dict:
 
 
 # -- measuring ------------------------------------------------------------------------------------
+def meta_measurements(cfg: ReportConfig) -> tuple[dict, dict, dict]:
+    """The report's meta steps: each variant's FLOP-counting step, the memory-vs-N sweep per
+    stage, ZeRO-R's options. Integers and metadata only: the same in any process."""
+    flops = {key: cfg.count_flops(key) for key in cfg.variants}
+    sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
+    sweep = {s: {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
+             for s in sorted({VARIANTS[k][0] for k in cfg.variants})}
+    return flops, sweep, zero_r_options(cfg)
+
+
 def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
     """Train every requested variant for ``cfg.steps`` steps on ``cfg.ranks`` virtual GPUs, count
     its FLOPs in a separate one-step run (:meth:`ReportConfig.count_flops`), and measure set-up
@@ -138,38 +149,37 @@ def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
     FLOPs are counted apart because FlopCounterMode intercepts every op (2–4× slower steps here),
     which would distort the timed run's wall-clock and timeline. Everything runs with one intra-op
     thread: the baton runs one rank at a time, the matmuls are tiny, and on a shared 2-core machine
-    a second OpenMP thread made steps 2–3× slower, not faster.
+    a second OpenMP thread made steps 2–3× slower, not faster. The meta steps
+    (:func:`meta_measurements`) run meanwhile in a helper process where a second CPU is free
+    (:mod:`.parallel`).
     """
     from tqdm import tqdm
     t0 = time.perf_counter()
-    sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
-    stages = sorted({VARIANTS[k][0] for k in cfg.variants})
+    stages = {VARIANTS[k][0] for k in cfg.variants}
     total = len(cfg.variants) * (cfg.steps + 1) + len(stages) + 1
     # disable=None: tqdm stays quiet when stderr is not a terminal (CI, pipes, tests).
     bar = tqdm(total=total, disable=True if quiet else None, file=sys.stderr, unit="step",
                desc="report", leave=False)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # the cluster pins 1 too; this covers the meta sweep
+    torch.set_num_threads(1)   # the cluster pins 1 too; this covers the meta steps
     runs = []
     try:
-        for key in cfg.variants:
-            label = VARIANTS[key][2]
-            bar.set_description(f"{label} ×{cfg.ranks}")
-            # the last rank finishes each step last (ranks take turns): advance the bar there
-            result = train(cfg.train_config(key), on_step=lambda step, stage: bar.update(1)
-                           if stage.ctx.rank == cfg.ranks - 1 else None)
-            bar.set_description(f"{label} ×{cfg.ranks}, counting FLOPs")
-            flops = cfg.count_flops(key)
-            bar.update(1)
-            runs.append(Run(key, label, result, parallel_time(result.timelines, cfg.steps), flops))
-        sweep: dict[int, dict[int, int]] = {}
-        for s in stages:
-            bar.set_description(f"memory vs N, stage {s}")
-            sweep[s] = {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
-            bar.update(1)
-        bar.set_description("ZeRO-R activation options")
-        zero_r = zero_r_options(cfg)
-        bar.update(1)
+        # the meta steps in a helper process on another CPU while the trainings run here
+        with Beside(meta_measurements, cfg) as side:
+            results = []
+            for key in cfg.variants:
+                bar.set_description(f"{VARIANTS[key][2]} ×{cfg.ranks}")
+                # the last rank finishes each step last (ranks take turns): advance the bar there
+                last = cfg.ranks - 1
+                results.append(train(cfg.train_config(key), on_step=lambda step, stage:
+                                     bar.update(1) if stage.ctx.rank == last else None))
+            bar.set_description("meta steps: FLOPs, memory vs N, ZeRO-R"
+                                + (" (helper process)" if side.in_helper else ""))
+            flops, sweep, zero_r = side.result()
+            bar.update(len(cfg.variants) + len(stages) + 1)
+        for key, result in zip(cfg.variants, results):
+            runs.append(Run(key, VARIANTS[key][2], result,
+                            parallel_time(result.timelines, cfg.steps), flops[key]))
     finally:
         torch.set_num_threads(threads)
         bar.close()

@@ -12,6 +12,9 @@ class RankError(ClusterError):
         super().__init__(message)
         self.rank = rank
 
+    def __reduce__(self):   # pickled whole (a report helper's error reaches the report's process)
+        return type(self), (str(self), self.rank), self.__dict__
+
 
 class ClusterAborted(ClusterError):
     """Raised on a rank whose run was aborted because another rank failed."""
