@@ -2,6 +2,7 @@
 same results as in the report's own process, its errors raised there, and nothing left behind."""
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 from concurrent.futures import ProcessPoolExecutor
@@ -12,6 +13,7 @@ from zerospec.cluster.processes import mp_context
 from zerospec.model.gpt import GPTConfig
 from zerospec.report import parallel
 from zerospec.report.measure import ReportConfig, meta_measurements
+from zerospec.report.cached import c30_trace
 from zerospec.report.parallel import Beside
 from zerospec.runtime.errors import RankError
 
@@ -20,7 +22,7 @@ TINY = ReportConfig(ranks=4, model=GPTConfig(vocab_size=64, block_size=16, n_lay
                                              n_embd=32), sweep=(1, 4, 64))
 
 
-def _integers(flops, sweep, zero_r):
+def _integers(flops, sweep, zero_r, c30):
     """Everything the report reads from its meta steps, as plain integers."""
     return ({k: [(o.flops, o.optim_elements, o.model_states, o.ops) for o in outs]
              for k, outs in flops.items()}, sweep,
@@ -83,3 +85,26 @@ def test_a_rank_error_survives_pickling():
     err.fates = {3: "boom"}
     back = pickle.loads(pickle.dumps(err))
     assert (type(back), str(back), back.rank, back.fates) == (RankError, str(err), 3, {3: "boom"})
+
+
+@TWO_CPUS
+@pytest.mark.slow
+def test_c30s_trace_from_the_helper_is_the_one_measured_here():
+    """The fragmentation figure's traces (GPT-2 1.5B, N_d = 400, M_D off and on) from the helper
+    process equal the ones traced here, event for event, each storage named by the order it was
+    made in (a key is an address in the process that made it); ~6 s of CPU."""
+    with Beside(meta_measurements, TINY, True) as side:
+        there = side.result()[3]
+    assert {md: _storages_in_order(t) for md, t in there.items()} == \
+        {md: _storages_in_order(c30_trace(74, md)) for md in (False, True)}
+
+
+def _storages_in_order(trace) -> list[tuple]:
+    """The trace with each storage's key replaced by its allocation's place in the trace."""
+    born, live = itertools.count(), {}
+    out = []
+    for ev in trace:
+        if ev.op == "alloc":
+            live[ev.key] = next(born)
+        out.append(ev._replace(key=live[ev.key] if ev.op != "phase" else 0))
+    return out

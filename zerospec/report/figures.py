@@ -189,14 +189,14 @@ def timeline(m: Measurements, out: Path) -> list[Path]:
 def fragmentation(m: Measurements, out: Path) -> list[Path]:
     """Reserved vs allocated over one step of C30's case (GPT-2 1.5B, P_os+g+p, N_d = 400, a
     checkpoint every 2 blocks, 74 sequences per GPU) on a 32 GB GPU, without and with M_D: the
-    caching allocator model replaying the step's storage trace (spec/allocator.md). ``m`` is
-    not used: the case is fixed, one meta step each."""
+    caching allocator model replaying the step's storage trace (spec/allocator.md): the traces
+    ``m`` holds (``measure(..., c30=True)``), else one meta step each here."""
     from ..runtime.trace import replay
     from .cached import c30_trace
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True, sharey=True)
     for ax, md in zip(axes, (False, True)):
-        trace = c30_trace(74, md)
+        trace = m.c30[md] if md in m.c30 else c30_trace(74, md)
         r = replay(trace, theory.V100_BYTES, samples=True)
         allocated, reserved = ([x[k] / theory.GB for x in r.samples] for k in (0, 1))
         ax.fill_between(range(len(reserved)), allocated, reserved, color="#dd8452", alpha=0.5,

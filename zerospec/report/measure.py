@@ -99,6 +99,7 @@ class Measurements:
     sweep: dict[int, dict[int, int]]      # stage -> N -> measured per-GPU model-state bytes (max rank)
     seconds: float                        # the whole measurement, wall clock
     zero_r: dict = dataclasses.field(default_factory=dict)   # ZeRO-R option -> its meta step
+    c30: dict = dataclasses.field(default_factory=dict)      # M_D on? -> C30's storage trace
 
     def run(self, key: str) -> Run | None:
         return next((r for r in self.runs if r.key == key), None)
@@ -131,20 +132,23 @@ def zero_r_options(cfg: ReportConfig) -> dict:
 
 
 # -- measuring ------------------------------------------------------------------------------------
-def meta_measurements(cfg: ReportConfig) -> tuple[dict, dict, dict]:
+def meta_measurements(cfg: ReportConfig, c30: bool = False) -> tuple[dict, dict, dict, dict]:
     """The report's meta steps: each variant's FLOP-counting step, the memory-vs-N sweep per
-    stage, ZeRO-R's options. Integers and metadata only: the same in any process."""
+    stage, ZeRO-R's options and, with ``c30``, C30's storage traces without and with M_D (the
+    fragmentation figure's). Integers and metadata only: the same in any process."""
+    from .cached import c30_trace
     flops = {key: cfg.count_flops(key) for key in cfg.variants}
     sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
     sweep = {s: {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
              for s in sorted({VARIANTS[k][0] for k in cfg.variants})}
-    return flops, sweep, zero_r_options(cfg)
+    traces = {md: c30_trace(74, md) for md in (False, True)} if c30 else {}
+    return flops, sweep, zero_r_options(cfg), traces
 
 
-def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
+def measure(cfg: ReportConfig, *, quiet: bool = False, c30: bool = False) -> Measurements:
     """Train every requested variant for ``cfg.steps`` steps on ``cfg.ranks`` virtual GPUs, count
     its FLOPs in a separate one-step run (:meth:`ReportConfig.count_flops`), and measure set-up
-    memory across N for the sweep.
+    memory across N for the sweep; ``c30``: also trace C30's case for the fragmentation figure.
 
     FLOPs are counted apart because FlopCounterMode intercepts every op (2–4× slower steps here),
     which would distort the timed run's wall-clock and timeline. Everything runs with one intra-op
@@ -165,7 +169,7 @@ def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
     runs = []
     try:
         # the meta steps in a helper process on another CPU while the trainings run here
-        with Beside(meta_measurements, cfg) as side:
+        with Beside(meta_measurements, cfg, c30) as side:
             results = []
             for key in cfg.variants:
                 bar.set_description(f"{VARIANTS[key][2]} ×{cfg.ranks}")
@@ -175,7 +179,7 @@ def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
                                      bar.update(1) if stage.ctx.rank == last else None))
             bar.set_description("meta steps: FLOPs, memory vs N, ZeRO-R"
                                 + (" (helper process)" if side.in_helper else ""))
-            flops, sweep, zero_r = side.result()
+            flops, sweep, zero_r, traces = side.result()
             bar.update(len(cfg.variants) + len(stages) + 1)
         for key, result in zip(cfg.variants, results):
             runs.append(Run(key, VARIANTS[key][2], result,
@@ -183,4 +187,4 @@ def measure(cfg: ReportConfig, *, quiet: bool = False) -> Measurements:
     finally:
         torch.set_num_threads(threads)
         bar.close()
-    return Measurements(cfg, runs, sweep, time.perf_counter() - t0, zero_r)
+    return Measurements(cfg, runs, sweep, time.perf_counter() - t0, zero_r, traces)
