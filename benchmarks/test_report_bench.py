@@ -2,8 +2,9 @@
 variants, 3 steps), as a new user runs it: a fresh process, tables and figures written.
 
 Target (issue 18): ≤ 20 s of measuring (the report's own ``measure_seconds``: the trainings, the
-FLOP-counting meta steps, the memory sweep and ZeRO-R's options). The whole command, imports and
-figures included, is recorded beside it. Run:
+FLOP-counting meta steps, the memory sweep, ZeRO-R's options and C30's traces for the
+fragmentation figure, the meta steps in a helper process on a second CPU when there is one). The
+whole command, imports and figures included, is recorded beside it. Run:
 
     pytest -o addopts="" benchmarks/test_report_bench.py
 """

@@ -57,6 +57,16 @@ def pytest_sessionfinish(session):
     gc.freeze()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _report_in_one_process():
+    """``zerospec report``'s meta steps in the worker itself, not in a helper process: the workers
+    keep every CPU busy already (zerospec/testing/report_hooks.py; the helper's own tests:
+    tests/unit/test_report_helper.py)."""
+    from zerospec.testing.report_hooks import report_in_one_process
+    with report_in_one_process():
+        yield
+
+
 # Files that train the shared stage × N_d × model grid (tests/runs.py, cached per process). Kept on
 # one xdist worker, each run is trained once per session instead of once per worker (about 25 s
 # of CPU on 2 workers); the other worker takes the remaining files, of about the same total.
@@ -69,7 +79,7 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
 # worker, only that worker starts a forkserver.
 PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
     "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
-    | {"spec/engine.md", "tests/unit/test_parallel.py"})   # and the report's helper process
+    | {"spec/engine.md", "tests/unit/test_report_helper.py"})   # and the report's helper process
 # Files that read C30's storage trace (zerospec/report/cached.py's c30_trace, memoised per
 # process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure.
 C30_TRACES = frozenset({"tests/claims/test_fragmentation.py", "tests/unit/test_cli_report.py"})

@@ -23,12 +23,24 @@ def test_small_report_markdown_snapshot(capsys, md_snapshot):
     assert out == md_snapshot
 
 
-def test_report_json_and_figures(capsys, tmp_path):
+def _measured(monkeypatch) -> list:
+    """The Measurements each ``measure`` call of the CLI returns, with its ``c30`` argument."""
+    import zerospec.report.measure as measure
+    seen, real = [], measure.measure
+    monkeypatch.setattr(measure, "measure", lambda *a, **k: seen.append((k, real(*a, **k)))
+                        or seen[-1][1])
+    return seen
+
+
+def test_report_json_and_figures(capsys, tmp_path, monkeypatch):
     """`--format json --out DIR`: parseable tables, report.json, and every figure the report
-    draws as PNG and SVG, each a real picture (at least 600×400 pixels, not blank)."""
+    draws as PNG and SVG, each a real picture (at least 600×400 pixels, not blank); C30's traces
+    for the fragmentation figure measured with the rest."""
     from matplotlib.image import imread
+    seen = _measured(monkeypatch)
     rc, out, err = run_cli(capsys, *SMALL_RUN, "--stages", "0,3", "--format", "json", "--out", str(tmp_path))
     assert rc == 0
+    assert [(k["c30"], sorted(m.c30)) for k, m in seen] == [(True, [False, True])]
     doc = json.loads(out)
     assert [t["name"] for t in doc["tables"]][:2] == ["memory", "comm"]
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["psi"] == 536_064
@@ -49,12 +61,14 @@ def test_report_json_and_figures(capsys, tmp_path):
 
 
 @pytest.mark.claim("C23")
-def test_report_csv_without_stage0_has_no_equivalence_reference(capsys):
+def test_report_csv_without_stage0_has_no_equivalence_reference(capsys, monkeypatch):
     """`--stages 1ar,3 --format csv`: the all-reduce ZeRO-1 moves 3Ψ(N−1)/N = 1.5Ψ at N = 2, as
     ZeRO-3 does; with no ZeRO-0 the equivalence columns are empty; --quiet writes nothing to stderr."""
+    seen = _measured(monkeypatch)
     rc, out, err = run_cli(capsys, *SMALL_RUN, "--stages", "1ar,3", "--tables", "equivalence,comm",
                            "--format", "csv", "--no-figures", "--quiet")
     assert rc == 0 and err == ""
+    assert [(k["c30"], m.c30) for k, m in seen] == [(False, {})]   # no figure: no C30 traces
     blocks = {b.splitlines()[0].split(":")[0]: b.splitlines()[1:] for b in out.strip().split("\n\n")}
     assert list(blocks) == ["# equivalence", "# comm"]
     comm = list(csv.DictReader(io.StringIO("\n".join(blocks["# comm"]))))

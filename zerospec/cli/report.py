@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ValueError(f"--out {args.out}: cannot create that directory ({exc.strerror})") from None
-    m = measure(cfg, quiet=args.quiet, c30=not args.no_figures)   # the fragmentation figure's
+    m = measure(cfg, quiet=args.quiet, c30=not args.no_figures)   # traces for the figures
     tables = build_tables(m, args.tables)
     meta = {"ranks": cfg.ranks, "steps": cfg.steps, "stages": list(cfg.variants),
             "psi": m.runs[0].result.psi, "model": dataclasses.asdict(model),

@@ -44,10 +44,14 @@ def _short(label: str) -> str:
 
 
 def _save(fig, out: Path, name: str) -> list[Path]:
+    # bbox_inches="tight" lays the figure out again for every file to measure its box: once here
+    fig.set_dpi(110)
+    fig.draw_without_rendering()
+    box = fig.get_tightbbox().padded(_plt().rcParams["savefig.pad_inches"])
     paths = []
     for ext in ("png", "svg"):
         p = out / f"{name}.{ext}"
-        fig.savefig(p, dpi=110, bbox_inches="tight")
+        fig.savefig(p, dpi=110, bbox_inches=box)
         paths.append(p)
     _plt().close(fig)
     return paths

@@ -17,7 +17,7 @@ import torch
 from ..model.gpt import SMALL, GPTConfig
 from ..paper import theory
 from .choices import VARIANTS
-from .parallel import Beside
+from .helper import Beside
 from .replay import StepReplay, parallel_time
 from ..training.result import Result
 from ..training.step import RankOutput
