@@ -119,6 +119,38 @@ def test_a_helper_that_dies_is_named_and_the_work_done_here():
 
 
 @TWO_CPUS
+def test_a_helper_that_cannot_start_leaves_the_work_here(monkeypatch):
+    """No process can be started (no semaphores, no forkserver socket): a warning saying so, and
+    the work done in this process."""
+    def refuse(method):
+        raise OSError("no forkserver here")
+    monkeypatch.setattr(helper, "mp_context", refuse)
+    with Beside(os.getpid) as side, \
+            pytest.warns(RuntimeWarning, match="could not start its helper"):
+        assert side.result() == os.getpid()
+
+
+def _unpicklable():
+    return lambda: None
+
+
+@TWO_CPUS
+def test_a_result_that_cannot_come_back_is_an_error_naming_it():
+    """A value that does not pickle: an error saying the helper could not send it back, not a
+    silent second run here."""
+    with Beside(_unpicklable) as side, pytest.raises(RuntimeError, match="could not send back"):
+        side.result()
+
+
+@TWO_CPUS
+def test_a_second_call_gives_the_same_answer():
+    """result() twice: the helper's value both times (it answered once)."""
+    with Beside(os.getpid) as side:
+        first = side.result()
+        assert side.result() == first != os.getpid()
+
+
+@TWO_CPUS
 @pytest.mark.slow
 def test_a_script_that_measures_on_import_still_gets_its_report(tmp_path):
     """A script without `if __name__ == "__main__":`: the helper's start imports it again, the

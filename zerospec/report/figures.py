@@ -43,15 +43,22 @@ def _short(label: str) -> str:
     return label.replace(" (", "\n(")
 
 
+DPI = 110
+
+
 def _save(fig, out: Path, name: str) -> list[Path]:
     # bbox_inches="tight" lays the figure out again for every file to measure its box: once here
-    fig.set_dpi(110)
+    # (the PNG is the same to the pixel; the SVG's box, measured by Agg, within ~0.5 pt)
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+    fig.set_dpi(DPI)
     fig.draw_without_rendering()
     box = fig.get_tightbbox().padded(_plt().rcParams["savefig.pad_inches"])
+    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
+        fig.set_layout_engine("none")   # tight_layout() ran and left it; savefig would draw again
     paths = []
     for ext in ("png", "svg"):
         p = out / f"{name}.{ext}"
-        fig.savefig(p, dpi=110, bbox_inches=box)
+        fig.savefig(p, dpi=DPI, bbox_inches=box)
         paths.append(p)
     _plt().close(fig)
     return paths

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import os
+import pickle
 import threading
 import traceback
 import warnings
@@ -46,7 +47,7 @@ def usable_cpus() -> list[int]:
 def _pin(cpus: set[int]) -> None:
     try:
         os.sched_setaffinity(0, cpus)   # the calling thread; what it starts inherits the mask
-    except OSError:                     # a CPU left the allowed set: run where the OS puts it
+    except OSError:                     # none of them is allowed any more: run where the OS puts it
         pass
 
 
@@ -60,10 +61,13 @@ def _helper_main(conn, cpus: set[int], fn, args) -> None:
     except BaseException as exc:   # noqa: BLE001 - every failure goes back to the caller
         reply = ("error", exc, traceback.format_exc())
     try:
+        if reply[0] == "error":    # small: check that it comes back whole (a custom __init__)
+            pickle.loads(pickle.dumps(reply))
         conn.send(reply)
     except Exception as exc:       # noqa: BLE001 - a value or exception that does not pickle
         conn.send(("error", RuntimeError(f"the report's helper could not send back its "
-                                         f"{reply[0]}: {exc}"), traceback.format_exc()))
+                                         f"{reply[0]} {reply[1]!r:.300}: {exc}"),
+                   reply[2] if reply[0] == "error" else traceback.format_exc()))
 
 
 def _death(code: int) -> str:
@@ -83,7 +87,7 @@ class Beside:
         self.fn, self.args = fn, args
         self.process = self.conn = self.starter = self.start_error = None
         self._affinity = None
-        self._answered = False
+        self._reply = None
 
     @property
     def in_helper(self) -> bool:
@@ -113,6 +117,7 @@ class Beside:
         return self
 
     def _start(self, free: set[int]) -> None:
+        theirs = None
         try:
             ctx = mp_context(None)
             self.conn, theirs = ctx.Pipe(duplex=False)
@@ -120,41 +125,54 @@ class Beside:
                                   name="zerospec-report-helper", daemon=True)
             process.start()
             self.process = process
-            theirs.close()
         except BaseException as exc:   # noqa: BLE001 - result() runs the work here instead
             self.start_error = exc
+        finally:
+            if theirs is not None:      # the helper holds its own end now
+                theirs.close()
 
     def result(self) -> Any:
-        """``fn(*args)``'s value (its exception, if it raised)."""
+        """``fn(*args)``'s value (its exception, if it raised); the same on a second call."""
         if self.starter is None:
             return self.fn(*self.args)
+        if self._reply is None:
+            self._reply = self._wait()
+        kind, value, *text = self._reply
+        if kind == "error":
+            raise value from RuntimeError(f"in the report's helper process:\n{text[0]}")
+        return value
+
+    def _wait(self) -> tuple:
+        """The helper's reply, or ("value", fn(*args)) computed here when it has none."""
         self.starter.join()
         if self.start_error is not None:
             warnings.warn(f"the report could not start its helper process ({self.start_error}); "
-                          f"its meta steps run in this process", RuntimeWarning, stacklevel=2)
-            return self.fn(*self.args)
+                          f"its meta steps run in this process", RuntimeWarning, stacklevel=3)
+            return "value", self.fn(*self.args)
         multiprocessing.connection.wait([self.conn, self.process.sentinel])
-        try:
-            reply = self.conn.recv()
-            self._answered = True
-        except EOFError:               # it died before it answered: the work is done here
-            self.process.join()
-            warnings.warn(f"the report's helper process {_death(self.process.exitcode)} before "
-                          f"it returned; its meta steps run in this process", RuntimeWarning,
-                          stacklevel=2)
-            return self.fn(*self.args)
-        if reply[0] == "error":
-            raise reply[1] from RuntimeError(f"in the report's helper process:\n{reply[2]}")
-        return reply[1]
+        if self.conn.poll(0):           # it answered (once it has exited, all it sent is here)
+            try:
+                return self.conn.recv()
+            except EOFError:
+                pass
+            except Exception as exc:    # noqa: BLE001 - a reply that does not unpickle here
+                raise RuntimeError(f"the report's helper process sent a reply this process "
+                                   f"cannot read: {exc}") from exc
+        self.process.join()             # it died before it answered: the work is done here
+        warnings.warn(f"the report's helper process {_death(self.process.exitcode)} before it "
+                      f"returned; its meta steps run in this process", RuntimeWarning, stacklevel=3)
+        return "value", self.fn(*self.args)
 
     def __exit__(self, *exc):
         try:
             if self.starter is not None:
                 self.starter.join()
             if self.process is not None:
-                if not self._answered and self.process.is_alive():
+                if self._reply is None and self.process.is_alive():
                     self.process.kill()          # failed here (or never asked): not wanted
                 self.process.join()
+            if self.conn is not None:
+                self.conn.close()
         finally:
             if self._affinity is not None:
                 try:

@@ -155,7 +155,7 @@ def measure(cfg: ReportConfig, *, quiet: bool = False, c30: bool = False) -> Mea
     thread: the baton runs one rank at a time, the matmuls are tiny, and on a shared 2-core machine
     a second OpenMP thread made steps 2–3× slower, not faster. The meta steps
     (:func:`meta_measurements`) run meanwhile in a helper process where a second CPU is free
-    (:mod:`.parallel`).
+    (:mod:`.helper`).
     """
     from tqdm import tqdm
     t0 = time.perf_counter()
