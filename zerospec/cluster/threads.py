@@ -177,7 +177,7 @@ class VirtualCluster:
         def body(ctx: RankContext) -> None:
             r = ctx.rank
             if cpu is not None:
-                _pin_thread(cpu)
+                pin_thread({cpu})
             try:
                 baton.wait_turn(r, lambda: f"rank {r} never got its first turn")
                 ctx.timeline.restart()
@@ -234,11 +234,12 @@ def caller_cpu() -> int | None:
     return cpu if cpu in allowed else min(allowed)
 
 
-def _pin_thread(cpu: int) -> None:
-    """Confine the calling thread (not the process: Linux sets a thread's own mask) to ``cpu``."""
+def pin_thread(cpus: set[int]) -> None:
+    """Confine the calling thread (not the process: Linux sets a thread's own mask) to ``cpus``;
+    threads and processes it starts inherit the mask."""
     try:
-        os.sched_setaffinity(0, {cpu})
-    except OSError:   # the CPU left the allowed set since (a cgroup changed): run unpinned,
+        os.sched_setaffinity(0, cpus)
+    except OSError:   # none of them is allowed since (a cgroup changed): run unpinned,
         pass          # which changes the speed, never a result
 
 

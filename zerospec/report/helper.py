@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from ..cluster.processes import mp_context
-from ..cluster.threads import caller_cpu
+from ..cluster.threads import caller_cpu, pin_thread
 
 
 def usable_cpus() -> list[int]:
@@ -44,17 +44,10 @@ def usable_cpus() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def _pin(cpus: set[int]) -> None:
-    try:
-        os.sched_setaffinity(0, cpus)   # the calling thread; what it starts inherits the mask
-    except OSError:                     # none of them is allowed any more: run where the OS puts it
-        pass
-
-
 def _helper_main(conn, cpus: set[int], fn, args) -> None:
     """The helper process: the other CPUs, one intra-op thread (as the report); ``fn(*args)``'s
     value or exception back through ``conn``."""
-    _pin(cpus)
+    pin_thread(cpus)
     torch.set_num_threads(1)
     try:
         reply = ("value", fn(*args))
@@ -113,7 +106,7 @@ class Beside:
                                         name="zerospec-report-helper")
         self.starter.start()
         self._affinity = os.sched_getaffinity(0)
-        _pin({mine})
+        pin_thread({mine})
         return self
 
     def _start(self, free: set[int]) -> None:
@@ -178,5 +171,5 @@ class Beside:
                 try:
                     os.sched_setaffinity(0, self._affinity)
                 except OSError:                  # every CPU of it left the cpuset meanwhile
-                    _pin(set(range(os.cpu_count() or 1)))
+                    pin_thread(set(range(os.cpu_count() or 1)))
         return False

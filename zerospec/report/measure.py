@@ -170,11 +170,10 @@ def measure(cfg: ReportConfig, *, quiet: bool = False, c30: bool = False) -> Mea
     try:
         # the meta steps in a helper process on another CPU while the trainings run here
         with Beside(meta_measurements, cfg, c30) as side:
-            results = []
+            results, last = [], cfg.ranks - 1
             for key in cfg.variants:
                 bar.set_description(f"{VARIANTS[key][2]} ×{cfg.ranks}")
                 # the last rank finishes each step last (ranks take turns): advance the bar there
-                last = cfg.ranks - 1
                 results.append(train(cfg.train_config(key), on_step=lambda step, stage:
                                      bar.update(1) if stage.ctx.rank == last else None))
             bar.set_description("meta steps: FLOPs, memory vs N, ZeRO-R"
