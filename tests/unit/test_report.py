@@ -175,7 +175,7 @@ def test_the_timeline_draws_each_replayed_segment_once_where_it_happened(m, tmp_
     from zerospec.report import figures
 
     drawn = []
-    monkeypatch.setattr(figures, "_save", lambda fig, out, name: drawn.append(fig) or [])
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out, name: drawn.append(fig) or [])
     figures.timeline(m, tmp_path)
     try:
         for ax, run in zip(drawn[0].axes, m.runs, strict=True):

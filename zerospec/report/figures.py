@@ -32,7 +32,9 @@ PHASE_LABELS = {"setup": "between phases"}   # the step's bookkeeping outside th
 STAGE_COLORS = {0: "#4c72b0", 1: "#dd8452", 2: "#55a868", 3: "#c44e52"}
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, imported on first use (the package imports nothing
+    heavy until asked)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -46,13 +48,14 @@ def _short(label: str) -> str:
 DPI = 110
 
 
-def _save(fig, out: Path, name: str) -> list[Path]:
+def save_figure(fig, out: Path, name: str) -> list[Path]:
+    """``fig`` written to ``out`` as ``name``.png and ``name``.svg, then closed; the paths."""
     # bbox_inches="tight" lays the figure out again for every file to measure its box: once here
     # (the PNG is the same to the pixel; the SVG's box, measured by Agg, within ~0.5 pt)
     from matplotlib.layout_engine import PlaceHolderLayoutEngine
     fig.set_dpi(DPI)
     fig.draw_without_rendering()
-    box = fig.get_tightbbox().padded(_plt().rcParams["savefig.pad_inches"])
+    box = fig.get_tightbbox().padded(pyplot().rcParams["savefig.pad_inches"])
     if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
         fig.set_layout_engine("none")   # tight_layout() ran and left it; savefig would draw again
     paths = []
@@ -60,7 +63,7 @@ def _save(fig, out: Path, name: str) -> list[Path]:
         p = out / f"{name}.{ext}"
         fig.savefig(p, dpi=DPI, bbox_inches=box)
         paths.append(p)
-    _plt().close(fig)
+    pyplot().close(fig)
     return paths
 
 
@@ -80,7 +83,7 @@ def _label_stages(ax, m: Measurements, ylabel: str, title: str, legend_loc: str)
 
 
 def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     xs = range(len(m.runs))
     for x, run in zip(xs, m.runs):
@@ -100,12 +103,12 @@ def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
     _label_stages(ax, m, "memory per GPU (MB, 10^6 bytes)",
                   f"Per-GPU memory at N = {m.config.ranks}: model states by buffer (measured), "
                   f"activations hatched", "upper right")
-    return _save(fig, out, "memory_per_stage")
+    return save_figure(fig, out, "memory_per_stage")
 
 
 def comm_per_stage(m: Measurements, out: Path) -> list[Path]:
     from .tables import OPS, mean_by_op
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     step = m.config.steps
     for x, run in enumerate(m.runs):
@@ -126,11 +129,11 @@ def comm_per_stage(m: Measurements, out: Path) -> list[Path]:
     _label_stages(ax, m, "elements sent per GPU per step (units of Ψ)",
                   f"Communication per step per GPU at N = {m.config.ranks}, split by collective (measured)",
                   "upper left")
-    return _save(fig, out, "comm_per_stage")
+    return save_figure(fig, out, "comm_per_stage")
 
 
 def memory_vs_n(m: Measurements, out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     psi = m.runs[0].result.psi
     for s, points in sorted(m.sweep.items()):
@@ -152,11 +155,11 @@ def memory_vs_n(m: Measurements, out: Path) -> list[Path]:
     ax.set_title(f"Model states per GPU vs N (Ψ = {psi:,}): measured set-up vs C6–C9")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, out, "memory_vs_n")
+    return save_figure(fig, out, "memory_vs_n")
 
 
 def timeline(m: Measurements, out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
     runs = m.runs
@@ -194,7 +197,7 @@ def timeline(m: Measurements, out: Path) -> list[Path]:
     fig.suptitle("One training step per stage: compute (by phase) vs collectives (by op), per rank; "
                  "gaps are waits", y=1.03, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, out, "timeline")
+    return save_figure(fig, out, "timeline")
 
 
 def fragmentation(m: Measurements, out: Path) -> list[Path]:
@@ -204,7 +207,7 @@ def fragmentation(m: Measurements, out: Path) -> list[Path]:
     ``m`` holds (``measure(..., c30=True)``), else one meta step each here."""
     from ..runtime.trace import replay
     from .cached import c30_trace
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True, sharey=True)
     for ax, md in zip(axes, (False, True)):
         trace = m.c30[md] if md in m.c30 else c30_trace(74, md)
@@ -233,7 +236,7 @@ def fragmentation(m: Measurements, out: Path) -> list[Path]:
     axes[0].set_ylabel("GB on one GPU")
     fig.suptitle("Fragmentation (C30) and M_D (C37): GPT-2 1.5B, P_os+g+p, N_d = 400, "
                  "k = 2, 74 sequences per GPU", fontsize=10)
-    return _save(fig, out, "fragmentation")
+    return save_figure(fig, out, "fragmentation")
 
 
 def fragmentation_by_config(out, size: str = "100B") -> list[Path]:
@@ -242,7 +245,7 @@ def fragmentation_by_config(out, size: str = "100B") -> list[Path]:
     allocator model without a limit: the reserved peak is Figure 7's "max cached memory" (C48)."""
     from .cached import figure7
     from .configs import CONFIGS
-    plt = _plt()
+    plt = pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = figure7(size, samples=True)
@@ -265,7 +268,7 @@ def fragmentation_by_config(out, size: str = "100B") -> list[Path]:
     fig.suptitle(f"Cached vs allocated memory per configuration (C48, Figure 7): {size}, 400 GPUs, "
                  f"MP 16, the allocator model without a limit", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    return _save(fig, out, f"fragmentation_by_config_{size}")
+    return save_figure(fig, out, f"fragmentation_by_config_{size}")
 
 
 FIGURES = {"memory_per_stage": memory_per_stage, "comm_per_stage": comm_per_stage,

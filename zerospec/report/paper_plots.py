@@ -9,7 +9,7 @@ from pathlib import Path
 from ..paper import evaluation as ev
 from . import paper_runs as pr
 from .configs import CONFIGS
-from .figures import _plt, _save
+from .figures import pyplot, save_figure
 
 ZERO_COLOR, BASE_COLOR, LINK_ALPHA = "#55a868", "#4c72b0", 0.45
 
@@ -27,7 +27,7 @@ def _bars(ax, labels, series, ylabel, title) -> None:
 
 
 def figure2(out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     rows = pr.figure2()
     fig, ax = plt.subplots(figsize=(9, 4))
     _bars(ax, [z.run.size for z, _ in rows], [
@@ -41,11 +41,11 @@ def figure2(out: Path) -> list[Path]:
             label="paper: ZeRO 100B > 38")
     ax.plot([sizes.index("40B")], [5], "kx", ms=8, label="paper: baseline 40B ≈ 5")
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, out, "paper_figure2")
+    return save_figure(fig, out, "paper_figure2")
 
 
 def figure3(out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     rows = pr.figure3()
     gpus = [x.run.gpus for x in rows]
     agg = [x.none.tflops_per_gpu * x.run.gpus / 1000 for x in rows]
@@ -61,11 +61,11 @@ def figure3(out: Path) -> list[Path]:
     ax.set_title("Figure 3: super-linear scaling, 60B, MP 16 (DGX-2 model)", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, out, "paper_figure3")
+    return save_figure(fig, out, "paper_figure3")
 
 
 def figure4(out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     rows = pr.figure4_rows()
     fig, ax = plt.subplots(figsize=(9, 4))
     _bars(ax, [x.run.size for x in rows], [
@@ -80,12 +80,12 @@ def figure4(out: Path) -> list[Path]:
     ax.axhline(40, color="black", ls="--", lw=1, label="paper: ZeRO over 40 on average")
     ax.axhline(20, color="gray", ls=":", lw=1, label="paper: baseline under 20")
     ax.legend(fontsize=7, loc="lower left")
-    return _save(fig, out, "paper_figure4")
+    return save_figure(fig, out, "paper_figure4")
 
 
 def figure6(out: Path) -> list[Path]:
     from .paper_figures import PAPER_SIZE
-    plt = _plt()
+    plt = pyplot()
     got = pr.figure6()
     names = list(CONFIGS)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -94,11 +94,11 @@ def figure6(out: Path) -> list[Path]:
                       ("paper", [float(PAPER_SIZE[n][:-1]) for n in names], "#8c8c8c", 1.0)],
           "model size (B parameters)", "Figure 6: largest model per configuration, 400 GPUs, MP 16")
     ax.legend(fontsize=8)
-    return _save(fig, out, "paper_figure6")
+    return save_figure(fig, out, "paper_figure6")
 
 
 def figure8(out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     got = pr.figure8()
     names = list(got)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -108,4 +108,4 @@ def figure8(out: Path) -> list[Path]:
         ("backward overlap", [got[n].overlap.tflops_per_gpu for n in names], ZERO_COLOR, LINK_ALPHA)],
         "TFLOPS per GPU (model)", "Figure 8: 60B on 128 GPUs, MP 16, per configuration")
     ax.legend(fontsize=8)
-    return _save(fig, out, "paper_figure8")
+    return save_figure(fig, out, "paper_figure8")

@@ -212,11 +212,11 @@ def compare_rank(ctx, cfg, stages, *, runs=(("torch", "default"),), weights: boo
     """For each stage: zerospec's run, then DeepSpeed's for each (optimizer, settings) of ``runs``
     (with weights, or with comms: :func:`run_deepspeed`)."""
     from ..cluster.processes import new_context
-    from .oracles import _zerospec_rank
+    from .oracles import zerospec_rank
     out = []
     for k, stage in enumerate(stages):
         c = dataclasses.replace(cfg, stage=stage)
-        zs = _zerospec_rank(ctx if k == 0 else new_context(), c, count=False, weights=weights)
+        zs = zerospec_rank(ctx if k == 0 else new_context(), c, count=False, weights=weights)
         ds = {(o, s): run_deepspeed(stage, c, optimizer=o, settings=s, weights=weights) for o, s in runs}
         out.append({"stage": stage, "zerospec": zs, "deepspeed": ds})
     return out

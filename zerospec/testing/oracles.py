@@ -250,7 +250,7 @@ PHASE_GROUP = {"forward": "forward", "backward": "backward", "grad_sync": "backw
                "step": "step", "param_sync": "step"}
 
 
-def _zerospec_rank(ctx, cfg, *, count: bool, weights: bool) -> dict:
+def zerospec_rank(ctx, cfg, *, count: bool, weights: bool) -> dict:
     """zerospec's own per-rank run (train.rank_main), with per-step weights, counts and times."""
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -297,7 +297,7 @@ def compare_rank(ctx, cfg, stages, *, count: bool = True, weights: bool = True,
         c = dataclasses.replace(cfg, stage=stage)
 
         def ours():
-            return _zerospec_rank(ctx if k == 0 else processes.new_context(), c, count=count,
+            return zerospec_rank(ctx if k == 0 else processes.new_context(), c, count=count,
                                   weights=weights)
 
         def theirs():
