@@ -298,7 +298,7 @@ def compare_rank(ctx, cfg, stages, *, count: bool = True, weights: bool = True,
 
         def ours():
             return zerospec_rank(ctx if k == 0 else processes.new_context(), c, count=count,
-                                  weights=weights)
+                                 weights=weights)
 
         def theirs():
             return {o: run_peer(stage, c, weights=weights, count=count, optimizer=o)
