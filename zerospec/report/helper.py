@@ -95,7 +95,7 @@ class Beside:
                                "(a script that measures on import): put the call under "
                                "`if __name__ == \"__main__\":`")
         cpus = usable_cpus()
-        mine = caller_cpu() if len(cpus) > 1 and hasattr(os, "sched_setaffinity") else None
+        mine = caller_cpu() if len(cpus) > 1 else None   # None also where threads cannot be pinned
         if mine is None:
             return self
         free = set(cpus) - {mine}
