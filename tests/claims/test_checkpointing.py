@@ -3,7 +3,7 @@
 Exactness on the tiny GPTs (threads): the recompute runs the same kernels in the same order, so a
 run with a checkpoint per block is bit-identical to one without, in every stage. Paper scale on
 meta tensors: GPT-2 1.5B (C27) and the 100B model of Table 4 (C28) at sequence 1K, batch 32, one
-checkpoint per block — activation bytes from the ledger, recompute FLOPs from FlopCounterMode.
+checkpoint per block — activation bytes from the ledger, recompute FLOPs from torch's FLOP formulas.
 spec/activations.md shows the table and says where the paper's numbers and ours part.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def assert_ledger_is_the_shape(name: str) -> dict[str, int]:
 
 def recompute_flops(name: str) -> tuple[int, int]:
     """(recompute FLOPs, forward FLOPs): backward with checkpointing less the plain backward (2×
-    forward for matmuls, FlopCounterMode's count) is the blocks' forward again."""
+    forward for matmuls, by torch's formulas) is the blocks' forward again."""
     f = measured(name).classes[0].output.flops[0]
     return f["backward"] - 2 * f["forward"], f["forward"]
 

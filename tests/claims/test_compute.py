@@ -1,7 +1,8 @@
 """Compute is not partitioned: every stage does the same FLOPs per GPU; only the optimizer shrinks (P2).
 
-FLOPs are counted by torch.utils.flop_counter.FlopCounterMode around each rank's forward and
-backward. Attention is written out as matmuls (model.py), so it is counted.
+FLOPs are counted around each rank's forward and backward with torch's FLOP formulas, by the op
+observer (runtime/opcount.py; tests/unit/test_opcount.py checks its totals against
+FlopCounterMode's). Attention is written out as matmuls (model.py), so it is counted.
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def test_forward_flops_match_the_matmul_count_and_backward_is_twice_forward(n_d,
                                                     (4, "odd", 3)])
 @pytest.mark.claim("P2")
 def test_a_meta_step_counts_the_flops_of_a_real_step_on_every_rank(n_d, model, micro_batch):
-    """The report's FLOP count (one step on meta tensors, one rank per class) equals what
-    FlopCounterMode counts in a real step of the report's own configuration, for every rank:
-    forward, backward, optimizer elements (the ranks of a class count alike, so a class is
+    """The report's FLOP count (one step on meta tensors, one rank per class) equals what is
+    counted in a real step of the report's own configuration, for every rank: forward,
+    backward, optimizer elements (the ranks of a class count alike, so a class is
     checked on each of its ranks, not told apart from the others)."""
     cfg = ReportConfig(ranks=n_d, model=MODELS[model], micro_batch=micro_batch)
     for key in VARIANTS:

@@ -60,7 +60,7 @@ INTENSITY = [pytest.param(name, n_m, id=name, marks=[pytest.mark.slow] * (name !
 
 
 def intensity(name: str, n_m: int) -> tuple[Fraction, int]:
-    """(FLOPs per iteration ÷ checkpoint bytes moved, hd): FLOPs measured with FlopCounterMode
+    """(FLOPs per iteration ÷ checkpoint bytes moved, hd): FLOPs counted with torch's formulas
     (forward, recompute, backward), bytes read off the host link with P_a+cpu."""
     m = preset(name).model
     r = measure(m, 0, 1, micro_batch=1, n_m=n_m, checkpoint_activations=1,

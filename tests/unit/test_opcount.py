@@ -16,6 +16,7 @@ from zerospec.model.gpt import ODD
 from zerospec.model.presets import gpt
 from zerospec.runtime.observe import Observer
 from zerospec.runtime.opcount import Op, OpCounter, total_bytes, total_flops
+from zerospec.testing.flops import flop_counter_mode_alongside
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 from zerospec.training.scale import measure
@@ -123,33 +124,44 @@ def test_inside_the_memory_observer_nothing_it_sees_changes():
     assert nested.written == plain.written
 
 
-# -- on real steps -----------------------------------------------------------------------------------------
+# -- on real steps: the counter is what training counts FLOPs with, FlopCounterMode the oracle ---------
 @functools.lru_cache(maxsize=None)
 def meta_step():
-    """4 blocks of 256, N_d × N_m = 2 × 2, a checkpoint per block: backward recomputes."""
-    return measure(gpt(4, 256, 4), 2, 2, micro_batch=2, n_m=2, checkpoint_activations=1,
-                   count_flops=True).classes[0].output
+    """4 blocks of 256, N_d × N_m = 2 × 2, a checkpoint per block: backward recomputes. With
+    FlopCounterMode beside every counted phase: (output, [(its total, the counter's total)])."""
+    with flop_counter_mode_alongside() as totals:
+        out = measure(gpt(4, 256, 4), 2, 2, micro_batch=2, n_m=2, checkpoint_activations=1,
+                      count_flops=True).classes[0].output
+    return out, totals
 
 
 @functools.lru_cache(maxsize=None)
-def thread_step():
-    """Stage 3 on 2 virtual GPUs, 2 steps of the ODD model, CPU threads (fp32 compute)."""
-    cfg = TrainConfig(stage=3, n_d=2, model=ODD, steps=2, count_flops=True,
+def thread_step(stage: int):
+    """``stage`` on 2 virtual GPUs, 2 steps of the ODD model, CPU threads (fp32 compute), a
+    checkpoint per block, FlopCounterMode beside: (per-rank outputs, the totals' pairs)."""
+    cfg = TrainConfig(stage=stage, n_d=2, model=ODD, steps=2, count_flops=True,
                       checkpoint_activations=1)
-    return train(cfg, cluster=VirtualCluster(2)).ranks
+    with flop_counter_mode_alongside() as totals:
+        ranks = train(cfg, cluster=VirtualCluster(2)).ranks
+    return ranks, totals
 
 
 @pytest.mark.parametrize("phase", ["forward", "backward"])
-def test_on_a_meta_step_the_ops_flops_sum_to_flop_counter_modes_total(phase):
-    """Every forward and backward (recompute included) op's FLOPs, summed, equal the total
-    FlopCounterMode reported for that phase of the same step: exact integers."""
-    out = meta_step()
-    assert total_flops(out.ops[0][phase]) == out.flops[0][phase] > 0
+def test_on_a_meta_step_the_counted_flops_are_flop_counter_modes_total(phase):
+    """The FLOPs a meta step reports for each phase (recompute included) are the sum of its ops'
+    and equal FlopCounterMode's total over the same phase: exact integers."""
+    out, totals = meta_step()
+    assert totals and all(fc == oc > 0 for fc, oc in totals), totals
+    assert out.flops[0][phase] == total_flops(out.ops[0][phase]) in {oc for _, oc in totals}
 
 
-def test_on_threads_every_rank_and_step_sums_to_flop_counter_modes_total():
-    """On CPU threads (stage 3, 2 ranks, 2 steps): per rank, step and phase, the same equality."""
-    for out in thread_step():
+@pytest.mark.parametrize("stage", [0, 3])
+def test_on_threads_every_rank_step_and_phase_counts_flop_counter_modes_total(stage):
+    """On CPU threads (DP and P_os+g+p, 2 ranks, 2 steps): FlopCounterMode beside each of the
+    8 counted phases totals what the counter does, and each rank reports the counter's sums."""
+    ranks, totals = thread_step(stage)
+    assert len(totals) == 2 * 2 * 2 and all(fc == oc > 0 for fc, oc in totals), totals
+    for out in ranks:
         assert len(out.ops) == 2
         for ops, flops in zip(out.ops, out.flops):
             assert all(total_flops(ops[p]) == flops[p] > 0 for p in ("forward", "backward"))
@@ -159,7 +171,7 @@ def test_backward_holds_the_recompute_of_every_checkpointed_block():
     """With a checkpoint per block, backward reruns each block's forward: its GELUs and
     attention softmaxes appear in backward as often as in forward, and its bytes exceed
     forward's."""
-    out = meta_step()
+    out, _ = meta_step()
     fwd, bwd = out.ops[0]["forward"], out.ops[0]["backward"]
 
     def calls(ops, name):
@@ -171,5 +183,5 @@ def test_backward_holds_the_recompute_of_every_checkpointed_block():
 
 def test_a_step_is_a_few_dozen_distinct_ops_however_many_calls():
     """Identical ops aggregate: the meta step makes hundreds of calls but few distinct tuples."""
-    ops = meta_step().ops[0]["backward"]
+    ops = meta_step()[0].ops[0]["backward"]
     assert sum(ops.values()) > 10 * len(ops) // 2 and len(ops) < 100

@@ -62,7 +62,7 @@ class ReportConfig:
 
     def count_flops(self, key: str) -> list[RankOutput]:
         """Variant ``key``'s FLOP-counting step: one step of the same configuration on meta tensors
-        under FlopCounterMode (:func:`zerospec.training.scale.measure`), one rank per class of
+        with its FLOPs counted (:func:`zerospec.training.scale.measure`), one rank per class of
         identical ranks, its output repeated for each rank of the class → one output per rank.
 
         FLOPs are a function of the ops' shapes alone, so a meta step counts what a real one does
@@ -85,7 +85,7 @@ class Run:
     result: Result          # the timed run: memory, comm, losses, weights, timelines
     replay: StepReplay      # its last step replayed on N parallel clocks
     flops: list[RankOutput]  # per rank: one step of the same configuration on meta tensors
-    #                          under FlopCounterMode (its losses and masters are meta tensors)
+    #                          with FLOPs counted (its losses and masters are meta tensors)
 
     @property
     def stage(self) -> int:
@@ -150,7 +150,7 @@ def measure(cfg: ReportConfig, *, quiet: bool = False, c30: bool = False) -> Mea
     its FLOPs in a separate one-step run (:meth:`ReportConfig.count_flops`), and measure set-up
     memory across N for the sweep; ``c30``: also trace C30's case for the fragmentation figure.
 
-    FLOPs are counted apart because FlopCounterMode intercepts every op (2–4× slower steps here),
+    FLOPs are counted apart because their counter intercepts every op (slower steps),
     which would distort the timed run's wall-clock and timeline. Everything runs with one intra-op
     thread: the baton runs one rank at a time, the matmuls are tiny, and on a shared 2-core machine
     a second OpenMP thread made steps 2–3× slower, not faster. The meta steps
