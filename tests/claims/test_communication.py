@@ -43,7 +43,7 @@ def test_zero1_all_reduce_variant_costs_1_5x(n_d, claim_values):
     claim_values("1.5× of reduce_scatter variant", "1.5× (C23)")
 
 
-@pytest.mark.parametrize("n_d", [4, 32])
+@pytest.mark.parametrize("n_d", sizes(4, 32))
 @pytest.mark.claim("C25")
 def test_stage3_costs_1_5x_dp_and_stages_1_2_cost_1x(n_d, claim_values):
     """P_os and P_os+g cost 1× the DP volume, P_os+g+p 1.5× (C25)."""
@@ -53,7 +53,7 @@ def test_stage3_costs_1_5x_dp_and_stages_1_2_cost_1x(n_d, claim_values):
     assert ratios == [1, 1, 1, Fraction(3, 2)]
 
 
-@pytest.mark.parametrize("n_d", [4, 32])
+@pytest.mark.parametrize("n_d", sizes(4, 32))
 @pytest.mark.claim("C57")
 def test_stage3_volume_is_forward_gathers_plus_backward_gathers_plus_reduce_scatter(n_d):
     """3Ψ = Ψ all-gather in forward + Ψ all-gather in backward + Ψ reduce-scatter (C24, C57)."""
@@ -68,7 +68,7 @@ def test_stage3_volume_is_forward_gathers_plus_backward_gathers_plus_reduce_scat
     assert r.comm.elements(0, step=STEP, op="all_gather", phase="param_sync") == 0
 
 
-@pytest.mark.parametrize("n_d", [4, 32])
+@pytest.mark.parametrize("n_d", sizes(4, 32))
 @pytest.mark.claim("C8")
 def test_stage2_reduces_inside_backward_and_stage1_after_it(n_d):
     """ZeRO-2 is a "when" win: the same reduce-scatter bytes, moved during backward (C8, C22)."""

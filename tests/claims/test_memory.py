@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.runs import run, stage_cases, stage_id
+from tests.runs import run, sizes, stage_cases, stage_id
 from zerospec import VirtualCluster
 from zerospec.paper import theory
 from zerospec.model.gpt import GPTConfig, init_params
@@ -31,7 +31,7 @@ def test_model_states_per_rank_equal_the_stage_formula(stage, n_d, model, claim_
     assert measured == [expected] * n_d
 
 
-@pytest.mark.parametrize("n_d", [1, 4, 32])
+@pytest.mark.parametrize("n_d", sizes(1, 4, 32))
 @pytest.mark.claim("C2")
 def test_each_parameter_costs_2_2_and_12_bytes(n_d):
     """fp16 params 2Ψ, fp16 grads 2Ψ, fp32 master+m+v 12Ψ: 16 bytes per parameter (C2, K = 12)."""
@@ -42,7 +42,7 @@ def test_each_parameter_costs_2_2_and_12_bytes(n_d):
     assert sum(cur[c] for c in ("master32", "exp_avg", "exp_avg_sq")) == theory.K_ADAM * r.psi
 
 
-@pytest.mark.parametrize("n_d", [2, 32])
+@pytest.mark.parametrize("n_d", sizes(2, 32))
 @pytest.mark.claim("C8")
 def test_stage2_never_holds_a_full_gradient(n_d):
     """P_os+g: the grad16 peak is the 2Ψ/N shard plus at most one unit in flight (C8)."""
@@ -53,7 +53,7 @@ def test_stage2_never_holds_a_full_gradient(n_d):
         assert r.memory[k].peak["grad16"] < 2 * r.psi  # a full gradient buffer never existed
 
 
-@pytest.mark.parametrize("n_d", [2, 32])
+@pytest.mark.parametrize("n_d", sizes(2, 32))
 @pytest.mark.claim("C9")
 def test_stage3_gathered_parameters_are_bounded_by_the_largest_unit(n_d):
     """P_os+g+p: a gathered unit is freed after use, so at most one unit is whole at a time (C9)."""
@@ -63,7 +63,7 @@ def test_stage3_gathered_parameters_are_bounded_by_the_largest_unit(n_d):
     assert all(r.memory[k].current["gathered"] == 0 for k in range(n_d))
 
 
-@pytest.mark.parametrize("n_d", [4, 32])
+@pytest.mark.parametrize("n_d", sizes(4, 32))
 @pytest.mark.claim("P3")
 def test_activation_memory_is_the_same_in_every_stage(n_d):
     """ZeRO-DP partitions model states only; the activations each rank saves are unchanged (P3)."""
@@ -71,12 +71,14 @@ def test_activation_memory_is_the_same_in_every_stage(n_d):
     assert peaks[0] > 0 and peaks == [peaks[0]] * 4
 
 
+@pytest.mark.parametrize("n_d", sizes(4, 32))
 @pytest.mark.claim("P3")
-def test_activation_memory_per_rank_does_not_depend_on_n_d():
-    """Each rank saves activations for its own micro-batch only: the same bytes at N = 1 and 32."""
-    assert run(0, 1).memory[0].peak["activations"] == run(0, 32).memory[0].peak["activations"]
+def test_activation_memory_per_rank_does_not_depend_on_n_d(n_d):
+    """Each rank saves activations for its own micro-batch only: the same bytes at N = 1 and N."""
+    assert run(0, 1).memory[0].peak["activations"] == run(0, n_d).memory[0].peak["activations"]
 
 
+@pytest.mark.slow   # the seed's N = 32 runs (tests/runs.py, N_DS_DEFAULT)
 @pytest.mark.claim("P3")
 def test_by_stage3_activations_outweigh_model_states():
     """The seed's observation: at N = 32 the activations dominate what ZeRO-3 leaves per GPU."""

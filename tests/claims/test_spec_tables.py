@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
 
 from tests.runs import STEPS, run
 from tools import specsync
@@ -20,22 +21,26 @@ def _seed_runs(n_d=32):
     return [run(s, n_d, **kw) for s, kw in SEED]
 
 
+@pytest.mark.slow   # N = 32 (the FLOPs: 8), the wider sizes (tests/runs.py, N_DS_DEFAULT)
 def test_memory_table_at_32_gpus(md_snapshot):
     """Seed table 1: per-GPU model states per stage at N = 32, measured vs the paper's formula."""
     assert tables.memory_table(_seed_runs()) == md_snapshot
 
 
+@pytest.mark.slow   # N = 32 (the FLOPs: 8), the wider sizes (tests/runs.py, N_DS_DEFAULT)
 def test_comm_table_at_32_gpus(md_snapshot):
     """Elements per step per GPU in Ψ units, split by collective, and collectives per step."""
     assert tables.comm_table(_seed_runs()) == md_snapshot
 
 
+@pytest.mark.slow   # N = 32 (the FLOPs: 8), the wider sizes (tests/runs.py, N_DS_DEFAULT)
 def test_equivalence_table_at_32_gpus(md_table_snapshot):
     """Losses per step and the largest difference from DP (zero in every stage)."""
     # losses within fp32 rounding per step (spec/determinism.md); Δ = 0 exactly
     assert tables.equivalence_table(_seed_runs()) == md_table_snapshot(steps=["loss at steps 1…"])
 
 
+@pytest.mark.slow   # N = 32 (the FLOPs: 8), the wider sizes (tests/runs.py, N_DS_DEFAULT)
 def test_flops_table_at_8_gpus(md_snapshot):
     """Forward/backward FLOPs per GPU (unchanged) and optimizer elements (Ψ → Ψ/N)."""
     assert tables.flops_table([run(s, 8, steps=1, count_flops=True) for s in range(4)]) == md_snapshot
