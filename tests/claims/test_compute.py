@@ -14,7 +14,8 @@ from tests.runs import MODELS, run, sizes, stage_id, trained, wider
 from zerospec.paper import theory
 from zerospec.report.measure import VARIANTS, ReportConfig
 
-CASES = [pytest.param(n, m, id=f"nd={n}/{m}", marks=wider(n, m)) for n, m in [(8, "small"), (4, "odd")]]
+CASES = [pytest.param(n, m, id=f"nd={n}/{m}", marks=wider(n, m))
+         for n, m in [(8, "small"), (4, "odd")]]
 
 
 def _flops(stage, n_d, model):

@@ -124,7 +124,7 @@ def test_inside_the_memory_observer_nothing_it_sees_changes():
     assert nested.written == plain.written
 
 
-# -- on real steps: the counter is what training counts FLOPs with, FlopCounterMode the oracle ---------
+# -- on real steps: training counts FLOPs with the counter; FlopCounterMode is the oracle ----------
 @functools.lru_cache(maxsize=None)
 def meta_step():
     """4 blocks of 256, N_d × N_m = 2 × 2, a checkpoint per block: backward recomputes. With

@@ -5,8 +5,8 @@ The model never owns parameters: each layer asks ``fetch(unit_index)`` for its u
 all-gather just in time — is the ZeRO stage's business; the math here is the same in every stage,
 which is what makes the stages bit-identical (design property 3).
 
-Attention is written out (no SDPA), so torch's FLOP formulas count it: on CPU, SDPA's default kernel has
-no FLOP formula and would count attention as 0.
+Attention is written out (no SDPA), so torch's FLOP formulas count it: on CPU, SDPA's default
+kernel has no FLOP formula and would count attention as 0.
 """
 from __future__ import annotations
 

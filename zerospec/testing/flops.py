@@ -1,4 +1,5 @@
-"""A hook for tests of the FLOP counts: ``with flop_counter_mode_alongside() as totals: train(...)``.
+"""A hook for tests of the FLOP counts:
+``with flop_counter_mode_alongside() as totals: train(...)``.
 
 zerospec counts FLOPs with its own :class:`~zerospec.runtime.opcount.OpCounter` (torch's FLOP
 formulas, ``FlopCounterMode``'s rule for which ops they apply to) and does not enter
