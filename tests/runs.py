@@ -115,7 +115,8 @@ def sizes(*n_ds: int) -> list:
 def stage_cases(claim) -> list:
     """stage × N_d × model parameters with readable ids (``P_os+g/nd=32/small``), each marked with
     ``claim(stage)``'s id, read from theory's stage table (``lambda s: s.memory_claim``), and slow
-    at the wider N_d (``wider``); the default model last, so its N = 32 row speaks in the summary."""
+    at the wider N_d (``wider``); the default model last, so its largest N_d run (4 in the default run,
+    32 in the slow cases) speaks in the summary."""
     return [pytest.param(s, n, m, id=f"{stage_id(s)}/nd={n}/{m}",
                          marks=[pytest.mark.claim(claim(theory.stage(s)))] + wider(n, m))
             for m in reversed(list(MODELS)) for n in N_DS for s in range(4)]

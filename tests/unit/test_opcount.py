@@ -125,20 +125,23 @@ def test_inside_the_memory_observer_nothing_it_sees_changes():
 
 
 # -- on real steps: training counts FLOPs with the counter; FlopCounterMode is the oracle ----------
+PHASES = ("forward", "backward")
+
+
 @functools.lru_cache(maxsize=None)
 def meta_step():
     """4 blocks of 256, N_d × N_m = 2 × 2, a checkpoint per block: backward recomputes. With
-    FlopCounterMode beside every counted phase: (output, [(its total, the counter's total)])."""
+    FlopCounterMode beneath every counted phase: (each rank class's output, the totals' pairs)."""
     with flop_counter_mode_alongside() as totals:
-        out = measure(gpt(4, 256, 4), 2, 2, micro_batch=2, n_m=2, checkpoint_activations=1,
-                      count_flops=True).classes[0].output
-    return out, totals
+        res = measure(gpt(4, 256, 4), 2, 2, micro_batch=2, n_m=2, checkpoint_activations=1,
+                      count_flops=True)
+    return [c.output for c in res.classes], totals
 
 
 @functools.lru_cache(maxsize=None)
 def thread_step(stage: int):
     """``stage`` on 2 virtual GPUs, 2 steps of the ODD model, CPU threads (fp32 compute), a
-    checkpoint per block, FlopCounterMode beside: (per-rank outputs, the totals' pairs)."""
+    checkpoint per block, FlopCounterMode beneath: (per-rank outputs, the totals' pairs)."""
     cfg = TrainConfig(stage=stage, n_d=2, model=ODD, steps=2, count_flops=True,
                       checkpoint_activations=1)
     with flop_counter_mode_alongside() as totals:
@@ -146,32 +149,38 @@ def thread_step(stage: int):
     return ranks, totals
 
 
-@pytest.mark.parametrize("phase", ["forward", "backward"])
-def test_on_a_meta_step_the_counted_flops_are_flop_counter_modes_total(phase):
-    """The FLOPs a meta step reports for each phase (recompute included) are the sum of its ops'
-    and equal FlopCounterMode's total over the same phase: exact integers."""
-    out, totals = meta_step()
+def reported(outputs) -> list[int]:
+    """Every FLOP count the outputs report: per output, step and phase (one micro-batch each)."""
+    return sorted(f[p] for out in outputs for f in out.flops for p in PHASES)
+
+
+def test_on_a_meta_step_the_reported_flops_are_flop_counter_modes_totals():
+    """Each FLOP count a meta step reports (per rank class and phase, recompute included) is
+    FlopCounterMode's total over the same phase, counted beneath the counter: exact integers."""
+    outs, totals = meta_step()
     assert totals and all(fc == oc > 0 for fc, oc in totals), totals
-    assert out.flops[0][phase] == total_flops(out.ops[0][phase]) in {oc for _, oc in totals}
+    assert reported(outs) == sorted(fc for fc, _ in totals)
+    assert all(total_flops(o.ops[0][p]) == o.flops[0][p] for o in outs for p in PHASES)
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_on_threads_every_rank_step_and_phase_counts_flop_counter_modes_total(stage):
-    """On CPU threads (DP and P_os+g+p, 2 ranks, 2 steps): FlopCounterMode beside each of the
-    8 counted phases totals what the counter does, and each rank reports the counter's sums."""
+def test_on_threads_every_rank_step_and_phase_reports_flop_counter_modes_total(stage):
+    """On CPU threads (DP and P_os+g+p, 2 ranks, 2 steps): the 8 FLOP counts the ranks report
+    are FlopCounterMode's totals over those phases, and each rank's per-op record sums to its."""
     ranks, totals = thread_step(stage)
     assert len(totals) == 2 * 2 * 2 and all(fc == oc > 0 for fc, oc in totals), totals
+    assert reported(ranks) == sorted(fc for fc, _ in totals)
     for out in ranks:
         assert len(out.ops) == 2
         for ops, flops in zip(out.ops, out.flops):
-            assert all(total_flops(ops[p]) == flops[p] > 0 for p in ("forward", "backward"))
+            assert all(total_flops(ops[p]) == flops[p] for p in PHASES)
 
 
 def test_backward_holds_the_recompute_of_every_checkpointed_block():
     """With a checkpoint per block, backward reruns each block's forward: its GELUs and
     attention softmaxes appear in backward as often as in forward, and its bytes exceed
     forward's."""
-    out, _ = meta_step()
+    out = meta_step()[0][0]
     fwd, bwd = out.ops[0]["forward"], out.ops[0]["backward"]
 
     def calls(ops, name):
@@ -183,5 +192,5 @@ def test_backward_holds_the_recompute_of_every_checkpointed_block():
 
 def test_a_step_is_a_few_dozen_distinct_ops_however_many_calls():
     """Identical ops aggregate: the meta step makes hundreds of calls but few distinct tuples."""
-    ops = meta_step()[0].ops[0]["backward"]
+    ops = meta_step()[0][0].ops[0]["backward"]
     assert sum(ops.values()) > 10 * len(ops) // 2 and len(ops) < 100

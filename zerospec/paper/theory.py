@@ -179,7 +179,7 @@ def gpt_forward_flops(n_layer: int, d: int, vocab: int, batch: int, seq: int) ->
 
     Blocks: 12·d² weights per layer (C26's 4 + 8) → 2·tokens·12·d²·L; attention scores and the
     weighted sum 2 × 2·batch·seq²·d per layer; tied LM head 2·tokens·vocab·d. Embedding lookups,
-    LayerNorm and softmax are not matmuls (FlopCounterMode counts them as 0, as the paper does).
+    LayerNorm and softmax are not matmuls (torch's FLOP formulas count them as 0, as the paper does).
     Backward is twice this: one matmul for the input gradient, one for the weight gradient.
     """
     tokens = batch * seq

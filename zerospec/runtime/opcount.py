@@ -28,7 +28,7 @@ every call on unchanged, so it nests with ``FlopCounterMode`` and with the memor
 (:mod:`.observe`, :mod:`.trace`) in any order without changing what they see or return
 (the tests enter FlopCounterMode after it, whose view of the ops is then exactly as without it:
 zerospec/testing/flops.py). Training counts its FLOPs with this mode alone: a 100B meta step
-took 0.70× as long with it as with FlopCounterMode in its place (benchmarks/).
+took 0.65–0.70× as long with it as with FlopCounterMode in its place (benchmarks/).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -51,10 +51,11 @@ class RankOutput:
     #                                       forward/backward: runtime.opcount.Op -> calls
 
 
-def flop_oracle(counter: OpCounter):
-    """What runs beside each counted phase's :class:`OpCounter`: nothing. A seam: the tests put
-    torch's ``FlopCounterMode`` there and check that its totals equal the counter's
-    (zerospec/testing/flops.py)."""
+def flop_oracle(counted: Callable[[], int]):
+    """What runs beneath each counted phase's :class:`OpCounter`: nothing. A seam: the tests put
+    torch's ``FlopCounterMode`` there, below the counter, which then decomposes and counts every
+    op as it does alone, and compare its total with ``counted()`` (the counter's) when the phase
+    ends (zerospec/testing/flops.py)."""
     return contextlib.nullcontext()
 
 
@@ -68,7 +69,8 @@ def _flops(enabled: bool, ops: Counter):
     if not enabled:
         yield None
         return
-    with OpCounter() as oc, flop_oracle(oc):
+    oc = OpCounter()
+    with flop_oracle(lambda: oc.flops), oc:
         yield oc
     ops.update(oc.ops)
 
