@@ -64,7 +64,8 @@ def equivalence_table(results) -> str:
 
 
 def flops_table(results) -> str:
-    """FLOPs per GPU per step (torch's FLOP formulas, runtime/opcount.py) and elements the optimizer step touched."""
+    """FLOPs per GPU per step (torch's FLOP formulas, runtime/opcount.py) and elements the
+    optimizer step touched."""
     rows = [[_label(r), f"{r.ranks[0].flops[0]['forward']:,}", f"{r.ranks[0].flops[0]['backward']:,}",
              f"{r.ranks[0].optim_elements[0]:,}"] for r in results]
     return markdown(["stage", "forward FLOPs /GPU", "backward FLOPs /GPU", "optimizer elements /GPU"], rows)

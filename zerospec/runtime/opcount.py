@@ -26,7 +26,7 @@ shapes, so a 100B step is a few hundred distinct tuples however many layers it h
 The mode keeps no state but its Counter and a cache of each aten op's schema facts, and passes
 every call on unchanged, so it nests with ``FlopCounterMode`` and with the memory observers
 (:mod:`.observe`, :mod:`.trace`) in any order without changing what they see or return
-(the tests enter FlopCounterMode after it, whose view of the ops is then exactly as without it:
+(the tests enter FlopCounterMode beneath it, which then sees the ops the counter passes on:
 zerospec/testing/flops.py). Training counts its FLOPs with this mode alone: a 100B meta step
 took 0.65–0.70× as long with it as with FlopCounterMode in its place (benchmarks/).
 """

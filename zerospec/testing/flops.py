@@ -31,11 +31,11 @@ def flop_counter_mode_alongside():
     lock = threading.Lock()
 
     @contextlib.contextmanager
-    def beneath(counted):
+    def beneath(counter):
         with FlopCounterMode(display=False) as fc:
             yield
             with lock:   # the counter, entered above, has left: it saw every op of the phase
-                totals.append((fc.get_total_flops(), counted()))
+                totals.append((fc.get_total_flops(), counter.flops))
 
     with mock.patch.object(step, "flop_oracle", beneath):
         yield totals

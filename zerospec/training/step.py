@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -51,11 +51,11 @@ class RankOutput:
     #                                       forward/backward: runtime.opcount.Op -> calls
 
 
-def flop_oracle(counted: Callable[[], int]):
-    """What runs beneath each counted phase's :class:`OpCounter`: nothing. A seam: the tests put
-    torch's ``FlopCounterMode`` there, below the counter, which then decomposes and counts every
-    op as it does alone, and compare its total with ``counted()`` (the counter's) when the phase
-    ends (zerospec/testing/flops.py)."""
+def flop_oracle(counter: OpCounter):
+    """What runs beneath each counted phase's ``counter``: nothing. A seam: the tests put torch's
+    ``FlopCounterMode`` there, below the counter, which then decomposes and counts every op as it
+    does alone, and compare its total with ``counter.flops`` when the phase ends
+    (zerospec/testing/flops.py)."""
     return contextlib.nullcontext()
 
 
@@ -70,7 +70,7 @@ def _flops(enabled: bool, ops: Counter):
         yield None
         return
     oc = OpCounter()
-    with flop_oracle(lambda: oc.flops), oc:
+    with flop_oracle(oc), oc:
         yield oc
     ops.update(oc.ops)
 
