@@ -16,11 +16,14 @@ Tolerances, derived (spec/engine.md, "How close the peers must be"):
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tests.runs import LONG_STEPS, MODELS, stage_id
 from zerospec.testing.oracles import PEERS, compare
+from zerospec.testing.paired import paired
 from zerospec.training.config import TrainConfig
 
 STAGES = (0, 1, 2, 3)
@@ -135,6 +138,18 @@ def test_collective_counts_differ_from_the_peers_only_as_spec_engine_md_explains
     ours, fsdp = last[3]
     assert ours["forward"] == {"all_gather": U + 1} and ours["backward"]["all_gather"] == U - 1
     assert fsdp["forward"] == {"all_gather": U} and fsdp["backward"]["all_gather"] == U
+
+
+@pytest.mark.parametrize("stage", [0, 3], ids=lambda s: f"{stage_id(s)}-vs-{PEERS[s]}")
+def test_interleaved_with_its_peer_step_by_step_each_side_trains_as_alone(stage):
+    """The engine benchmark's pairing (zerospec/testing/paired.py): zerospec's step s, then the
+    peer's, on the same processes. With zerospec's Adam at N = 2 both give the same losses (equal
+    bits, as in separate runs above), and every step of both sides is timed."""
+    cfg = dataclasses.replace(_cfg(2), stage=stage, steps=3)
+    for rank in paired(cfg, optimizer="zerospec"):
+        assert rank["losses"] == rank["peer_losses"] and len(set(rank["losses"])) == 3
+        assert all(len(rank[k]) == 3 and min(rank[k]) > 0
+                   for k in ("ours", "peer", "ours_cpu", "peer_cpu"))
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from zerospec.runtime.memory import MemoryLedger
+from zerospec.runtime.memory import MemoryLedger, storage_key
 from zerospec.model.units import make_units
 from zerospec.zero.fetch import ParamFetcher
 from zerospec.zero.saved import UseState
@@ -17,11 +17,11 @@ class _Stage:
 
     resident = True
 
-    def __init__(self):
+    def __init__(self, dtype=torch.float16):
         self.units = make_units([("u", [("a", (3,)), ("b", (2,))])], n_d=1, pad=False)
         self.ctx = types.SimpleNamespace(memory=MemoryLedger())
-        self.params = [torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float16)]
-        self.slots = [torch.full((5,), 7.0, dtype=torch.float16)]   # last step's gradient
+        self.params = [torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=dtype)]
+        self.slots = [torch.full((5,), 7.0, dtype=dtype)]   # last step's gradient
         self.ready: list[int] = []
 
     def is_resident(self, i):
@@ -43,8 +43,8 @@ class _Stage:
         self.ready.append(i)
 
 
-def _run(forward, resident: bool = True) -> _Stage:
-    stage = _Stage()
+def _run(forward, resident: bool = True, dtype=torch.float16) -> _Stage:
+    stage = _Stage(dtype)
     stage.resident = resident
     stage.fetcher = fetcher = ParamFetcher(stage, torch.float32)
     with fetcher.hooks():
@@ -88,6 +88,25 @@ def test_no_fp32_compute_copy_outlives_backward(resident):
     assert stage.slots[0].tolist() == [2.0, 4.0, 6.0, 1.0, 1.0]
     for use in stage.fetcher.saved.uses.values():
         assert use.leaf.untyped_storage().nbytes() == 0 and use.cast is None
+
+
+def _nothing_saved(fetch):
+    with fetch(0) as p:           # sums save nothing: the use ends with no saved view
+        return p["b"].sum() + p["a"].sum()
+
+
+@pytest.mark.parametrize("forward", [_square, _nothing_saved], ids=["views-saved", "none-saved"])
+@pytest.mark.parametrize("resident", [True, False], ids=["stages0-2", "stage3"])
+def test_fp32_training_reads_a_kept_unit_in_place_and_leaves_it_whole(forward, resident):
+    """fp32 training: a unit the stage keeps is computed from the stage's own vector (no copy per
+    use); one it does not keep (stage 3) from a copy. Either way the vector survives backward."""
+    stage = _run(forward, resident, torch.float32)
+    (use,) = stage.fetcher.saved.uses.values()
+    in_place = storage_key(use.leaf) == storage_key(stage.params[0])   # (no repr of a freed leaf)
+    assert in_place is resident
+    assert stage.params[0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert stage.slots[0].tolist() == ([2.0, 4.0, 6.0, 1.0, 1.0] if forward is _square
+                                       else [1.0] * 5)
 
 
 @pytest.mark.parametrize("resident", [True, False], ids=["stages0-2", "stage3"])

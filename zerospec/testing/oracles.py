@@ -207,6 +207,17 @@ def run_peer(stage: int, cfg, *, weights: bool = True, count: bool = True,
     ``counts`` of the last step (phase → op → collectives, from ``CommDebugMode``; None unless
     ``count``) and ``seconds`` per step.
     """
+    out: dict = {}
+    for out in peer_steps(stage, cfg, weights=weights, count=count, optimizer=optimizer):
+        pass
+    return out
+
+
+def peer_steps(stage: int, cfg, *, weights: bool = True, count: bool = True,
+               optimizer: str = "torch"):
+    """:func:`run_peer` one step at a time: each ``next()`` trains the next step (the first also
+    builds the peer) and yields the record so far, the same dict each time — for a caller that
+    interleaves the peer's steps with its own (zerospec/testing/paired.py)."""
     from torch.distributed.tensor.debug import CommDebugMode
     rank, n = dist.get_rank(), dist.get_world_size()
     if cfg.n_d != n:
@@ -240,7 +251,7 @@ def run_peer(stage: int, cfg, *, weights: bool = True, count: bool = True,
         out["losses"].append(loss.detach())
         if weights:
             out["weights"].append(full_weights(module))
-    return out
+        yield out
 
 
 # -- zerospec next to its peer, in the same processes ---------------------------------------------

@@ -20,7 +20,9 @@ of the unit first.
 Because the autograd graph, the kernels and the summation order are identical in every stage, the
 stages are bit-identical (design property 3). The fp32 leaf is a CPU compute cast, not counted
 (a GPU computes from the fp16 values directly); in stage 3 its storage is dropped as soon as the
-forward use ends, so backward cannot compute from anything it did not gather again.
+forward use ends, so backward cannot compute from anything it did not gather again. In fp32
+training a unit the stage keeps needs no cast: its leaf is a view of the stage's own vector
+(:func:`~.saved.unit_leaf`), which no use frees.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ import contextlib
 
 import torch
 
-from .saved import SavedTensors, Use, UseState, unit_cast
+from ..runtime.memory import storage_key
+from .saved import SavedTensors, Use, UseState, unit_leaf
 
 
 class ParamFetcher:
@@ -61,8 +64,9 @@ class ParamFetcher:
         (backward starts with it, as FSDP2 keeps its root unsharded)."""
         unit = self.units[i]
         full16 = self.stage.acquire(i)
-        leaf = unit_cast(full16, unit.numel, self.compute_dtype).requires_grad_(True)
-        use = Use(i, leaf, resident=self.stage.is_resident(i))
+        resident = self.stage.is_resident(i)
+        leaf = unit_leaf(full16, unit.numel, self.compute_dtype, resident).requires_grad_(True)
+        use = Use(i, leaf, resident=resident, owns_leaf=storage_key(leaf) != storage_key(full16))
         self.saved.add_use(use)
         self._n_uses[i] += 1
         try:
@@ -80,7 +84,8 @@ class ParamFetcher:
             # copy rather than a second cast of the same fp16 values (the same bits)
             use.cast, use.state = use.leaf.detach(), UseState.CAST_KEPT
         else:   # stage 3 frees the unit: backward must gather it again and cast it again
-            use.leaf.untyped_storage().resize_(0)
+            if use.owns_leaf:   # (a view of the stage's own vector is not this use's to free)
+                use.leaf.untyped_storage().resize_(0)
             use.state = UseState.SAVED if use.refs else UseState.RELEASED
         if last:
             use.full16 = full16
@@ -104,7 +109,7 @@ class ParamFetcher:
         Per parameter, the same fp32 additions in the same order as summing whole-unit vectors;
         a parameter a use left out adds nothing rather than +0 (which could only turn a −0 into
         +0). A parameter no use touched gets 0 in the slot, which may hold last step's values."""
-        if use.refs == 0 and use.leaf.untyped_storage().nbytes():
+        if use.refs == 0 and use.owns_leaf and use.leaf.untyped_storage().nbytes():
             # stages 0–2 kept the forward's cast for backward: every node that used it has run
             # (each feeds this use's gradients, which only now are complete), so free it now
             use.leaf.untyped_storage().resize_(0)

@@ -33,6 +33,15 @@ def unit_cast(full16: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Ten
     return full16[:numel].to(dtype, copy=True)
 
 
+def unit_leaf(full16: torch.Tensor, numel: int, dtype: torch.dtype, resident: bool) -> torch.Tensor:
+    """Forward's leaf for one use of a unit: :func:`unit_cast`'s copy, or, where the stage keeps
+    the unit and holds it in the compute dtype already (fp32 training, stages 0–2), a view of the
+    stage's own vector: the same values without a copy of the unit per use (the same bits)."""
+    if resident and full16.dtype == dtype:
+        return full16[:numel].detach()
+    return unit_cast(full16, numel, dtype)
+
+
 class UseState(enum.Enum):
     """Where one forward use of a unit is in its life; what it holds is said per state."""
 
@@ -62,6 +71,8 @@ class Use:
     #                                     vector, while backward needs it
     cast: torch.Tensor | None = dataclasses.field(default=None, repr=False)    # the fp32 values
     #                                     backward's views read
+    owns_leaf: bool = True              # the leaf is a copy of its own (unit_leaf), freed once
+    #                                     backward is done with it; else a view of the stage's vector
 
 
 class KeptView(NamedTuple):   # a tuple: made for every saved parameter view (hot path)
