@@ -2,7 +2,7 @@
 
 Target (issue 18): each stage's step time ≤ 1.0× its peer's (DDP, ZeroRedundancyOptimizer,
 FSDP2 without and with resharding; issue 6's ≤ 1.5× is no longer the one asserted), same model
-(small GPT), data, fp32 and torch.optim's Adam on both sides.
+(small GPT), data and fp32 Adam (zerospec's own arithmetic against the peer's torch.optim.Adam).
 
 Paired step by step (zerospec/testing/paired.py): every rank runs zerospec's step s, then the
 peer's step s, then zerospec's step s + 1 …, in the same 4 processes, so each pair is timed within

@@ -60,15 +60,17 @@ def _square(fetch):
         return (p["a"] * p["a"]).sum() + p["b"].sum()
 
 
-def test_gradients_of_every_use_of_a_unit_are_summed_into_its_slot_once():
-    """A tied unit (used twice, like wte) gets d(use 1)+d(use 2), handed to the stage once."""
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32-in-place"])
+def test_gradients_of_every_use_of_a_unit_are_summed_into_its_slot_once(dtype):
+    """A tied unit (used twice, like wte) gets d(use 1)+d(use 2), handed to the stage once; also
+    where both uses read the stage's vector in place (fp32), one storage for both."""
     def forward(fetch):
         with fetch(0) as p:
             y = (p["a"] * torch.tensor([1.0, 1.0, 1.0])).sum() + (p["b"] * 3.0).sum()
         with fetch(0, last=True) as p:   # the second use touches only "a"
             y = y + (p["a"] * p["a"]).sum()
         return y
-    stage = _run(forward)
+    stage = _run(forward, dtype=dtype)
     # d/da = 1 + 2a = 3, 5, 7; d/db = 3
     assert stage.slots[0].tolist() == [3.0, 5.0, 7.0, 3.0, 3.0] and stage.ready == [0]
 
@@ -109,8 +111,9 @@ def test_fp32_training_reads_a_kept_unit_in_place_and_leaves_it_whole(forward, r
                                        else [1.0] * 5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("resident", [True, False], ids=["stages0-2", "stage3"])
-def test_a_parameter_written_in_place_after_it_was_saved_is_refused(resident):
+def test_a_parameter_written_in_place_after_it_was_saved_is_refused(resident, dtype):
     """As autograd refuses it for saved tensors: backward would otherwise differ between stages."""
     def forward(fetch):
         with fetch(0) as p:
@@ -119,7 +122,17 @@ def test_a_parameter_written_in_place_after_it_was_saved_is_refused(resident):
                 p["a"].mul_(10)
         return y
     with pytest.raises(RuntimeError, match="unit 'u' was modified in place after autograd saved it"):
-        _run(forward, resident)
+        _run(forward, resident, dtype)
+
+
+def test_a_unit_fetched_inside_its_own_fetch_block_is_refused():
+    """Read in place, both uses would share one storage: a view saved in the outer block would be
+    charged to the inner use, released first (SavedTensors.add_use)."""
+    def forward(fetch):
+        with fetch(0) as p, fetch(0) as q:
+            return (p["a"] * q["a"]).sum()
+    with pytest.raises(RuntimeError, match="unit 'u' fetched again inside its own fetch block"):
+        _run(forward, True, torch.float32)
 
 
 @pytest.mark.parametrize("resident,last,after_forward", [

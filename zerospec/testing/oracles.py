@@ -300,26 +300,15 @@ def zerospec_rank(ctx, cfg, *, count: bool, weights: bool) -> dict:
 
 
 def compare_rank(ctx, cfg, stages, *, count: bool = True, weights: bool = True,
-                 optimizers=("torch",), peer_first: bool = False) -> list[dict]:
-    """For each stage: zerospec's run, then its peer's with each optimizer (see :func:`build`);
-    ``peer_first``: the peers' runs first (a benchmark alternates the order between rounds)."""
+                 optimizers=("torch",)) -> list[dict]:
+    """For each stage: zerospec's run, then its peer's with each optimizer (see :func:`build`)."""
     out = []
     for k, stage in enumerate(stages):
         c = dataclasses.replace(cfg, stage=stage)
-
-        def ours():
-            return zerospec_rank(ctx if k == 0 else processes.new_context(), c, count=count,
-                                 weights=weights)
-
-        def theirs():
-            return {o: run_peer(stage, c, weights=weights, count=count, optimizer=o)
-                    for o in optimizers}
-        if peer_first:
-            peers = theirs()
-            zs = ours()
-        else:
-            zs = ours()
-            peers = theirs()
+        zs = zerospec_rank(ctx if k == 0 else processes.new_context(), c, count=count,
+                           weights=weights)
+        peers = {o: run_peer(stage, c, weights=weights, count=count, optimizer=o)
+                 for o in optimizers}
         out.append({"stage": stage, "zerospec": zs, "peers": peers})
     return out
 
@@ -343,13 +332,13 @@ def zerospec_row(cfg, stage: int, zs: list[dict], weights: bool) -> dict:
 
 
 def compare(cfg, stages=(0, 1, 2, 3), *, count: bool = True, weights: bool = True,
-            optimizers=("torch",), peer_first: bool = False, **launch_kw) -> list[dict]:
+            optimizers=("torch",), **launch_kw) -> list[dict]:
     """Launch ``cfg.n_d`` gloo processes; one row per stage with zerospec's and each peer's losses
     (mean over ranks, rank order), weights after every step ("unit/param" → tensor), per-step
     collective counts of the last step by phase, and step times (rank 0's)."""
     per_rank = processes.launch(compare_rank, cfg.n_d, cfg, list(stages), count=count,
                                 weights=weights, optimizers=tuple(optimizers),
-                                peer_first=peer_first, timeout=cfg.timeout, **launch_kw)
+                                timeout=cfg.timeout, **launch_kw)
     rows = []
     for k, stage in enumerate(stages):
         zs = [per_rank[r][k]["zerospec"] for r in range(cfg.n_d)]

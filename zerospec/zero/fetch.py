@@ -1,12 +1,12 @@
 """How the model gets its parameters and how their gradients leave it — one path for all stages.
 
 ``ParamFetcher.fetch(i)`` asks the stage for unit i's full fp16 vector (a resident replica in
-stages 0–2, an all-gather just in time in stage 3), casts it up to the compute dtype as a fresh
-leaf, and yields parameter-shaped views of it. Each fetch block is one :class:`~.saved.Use`, whose
-life (forward → kept or saved → gathered again in backward → released) is the explicit
-:class:`~.saved.UseState`; what autograd saves for backward goes through
-:class:`~.saved.SavedTensors` (zerospec/zero/saved.py): parameter views as references, gathered
-again in stage 3, activations counted in the ledger.
+stages 0–2, an all-gather just in time in stage 3), makes the compute-dtype leaf from it (a fresh
+cast, or the vector itself where no cast is needed) and yields parameter-shaped views of it. Each
+fetch block is one :class:`~.saved.Use`, whose life (forward → kept or saved → gathered again in
+backward → released) is the explicit :class:`~.saved.UseState`; what autograd saves for backward
+goes through :class:`~.saved.SavedTensors` (zerospec/zero/saved.py): parameter views as references,
+gathered again in stage 3, activations counted in the ledger.
 
 Gradients: a custom autograd Function, :class:`_UnitViews`, makes the parameter views. Autograd
 calls its backward once per use, when the gradients of all of that use's parameters are complete
@@ -21,8 +21,8 @@ Because the autograd graph, the kernels and the summation order are identical in
 stages are bit-identical (design property 3). The fp32 leaf is a CPU compute cast, not counted
 (a GPU computes from the fp16 values directly); in stage 3 its storage is dropped as soon as the
 forward use ends, so backward cannot compute from anything it did not gather again. In fp32
-training a unit the stage keeps needs no cast: its leaf is a view of the stage's own vector
-(:func:`~.saved.unit_leaf`), which no use frees.
+training on a CPU a unit the stage keeps needs no cast: its leaf is a view of the stage's own
+vector (:func:`~.saved.unit_leaf`), which no use frees.
 """
 from __future__ import annotations
 

@@ -27,17 +27,19 @@ from ..runtime.memory import storage_key
 
 
 def unit_cast(full16: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """The one cast every use of a unit makes (forward, stage 3's re-gather, a checkpoint's
-    forward): its ``numel`` real elements, fp16 storage → compute dtype, a fresh copy. One
-    function, so the three can never differ by a bit."""
+    """The cast a use of a unit makes wherever it needs one (forward, stage 3's re-gather, a
+    checkpoint's forward): its ``numel`` real elements, fp16 storage → compute dtype, a fresh
+    copy. One function, so the three can never differ by a bit."""
     return full16[:numel].to(dtype, copy=True)
 
 
 def unit_leaf(full16: torch.Tensor, numel: int, dtype: torch.dtype, resident: bool) -> torch.Tensor:
-    """Forward's leaf for one use of a unit: :func:`unit_cast`'s copy, or, where the stage keeps
-    the unit and holds it in the compute dtype already (fp32 training, stages 0–2), a view of the
-    stage's own vector: the same values without a copy of the unit per use (the same bits)."""
-    if resident and full16.dtype == dtype:
+    """Forward's leaf for one use of a unit: :func:`unit_cast`'s copy, or, in fp32 training on a
+    CPU where the stage keeps the unit (stages 0–2), a view of the stage's own vector: the same
+    values without a copy of the unit per use. On a GPU or ``meta`` the copy stays: paper-scale
+    storage traces, and the allocator results pinned from them, include it (docs/performance.md,
+    2026-12-05)."""
+    if resident and full16.dtype == dtype and full16.device.type == "cpu":
         return full16[:numel].detach()
     return unit_cast(full16, numel, dtype)
 
@@ -45,7 +47,7 @@ def unit_leaf(full16: torch.Tensor, numel: int, dtype: torch.dtype, resident: bo
 class UseState(enum.Enum):
     """Where one forward use of a unit is in its life; what it holds is said per state."""
 
-    FORWARD = "forward"          # in the fetch block: fp16 vector acquired, its fp32 cast is the leaf
+    FORWARD = "forward"          # in the fetch block: fp16 vector acquired, the leaf made from it
     CAST_KEPT = "cast kept"      # views saved; the stage keeps the unit, so backward reads the
     #                              forward's own cast (stages 0–2: same bits, one cast fewer)
     UNIT_KEPT = "unit kept"      # the last use in forward keeps the fp16 vector: backward starts
@@ -62,7 +64,7 @@ class Use:
     # the tensors stay out of repr: printing a Use whose cast was freed (storage resized to 0)
     # would read freed memory
     unit: int
-    leaf: torch.Tensor = dataclasses.field(repr=False)   # the forward's fp32 cast: autograd's leaf
+    leaf: torch.Tensor = dataclasses.field(repr=False)   # autograd's leaf (unit_leaf)
     resident: bool = False              # the stage keeps the unit (stages 0–2): backward reads
     #                                     this use's own cast, so saved views are kept as they are
     state: UseState = UseState.FORWARD
@@ -71,8 +73,8 @@ class Use:
     #                                     vector, while backward needs it
     cast: torch.Tensor | None = dataclasses.field(default=None, repr=False)    # the fp32 values
     #                                     backward's views read
-    owns_leaf: bool = True              # the leaf is a copy of its own (unit_leaf), freed once
-    #                                     backward is done with it; else a view of the stage's vector
+    owns_leaf: bool = True              # the leaf is a copy (unit_leaf), freed once backward is
+    #                                     done with it; else a view of the stage's vector
 
 
 class KeptView(NamedTuple):   # a tuple: made for every saved parameter view (hot path)
@@ -111,13 +113,21 @@ class SavedTensors:
         self.units = stage.units
         self.memory = stage.ctx.memory
         self.compute_dtype = compute_dtype
-        self.uses: dict[int, Use] = {}            # by the storage of the use's fp32 leaf
+        self.uses: dict[int, Use] = {}            # by the storage of the use's leaf
         self.activations: dict[int, Activation] = {}  # by storage
         self.category = "activations"             # what a newly saved storage is counted as
 
     def add_use(self, use: Use) -> None:
-        """Views of ``use.leaf`` saved from now on are packed as references to ``use``."""
-        self.uses[storage_key(use.leaf)] = use
+        """Views of ``use.leaf`` saved from now on are packed as references to ``use``. Uses that
+        read the stage's vector in place share its storage: a new one may replace an earlier one
+        only once that one's block has ended, else a view saved in the earlier block would be
+        charged to the new one."""
+        key = storage_key(use.leaf)
+        earlier = self.uses.get(key)
+        if earlier is not None and earlier.state is UseState.FORWARD:
+            raise RuntimeError(f"unit {self.units[use.unit].name!r} fetched again inside its own "
+                               f"fetch block")
+        self.uses[key] = use
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
