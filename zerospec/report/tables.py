@@ -123,8 +123,8 @@ def flops_table(m: Measurements) -> Table:
               Fraction(fwd) / theory.forward_flops(run.result.psi, tokens) if fwd else None, same,
               opt, theory.optimizer_elements(run.stage, run.result.psi, n))
     t.notes.append("Counted with torch's FLOP formulas (those of FlopCounterMode) in a one-step "
-                   "run of the same configuration on meta tensors (counting slows every op, so it is kept out of the timed run; "
-                   "FLOPs depend on shapes alone, not on values or dtype, so meta counts what real "
+                   "run of the same configuration on meta tensors (counting slows every op, so it "
+                   "is kept out of the timed run; FLOPs depend on shapes alone, not on values or dtype, so meta counts what real "
                    "tensors do, rank by rank: tests/claims/test_compute.py); matmuls and "
                    "attention count, lookups and LayerNorm count 0. Expected: every matmul of the GPT "
                    "at 2 FLOPs per multiply-add (theory.gpt_forward_flops); 2Ψ per token forward, 4Ψ "
