@@ -72,7 +72,8 @@ def _report_in_one_process():
 # of CPU on 2 workers); the other worker takes the remaining files, of about the same total.
 SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/test_memory.py",
                          "tests/claims/test_equivalence.py", "tests/claims/test_spec_tables.py",
-                         "tests/claims/test_compute.py"})
+                         "tests/claims/test_compute.py",
+                         "tests/claims/test_scale.py"})   # its meta steps, which the tables read
 
 # Files that start rank processes (zerospec/cluster/processes.py: a forkserver per test process,
 # which imports torch and the library once before it forks a rank, 3–4 s of CPU). Kept on one
@@ -81,8 +82,10 @@ PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
     "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
     | {"spec/engine.md", "tests/unit/test_report_helper.py"})   # and the report's helper process
 # Files that read C30's storage trace (zerospec/report/cached.py's c30_trace, memoised per
-# process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure.
-C30_TRACES = frozenset({"tests/claims/test_fragmentation.py", "tests/unit/test_cli_report.py"})
+# process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure; and
+# the model-parallel runs M_D's tests compare against (test_model_parallel.py's mp_run, ~2.5 s).
+C30_TRACES = frozenset({"tests/claims/test_fragmentation.py", "tests/unit/test_cli_report.py",
+                        "tests/claims/test_model_parallel.py"})
 UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
          **dict.fromkeys(PROCESS_LAUNCHES, "the process launches"),
          **dict.fromkeys(C30_TRACES, "the C30 traces")}

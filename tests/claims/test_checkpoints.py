@@ -56,8 +56,13 @@ def original(saved):
 
 
 @functools.cache
+def _stopped():
+    """The N-rank run stopped after the saved step, holding its state (a run of its own)."""
+    return train(cfg(3, N, G, steps=SAVED), keep_state=True)
+
+
 def _state():
-    return train(cfg(3, N, G, steps=SAVED), keep_state=True).state()
+    return _stopped().state()
 
 
 @functools.cache
@@ -119,7 +124,7 @@ def test_saving_does_not_change_the_run(original):
 def test_consolidation_gives_the_full_fp32_weights(saved, original):
     """consolidate(dir) → "unit/param" fp32 tensors equal to the 2-step run's master weights."""
     full = checkpoint.consolidate(saved)
-    ref = train(cfg(3, N, G, steps=SAVED)).master
+    ref = _stopped().master
     assert full.keys() == ref.keys()
     assert all(full[k].dtype == torch.float32 and torch.equal(full[k], ref[k]) for k in ref)
 

@@ -14,6 +14,7 @@ import torch
 
 from tests.runs import CLIP, assert_same_training, config, odd_run, stage_id
 from zerospec.report import robust_tables
+from zerospec.report.paper_runs import memoised
 from zerospec.training.run import train
 
 
@@ -30,6 +31,7 @@ def test_clipped_training_is_bit_identical_in_every_stage(stage, n_d, claim_valu
                  "same algorithm")
 
 
+@memoised   # test_clipping_table reads the N = 4 run a parametrized case trained
 def _unsharded_norms(n_d: int = 4) -> tuple[list[float], list[float]]:
     """(fsum norms of DP's full reduced gradient per step, the norms the run reported)."""
     full = []

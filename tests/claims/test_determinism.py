@@ -9,13 +9,12 @@ order (comm/sim.py), the overflow vote is a max, the norm is an integer sum.
 """
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 from tests.runs import CLIP, OVERFLOW, SCALER, config, train_with
 from zerospec.report import robust_tables
+from zerospec.report.paper_runs import memoised
 from zerospec.cluster.threads import VirtualCluster
 
 # everything at once (loss scaling with an injected overflow, clipping, exact accumulation: every
@@ -28,7 +27,7 @@ OVERFLOWS = {"P_os+g+p, all mechanisms": OVERFLOW}   # (step, rank) whose gradie
 SEEDS = (1, 2, 3)
 
 
-@functools.cache
+@memoised   # one run however it is called: _run(None) and _run(None, cfg=…) alike
 def _run(jitter: int | None, tag: int = 0, cfg: str = "P_os+g+p, all mechanisms"):
     """(result, the order in which ranks finished step 1); ``tag`` makes a repeat a new run."""
     order = []

@@ -164,7 +164,8 @@ def test_md_without_checkpointing_is_refused():
 
 
 # -- M_D for gradients (contiguous_gradients) ------------------------------------------------------
-GRAD_CASES = {"plain": {}, "buckets": {"bucket_elements": 100},
+# buckets of 313 elements: every unit boundary inside a bucket (tests/unit/test_buffers.py's B)
+GRAD_CASES = {"plain": {}, "buckets": {"bucket_elements": 313},
               "clip+scale": {"clip_grad_norm": 0.5, "loss_scale": SCALER}}
 
 

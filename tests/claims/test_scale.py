@@ -21,6 +21,7 @@ from fractions import Fraction
 import pytest
 
 from zerospec.paper import theory
+from zerospec.report.paper_runs import memoised
 from zerospec.model.presets import TABLE4, preset
 from zerospec.training.scale import measure
 from zerospec.zero import LABELS
@@ -29,7 +30,7 @@ GB = theory.GB
 ROUND_PSI = {"7.5B": 7_500_000_000, "128B": 128_000_000_000, "1T": 1_000_000_000_000}
 
 
-@functools.lru_cache(maxsize=None)
+@memoised   # one key with or without the default zero1_comm
 def one_step(name: str, stage: int, n_d: int, zero1_comm: str = "reduce_scatter"):
     """One training step of ``stage`` for preset ``name`` on ``n_d`` meta GPUs."""
     return measure(preset(name).model, stage, n_d, zero1_comm=zero1_comm)
