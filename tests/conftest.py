@@ -88,7 +88,7 @@ C30_TRACES = frozenset({"tests/claims/test_fragmentation.py", "tests/unit/test_c
                         "tests/claims/test_model_parallel.py"})
 UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
          **dict.fromkeys(PROCESS_LAUNCHES, "the process launches"),
-         **dict.fromkeys(C30_TRACES, "the C30 traces")}
+         **dict.fromkeys(C30_TRACES, "the C30 traces and M_D's runs")}
 
 
 @pytest.hookimpl(optionalhook=True)   # xdist's hook: `pytest -p no:xdist` must still run

@@ -23,7 +23,7 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 
 ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=3, n_embd=15)  # units 735, 2895 ×2, 30
-# units 39, 147, 6: at N = 12 every kind of rank class (the test below), at a quarter of 48 ranks
+# units 39, 147, 6: at N = 12 five kinds of rank class (the test below), at a quarter of 48 ranks
 ONE_LAYER = GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=3)
 
 
@@ -81,8 +81,8 @@ def test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads(stage):
     """12 ranks, a 1-layer model whose units pad unevenly: in stages 1–3 five rank classes — ranks
     0–5 all real, 6–8 ln_f padding only, 9 the embedding part padding, 10 the embedding padding
     only, 11 h.0 part padding; stage 0 all-reduces units that 12 does not divide, so ranks send
-    different amounts. (More ranks repeat these kinds: 48 ranks of a wider layer gave the same
-    five classes at four times the threads; the stage code treats every unit alike.)"""
+    different amounts. (16 ranks add an h.0 shard of padding only, and 48 ranks of a wider layer
+    gave these five at four times the threads; the stage code treats every unit alike.)"""
     n_d = 12
     full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
                              device="meta"))
