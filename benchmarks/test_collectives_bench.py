@@ -58,7 +58,7 @@ def test_all_reduce_1m_fp16_over_32_ranks_vs_torch_sum(ratio_to, benchmark, caps
                                 all_threads_n=torch.get_num_threads())
     with capsys.disabled():
         print(f"memory-traffic bound ({traffic / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s): "
-              f"{bound_s * 1e3:.1f} ms; ours {ours_s * 1e3:.1f} ms = {ours_s / bound_s:.2f}× the bound; "
-              f"the sum on {torch.get_num_threads()} threads {all_threads_s * 1e3:.1f} ms "
+              f"{bound_s * 1e3:.1f} ms; ours {ours_s * 1e3:.1f} ms = {ours_s / bound_s:.2f}× the "
+              f"bound; the sum on {torch.get_num_threads()} threads {all_threads_s * 1e3:.1f} ms "
               f"({ours_s / all_threads_s:.2f}×, not asserted)")
     assert ratio <= 1.5   # issue 18

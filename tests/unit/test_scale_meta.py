@@ -23,7 +23,7 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 
 ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=3, n_embd=15)  # units 735, 2895 ×2, 30
-# units 39, 147, 6: at N = 12 five kinds of rank class (the test below), at a quarter of 48 ranks
+# units 39, 147, 6: five kinds of rank class at N = 12 (the representative-rank test below)
 ONE_LAYER = GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=3)
 
 
