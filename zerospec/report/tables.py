@@ -124,13 +124,14 @@ def flops_table(m: Measurements) -> Table:
               opt, theory.optimizer_elements(run.stage, run.result.psi, n))
     t.notes.append("Counted with torch's FLOP formulas (those of FlopCounterMode) in a one-step "
                    "run of the same configuration on meta tensors (counting slows every op, so it "
-                   "is kept out of the timed run; FLOPs depend on shapes alone, not on values or dtype, so meta counts what real "
-                   "tensors do, rank by rank: tests/claims/test_compute.py); matmuls and "
-                   "attention count, lookups and LayerNorm count 0. Expected: every matmul of the GPT "
-                   "at 2 FLOPs per multiply-add (theory.gpt_forward_flops); 2Ψ per token forward, 4Ψ "
-                   "backward is the dense-model rule (C-I5). ZeRO partitions state, never the math: "
-                   "forward and backward match stage 0 exactly; only the optimizer step shrinks, to "
-                   "this rank's 1/N slice.")
+                   "is kept out of the timed run; FLOPs depend on shapes alone, not on values or "
+                   "dtype, so meta counts what real tensors do, rank by rank: "
+                   "tests/claims/test_compute.py); matmuls and attention count, lookups and "
+                   "LayerNorm count 0. Expected: every matmul of the GPT at 2 FLOPs per "
+                   "multiply-add (theory.gpt_forward_flops); 2Ψ per token forward, 4Ψ backward is "
+                   "the dense-model rule (C-I5). ZeRO partitions state, never the math: forward and "
+                   "backward match stage 0 exactly; only the optimizer step shrinks, to this rank's "
+                   "1/N slice.")
     return t
 
 
