@@ -122,7 +122,7 @@ def scale_table(results) -> str:
                         f"{led.link_bytes(0, group='host'):,}"]
         rows.append(row)
     head = ["stage", "Ψ_padded", "model states /GPU (B)", "GB", "activations /GPU (B)",
-            "comm /step /GPU (elements)", "comm in Ψ", "collectives /step", "ranks run"]
+            "comm /step /GPU (elements)", "comm in Ψ", "collectives /step", "representative ranks"]
     if zero_r:
         head[5:7] = ["DP elements /step /GPU", "MP elements /step /GPU"]
         head[7:7] = ["checkpoints /GPU (B)", "host link /step (B)"]
