@@ -59,10 +59,13 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
     if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
         fig.set_layout_engine("none")   # tight_layout() ran and left it; savefig would draw again
     paths = []
-    for ext in ("png", "svg"):
-        p = out / f"{name}.{ext}"
-        fig.savefig(p, dpi=DPI, bbox_inches=box)
-        paths.append(p)
+    # an SVG's element ids are salted at random and its metadata carry the date unless told
+    # otherwise: a fixed salt and no date make the same figure the same bytes
+    with pyplot().rc_context({"svg.hashsalt": "zerospec"}):
+        for ext in ("png", "svg"):
+            p = out / f"{name}.{ext}"
+            fig.savefig(p, dpi=DPI, bbox_inches=box, metadata={"Date": None} if ext == "svg" else None)
+            paths.append(p)
     pyplot().close(fig)
     return paths
 
