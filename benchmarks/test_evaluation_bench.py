@@ -17,8 +17,8 @@ from collections import Counter
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from zerospec.report import paper_figures as pf
-from zerospec.report import paper_runs as pr
+from zerospec.evaluation import tables as pf
+from zerospec.evaluation import runs as pr
 
 BUDGET = 60.0
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.runs import assert_same_training, odd_run, stage_id
-from zerospec.report import robust_tables
+from zerospec.render import robust_tables
 from zerospec.paper import theory
 
 GS = (1, 2, 4)

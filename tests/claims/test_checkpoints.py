@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerospec.training import checkpoint
-from zerospec.report import robust_tables
+from zerospec.render import robust_tables
 from zerospec.optim.loss_scale import LossScale
 from zerospec.model.gpt import ODD, GPTConfig
 from zerospec.training.config import TrainConfig

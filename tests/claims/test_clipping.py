@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.runs import CLIP, assert_same_training, config, odd_run, stage_id
-from zerospec.report import robust_tables
-from zerospec.report.paper_runs import memoised
+from zerospec.render import robust_tables
+from zerospec.evaluation.runs import memoised
 from zerospec.training.run import train
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.runs import CLIP, OVERFLOW, SCALER, config, train_with
-from zerospec.report import robust_tables
-from zerospec.report.paper_runs import memoised
+from zerospec.render import robust_tables
+from zerospec.evaluation.runs import memoised
 from zerospec.cluster.threads import VirtualCluster
 
 # everything at once (loss scaling with an injected overflow, clipping, exact accumulation: every

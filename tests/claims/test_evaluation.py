@@ -1,25 +1,23 @@
 """The evaluation (§10) in simulation: Table 3's configurations, Figure 6's model sizes, throughput.
 
-Each configuration (C1–C5, zerospec/report/configs.py) runs the stage code on meta tensors at the
+Each configuration (C1–C5, zerospec/evaluation/configs.py) runs the stage code on meta tensors at the
 paper's shapes; model sizes come from a memory-fit search over those steps' measured peaks, and
 throughput from the measured FLOPs and collectives through the spec-sheet machine model
-(zerospec/paper/hardware.py, zerospec/report/timing.py). spec/evaluation.md shows the tables and
+(zerospec/paper/hardware.py, zerospec/evaluation/timing.py). spec/evaluation.md shows the tables and
 says where, and why, they part from the paper.
 """
 from __future__ import annotations
 
 import functools
-from fractions import Fraction
 
 import pytest
 
 from zerospec.model.presets import gpt
 from zerospec.paper import evaluation as ev
 from zerospec.paper.hardware import DGX2
-from zerospec.report import paper_figures as pf
-from zerospec.report import paper_runs as pr
-from zerospec.report.configs import BUCKET_ELEMENTS, CONFIGS, FIG6, MD_MODELLED
-from zerospec.report.paper_figures import PAPER_SIZE
+from zerospec.evaluation import tables as pf
+from zerospec.evaluation import runs as pr
+from zerospec.evaluation.configs import BUCKET_ELEMENTS, CONFIGS, FIG6
 from zerospec.training.scale import measure
 
 PAGE = "spec/evaluation.md"
@@ -51,7 +49,7 @@ def test_each_table3_configuration_runs_the_zero_dp_stage_and_zero_r_options_it_
     assert [host[n] for n in CONFIGS] == [0, 0, 0, 0, whole // 2]
     assert all(0 < peak[n]["bucket"] <= 2 * BUCKET_ELEMENTS for n in CONFIGS)
     assert all(tiny(n).config.bucket_elements == BUCKET_ELEMENTS for n in CONFIGS)
-    assert MD_MODELLED and all(tiny(n).config.contiguous_checkpoints for n in CONFIGS)
+    assert all(tiny(n).config.contiguous_checkpoints for n in CONFIGS)
     claim_values("; ".join(f"{c.name} {'P_os' if c.stage == 1 else 'P_os+g'} + {c.zero_r}"
                            for c in CONFIGS.values()), "Table 3 (C46)", "meta, 2 × 2 grid")
 
@@ -59,7 +57,7 @@ def test_each_table3_configuration_runs_the_zero_dp_stage_and_zero_r_options_it_
 # -- C47: Figure 6 ---------------------------------------------------------------------------------------
 def figure6() -> dict[str, int]:
     """The most layers (hidden 8192, 64 heads) each configuration fits in 32 GB at 400 GPUs,
-    MP 16, 16 sequences per GPU (zerospec/report/paper_runs.py)."""
+    MP 16, 16 sequences per GPU (zerospec/evaluation/runs.py)."""
     return {n: L for n, (L, _, _) in pr.figure6().items()}
 
 
@@ -71,11 +69,11 @@ def test_largest_model_per_configuration_keeps_the_papers_order_and_exceeds_its_
     the order is the paper's, and every size is above the paper's (by 12–55%): our peak has
     no fragmentation, allocator cache or framework memory, which the paper's 32 GB had (C47)."""
     psi = {n: gpt(L, FIG6["d"], FIG6["heads"]).psi for n, L in figure6().items()}
-    paper = {n: Fraction(PAPER_SIZE[n][:-1]) * ev.B for n in CONFIGS}
+    paper = {n: ev.params(ev.MAX_SIZE_BY_CONFIG[n]) for n in CONFIGS}
     assert sorted(psi, key=psi.get) == sorted(paper, key=paper.get) == ["C1", "C3", "C2", "C4", "C5"]
     assert all(psi[n] > paper[n] for n in CONFIGS)
     claim_values(", ".join(f"{n} {psi[n] / 1e9:.0f}B" for n in CONFIGS),
-                 ", ".join(f"{n} {PAPER_SIZE[n]}" for n in CONFIGS) + " (C47; C3 inferred)",
+                 ", ".join(f"{n} {ev.MAX_SIZE_BY_CONFIG[n]}" for n in CONFIGS) + " (C47; C3 inferred)",
                  "400 GPUs, MP 16, batch 16, 32 GB, meta")
 
 
@@ -339,7 +337,7 @@ def test_cached_memory_drops_c1_to_c2_and_c4_to_c5_by_the_checkpoints_p_a_cpu_mo
     sizes; C4 → C5 drops at both, by exactly P_a's checkpoints in allocated bytes (0.84 GB at 40B,
     4.19 GB at 100B: the step's peak falls in backward, while they are held) — a smaller share
     of the cache at 40B than at 100B, not none."""
-    from zerospec.report.cached import figure7
+    from zerospec.evaluation.memory import figure7
     for size in ("40B", "100B"):
         f = figure7(size)
         assert f["C2"].reserved < f["C1"].reserved
@@ -359,7 +357,7 @@ def test_figure7_table(md_snapshot):
     """spec/evaluation.md's Figure 7 table: per run and configuration, the ledger's peak, the
     allocator model's allocated and reserved ("cached") peaks without a limit (bytes, exact:
     integers from meta steps), and whether the step runs on a 32 GB V100."""
-    from zerospec.report.cached import figure7, figure7_tables
+    from zerospec.evaluation.memory import figure7
     for size in ("40B", "100B"):
         assert all(m.ledger <= m.allocated <= m.reserved for m in figure7(size).values())
-    assert md_snapshot == pf.bare(figure7_tables()[0])
+    assert md_snapshot == pf.bare(pf.figure7()[0])

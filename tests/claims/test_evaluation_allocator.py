@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from zerospec.paper import evaluation as ev
 from zerospec.paper.hardware import DGX2
-from zerospec.report import paper_figures as pf
-from zerospec.report import paper_runs as pr
-from zerospec.report.configs import CONFIGS
-from zerospec.report.paper_figures import PAPER_SIZE
+from zerospec.evaluation import tables as pf
+from zerospec.evaluation import runs as pr
+from zerospec.evaluation.configs import CONFIGS
 
 PAGE = "spec/evaluation.md"
 
@@ -28,7 +28,7 @@ def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(
     paper's order C1 < C3 < C2 < C4 < C5. The evidence: L runs; L_a + 1 holds more than 32 GB at
     its peak; and every L above the answer up to L_a runs out though it never holds more than
     32 GB — fragmentation (C47)."""
-    from zerospec.report.cached import figure6_replayed
+    from zerospec.evaluation.memory import figure6_replayed
     fit, cap = figure6_replayed(), DGX2.memory_bytes
     for n, (L, L_a, seen) in fit.items():
         assert L <= L_a < pr.figure6()[n][0]
@@ -38,7 +38,7 @@ def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(
     assert sorted(fit, key=lambda n: fit[n][0]) == ["C1", "C3", "C2", "C4", "C5"]
     claim_values(", ".join(f"{n} {pr.figure6_psi(L) / 1e9:.0f}B" for n, (L, _, _) in fit.items())
                  + " by the allocator model",
-                 ", ".join(f"{n} {PAPER_SIZE[n]}" for n in CONFIGS) + " (C47; C3 inferred)",
+                 ", ".join(f"{n} {ev.MAX_SIZE_BY_CONFIG[n]}" for n in CONFIGS) + " (C47; C3 inferred)",
                  "400 GPUs, MP 16, batch 16, 32 GB, allocator model, meta")
 
 
@@ -46,5 +46,4 @@ def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(
 def test_figure6_with_fragmentation_table(md_snapshot):
     """spec/evaluation.md's Figure 6 table by the allocator: per configuration, the ledger-peak
     search's L and Ψ, L_a, the allocator's L and Ψ, and both against the paper (to 2 decimals)."""
-    from zerospec.report.cached import figure6_replayed_tables
-    assert md_snapshot == pf.bare(figure6_replayed_tables()[0])
+    assert md_snapshot == pf.bare(pf.figure6_allocator()[0])

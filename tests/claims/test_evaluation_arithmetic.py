@@ -55,7 +55,7 @@ def test_38_tflops_on_400_gpus_is_15_pflops_and_30_percent_of_peak(claim_values)
 def test_pos_g_cuts_model_states_by_7_4_not_2_at_the_evaluations_n_d(claim_values):
     """C2 → C4 (P_os → P_os+g) "halves" model-state memory; at 400 GPUs / MP 16 = N_d 25 the
     measured cut is 7/4, and 2 only as N_d → ∞ (C47)."""
-    c4 = next(r for r in ev.FIGURE6 if r.params == ev.MAX_SIZE_BY_CONFIG["C4"])
+    c4 = next(r for r in ev.FIGURE6 if r.size == ev.MAX_SIZE_BY_CONFIG["C4"])
     model = gpt(c4.layers, c4.hd, c4.heads)
     states = {s: measure(model, s, c4.n_d, setup_only=True) for s in (ev.CONFIG_STAGE["C2"],
                                                                         ev.CONFIG_STAGE["C4"])}

@@ -16,7 +16,7 @@ from tests.runs import SCALER, assert_same_training, odd_run, stage_id
 from zerospec.model.gpt import SMALL
 from zerospec.model.presets import preset
 from zerospec.paper import theory
-from zerospec.report.cached import c30_trace
+from zerospec.evaluation.memory import c30_trace
 from zerospec.runtime.trace import replay
 from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.runs import INJECT, OVERFLOW, SCALER, assert_same_training, config, odd_run, stage_id, train_with
-from zerospec.report import robust_tables
+from zerospec.render import robust_tables
 from zerospec.optim.loss_scale import LossScale
 from zerospec.training.run import train
 

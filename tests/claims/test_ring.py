@@ -18,7 +18,7 @@ from tests.runs import stage_id
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import ODD
 from zerospec.paper import theory
-from zerospec.report.format import markdown
+from zerospec.render.format import markdown
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 

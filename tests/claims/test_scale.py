@@ -21,7 +21,7 @@ from fractions import Fraction
 import pytest
 
 from zerospec.paper import theory
-from zerospec.report.paper_runs import memoised
+from zerospec.evaluation.runs import memoised
 from zerospec.model.presets import TABLE4, preset
 from zerospec.training.scale import measure
 from zerospec.zero import LABELS

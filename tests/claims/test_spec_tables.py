@@ -12,7 +12,7 @@ import pytest
 
 from tests.runs import STEPS, run
 from tools import specsync
-from zerospec.report import spec_tables as tables
+from zerospec.render import spec_tables as tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEED = [(0, {}), (1, {}), (1, {"zero1_comm": "all_reduce"}), (2, {}), (3, {})]

@@ -1,12 +1,12 @@
-"""zerospec/report/cached.py's search and figure on made-up steps (the paper-scale runs are the
+"""zerospec/evaluation/memory.py's search and figure on made-up steps (the paper-scale runs are the
 slow claim tests C47/C48 in tests/claims/test_evaluation.py)."""
 from __future__ import annotations
 
 import pytest
 
-from zerospec.report import cached
-from zerospec.report.cached import StepMemory, max_layers_replayed
-from zerospec.report.configs import CONFIGS
+from zerospec.evaluation import memory as cached
+from zerospec.evaluation.memory import StepMemory, max_layers_replayed
+from zerospec.evaluation.configs import CONFIGS
 
 CAP = 100
 
@@ -45,7 +45,7 @@ def test_the_allocator_search_answers_0_when_no_layer_count_runs(monkeypatch):
 def test_the_cached_memory_figure_draws_one_panel_per_configuration(monkeypatch, tmp_path):
     """fragmentation_by_config writes PNG and SVG from each configuration's (allocated, reserved)
     series; here made up, so no paper-scale step runs."""
-    from zerospec.report.figures import fragmentation_by_config
+    from zerospec.evaluation.plots import fragmentation_by_config
     series = [(0, 0), (5 * 10**9, 6 * 10**9), (10**9, 6 * 10**9)]
     fake = {n: StepMemory(1, 5 * 10**9, 6 * 10**9, None, series) for n in CONFIGS}
     monkeypatch.setattr(cached, "figure7", lambda size, samples=False: fake)

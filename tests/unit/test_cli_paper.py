@@ -49,7 +49,7 @@ def test_paper_figure8_prints_its_table_with_the_papers_claim_and_draws_the_figu
 
 @pytest.mark.slow   # ten meta steps of 50 and 125 layers with storage traces: ~25 s
 def test_paper_figure7_prints_the_allocator_models_cached_memory(capsys):
-    """`paper --figure 7 --no-figures`: Figure 7's table (zerospec/report/cached.py), both
+    """`paper --figure 7 --no-figures`: Figure 7's table (zerospec/evaluation/tables.py), both
     models, all five configurations, and the paper's claims under it; nothing written."""
     rc, out, err = run_cli(capsys, "paper", "--figure", "7", "--no-figures")
     assert rc == 0 and err == ""

@@ -82,7 +82,7 @@ def test_plan_measures_a_deepspeed_zero3_config_on_meta_before_anyone_launches_i
     reduce-scatters — no backward gathers: read off the meta step's ledger, to the element."""
     from zerospec.cli.argtypes import DS_DEFAULTS
     from zerospec.model.presets import preset
-    from zerospec.report.deepspeed_plan import deepspeed_measured_table
+    from zerospec.plan.deepspeed import deepspeed_measured_table
     ds = dict(DS_DEFAULTS, stage=3, stage3_param_persistence_threshold=0,
               stage3_max_reuse_distance=10**12, reduce_bucket_size=0, given=[])
     rows = _rows(deepspeed_measured_table(ds, "1.5B", 8))
@@ -103,6 +103,6 @@ def test_deepspeeds_default_zero3_config_moves_2_68_psi_on_gpt2_1_5b_at_64_gpus(
     buckets 5e8) on 1.5B at N_d = 64 — the distance covers the later blocks only, so between
     2Ψ and 3Ψ: 2.681138Ψ of elements sent per GPU per step."""
     from zerospec.cli.argtypes import DS_DEFAULTS
-    from zerospec.report.deepspeed_plan import deepspeed_measured_table
+    from zerospec.plan.deepspeed import deepspeed_measured_table
     rows = _rows(deepspeed_measured_table(dict(DS_DEFAULTS, stage=3, given=[]), "1.5B", 64))
     assert rows["elements sent per step"] == "4,176,170,775 = 2.681138Ψ"

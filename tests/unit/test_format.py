@@ -1,4 +1,4 @@
-"""zerospec.report.format, the one table and number-formatting module: rounding, the Markdown
+"""zerospec.render.format, the one table and number-formatting module: rounding, the Markdown
 renderer every table goes through, and the largest difference that the Δ columns show."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from zerospec.report.format import Table, markdown, max_delta, render_markdown, sig
+from zerospec.render.format import Table, markdown, max_delta, render_markdown, sig
 
 
 @pytest.mark.parametrize("x,digits,text", [

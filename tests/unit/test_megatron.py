@@ -14,7 +14,7 @@ from zerospec.cluster.threads import VirtualCluster, torch_threads
 from zerospec.model import gpt, megatron
 from zerospec.model.gpt import GPTConfig
 from zerospec.model.units import psi
-from zerospec.parallel.megatron import TensorParallel
+from zerospec.model.megatron import TensorParallel
 from zerospec.testing.reference import megatron_block
 
 CFG = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=20)

@@ -1,8 +1,8 @@
-"""zerospec/report/paper_runs.py: a paper-scale step is measured once, however it is asked for."""
+"""zerospec/evaluation/runs.py: a paper-scale step is measured once, however it is asked for."""
 from __future__ import annotations
 
 from zerospec.paper import evaluation as ev
-from zerospec.report import paper_runs as pr
+from zerospec.evaluation import runs as pr
 
 
 def test_a_rows_step_is_measured_once_whichever_way_it_is_called(monkeypatch):

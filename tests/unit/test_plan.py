@@ -1,4 +1,4 @@
-"""zerospec.report.plan and zerospec.paper.estimators: the paper's tables, its Figure 1 example and the other tools'
+"""zerospec.plan.closed_form and zerospec.paper.estimators: the paper's tables, its Figure 1 example and the other tools'
 accountings, checked against printed values (the paper's, DeepSpeed's docs, Megatron's table)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from zerospec.report import plan
+from zerospec.plan import closed_form as plan
 from zerospec.paper import theory
 from zerospec.paper.estimators import estimators
 

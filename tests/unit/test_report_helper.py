@@ -1,4 +1,4 @@
-"""zerospec.report.helper: the report's meta steps in a helper process on another CPU, with the
+"""zerospec.cluster.helper: the report's meta steps in a helper process on another CPU, with the
 same results as in the report's own process, its errors raised there, and nothing left behind."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import time
 import pytest
 
 from zerospec.model.gpt import GPTConfig
-from zerospec.report import helper
-from zerospec.report.cached import c30_trace
-from zerospec.report.helper import Beside
+from zerospec.cluster import helper
+from zerospec.evaluation.memory import c30_trace
+from zerospec.cluster.helper import Beside
 from zerospec.report.measure import Measurements, ReportConfig, meta_measurements
 from zerospec.report.tables import zero_r_table
 from zerospec.runtime.errors import RankError
@@ -66,7 +66,7 @@ def test_a_forkserver_the_helper_starts_keeps_the_whole_mask():
     launches) may run on every CPU the process could, not only the helper's (~8 s of CPU)."""
     code = ("import os\n"
             "from zerospec.cluster.processes import mp_context\n"
-            "from zerospec.report.helper import Beside\n"
+            "from zerospec.cluster.helper import Beside\n"
             "before = os.sched_getaffinity(0)\n"
             "with Beside(os.getpid) as side:\n"
             "    side.result()\n"
@@ -158,7 +158,7 @@ def test_a_script_that_measures_on_import_still_gets_its_report(tmp_path):
     (~10 s of CPU)."""
     script = tmp_path / "unguarded.py"
     script.write_text("import os\n"
-                      "from zerospec.report.helper import Beside\n"
+                      "from zerospec.cluster.helper import Beside\n"
                       "with Beside(os.getpid) as side:\n"
                       "    print('pid', side.result() == os.getpid())\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

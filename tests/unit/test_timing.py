@@ -1,4 +1,4 @@
-"""The hardware model (zerospec/paper/hardware.py) and the step-time model (zerospec/report/timing.py).
+"""The hardware model (zerospec/paper/hardware.py) and the step-time model (zerospec/evaluation/timing.py).
 
 Expected values are the module doc's formulas written out by hand with the spec-sheet numbers.
 """
@@ -15,10 +15,9 @@ import torch
 from zerospec.model.gpt import ODD
 from zerospec.model.presets import gpt
 from zerospec.paper.hardware import DGX2, GB, H200_NODE, Machine
-from zerospec.report import configs
+from zerospec.evaluation import configs
 from zerospec.cluster import threads
-from zerospec.report.timing import (OPTIM_BYTES_PER_PARAM, collective_seconds, group_bandwidth,
-                                    op_seconds, ops_seconds, step_time)
+from zerospec.evaluation.timing import OPTIM_BYTES_PER_PARAM, collective_seconds, group_bandwidth, op_seconds, ops_seconds, step_time
 from zerospec.runtime.observe import Observer, written_arguments
 from zerospec.runtime.opcount import Op, is_view, unread
 from zerospec.training.config import TrainConfig

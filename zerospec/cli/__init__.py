@@ -6,11 +6,10 @@ To add one, write ``zerospec/cli/<name>.py`` and list it in ``SUBCOMMANDS`` belo
 from __future__ import annotations
 
 from . import demo, paper, plan, report, scale, train
+from .argtypes import UsageError
 
 
-class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit code 2."""
-
+__all__ = ["SUBCOMMANDS", "UsageError"]
 
 SUBCOMMANDS = {"report": report, "plan": plan, "demo": demo, "scale": scale, "train": train,
                "paper": paper}

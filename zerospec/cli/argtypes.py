@@ -8,7 +8,11 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..report import plan
+from ..plan import closed_form as plan
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
 
 
 def _wrap(parse):

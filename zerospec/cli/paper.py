@@ -20,8 +20,8 @@ HELP = ("reproduce one of the paper's evaluation figures or tables (meta steps t
 
 
 def add_parser(sub) -> None:
-    from ..report.format import FORMATS
-    from ..report.choices import PAPER_FIGURES as FIGURES, PAPER_TABLES as TABLES
+    from ..render.format import FORMATS
+    from ..evaluation import FIGURES, TABLES
     p = sub.add_parser("paper", help=HELP,
                        description=__doc__.splitlines()[0].replace("``", ""))
     what = p.add_mutually_exclusive_group(required=True)
@@ -47,8 +47,8 @@ def _choice(accepted: tuple[int, ...], flag: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report.format import render
-    from ..report import paper_figures as pf
+    from ..render.format import render
+    from ..evaluation import tables as pf
     kind, n = ("figure", args.figure) if args.figure is not None else ("table", args.table)
     drawing = kind == "figure" and not args.no_figures
     if drawing:                # before the seconds of measuring: a bad --out fails at once
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     header = [f"# The paper's {kind} {n}, reproduced (zerospec; spec/evaluation.md)"]
     sys.stdout.write(render(tables, args.format, header=header, meta={kind: n}))
     if drawing:
-        paths = pf.draw(kind, n, args.out)
+        from ..evaluation.plots import draw
+        paths = draw(n, args.out)
         print(f"zerospec: wrote {', '.join(p.name for p in paths)} to {args.out}/", file=sys.stderr)
     return 0

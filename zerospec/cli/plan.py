@@ -13,7 +13,7 @@ HELP = ("per-GPU model states, fit, comm and time per stage for any Ψ and N; th
 
 def add_parser(sub) -> None:
     from ..paper.estimators import ESTIMATOR_NAMES
-    from ..report.format import FORMATS
+    from ..render.format import FORMATS
     p = sub.add_parser("plan", help=HELP,
                        description=__doc__.splitlines()[0])
     T.accept_negative_values(p)
@@ -57,9 +57,9 @@ def _presets() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import plan
+    from ..plan import closed_form as plan
     from ..paper import theory
-    from ..report.format import render
+    from ..render.format import render
     tables = []
     largest = args.largest_layer
     if args.table1:
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds["stage"]], args.units,
                                                    largest, args.estimator))
         if args.preset is not None:   # the same settings on a real shape, measured on meta
-            from ..report.deepspeed_plan import deepspeed_measured_table
+            from ..plan.deepspeed import deepspeed_measured_table
             tables += [deepspeed_measured_table(ds, args.preset, n) for n in args.gpus or [64]]
     elif args.preset is not None:
         raise ValueError("--preset is used with --deepspeed-config (the model a DeepSpeed config "
@@ -101,7 +101,7 @@ def deepspeed_table(ds: dict, psi: int, n_d: int):
     from fractions import Fraction
 
     from ..paper import theory
-    from ..report.format import Table, fmt_count, fmt_psi
+    from ..render.format import Table, fmt_count, fmt_psi
     s = ds["stage"]
     t = Table("deepspeed_config", f"DeepSpeed ZeRO-{s} config for Ψ = {fmt_count(psi)} on N_d = {n_d} "
               f"GPUs (closed form)", ["Setting", "Value", "What it implies (closed form)"])

@@ -15,7 +15,7 @@ HELP = "run every stage on N virtual GPUs; print the measured tables, write figu
 def add_parser(sub) -> None:
     from ..model.config import SMALL
     from ..report.choices import TABLES, VARIANTS
-    from ..report.format import FORMATS
+    from ..render.format import FORMATS
     p = sub.add_parser("report", help=HELP,
                        description=__doc__.splitlines()[0])
     T.accept_negative_values(p)
@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..model.gpt import GPTConfig
     from ..report.measure import ReportConfig, measure
-    from ..report.format import render
+    from ..render.format import render
     from ..report.tables import build_tables, header
     if args.embd % args.heads:   # in the flags' names, not GPTConfig's n_embd/n_head
         raise ValueError(f"--embd {args.embd} must be divisible by --heads {args.heads}: every "

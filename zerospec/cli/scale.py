@@ -6,9 +6,10 @@
 """
 from __future__ import annotations
 
+from .argtypes import UsageError
+
 
 def _usage(message: str) -> Exception:
-    from . import UsageError   # here, not at import time: cli/__init__ imports this module
     return UsageError(message)
 
 
@@ -76,8 +77,8 @@ def _model(args):
 
 def run(args) -> int:
     from ..model.presets import PRESETS
-    from ..report.format import markdown
-    from ..report.spec_tables import scale_table
+    from ..render.format import markdown
+    from ..render.spec_tables import scale_table
     from ..training.scale import measure_stages
     if args.list:
         print(markdown(["preset", "layers", "hidden", "heads", "Ψ", "source"],

@@ -14,6 +14,8 @@ from __future__ import annotations
 import datetime
 import os
 
+from .argtypes import UsageError
+
 BACKENDS = ("sim", "torch")
 MODELS = ("small", "odd")
 
@@ -90,7 +92,6 @@ def _bucket_size(text: str):
 
 
 def _config(args, n_ranks: int):
-    from . import UsageError
     from ..model import gpt
     from ..optim.loss_scale import LossScale
     from ..training.config import TrainConfig
@@ -149,7 +150,6 @@ def summary(result, backend: str) -> str:
 
 
 def run(args) -> int:
-    from . import UsageError
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.ranks is not None and args.ranks < 1:
@@ -170,7 +170,6 @@ def _run_torchrun(args) -> int:
     import torch
     import torch.distributed as dist
 
-    from . import UsageError
     from ..training import run as tr
     from ..comm.torch_dist import check_torch_version, rank_context
     check_torch_version()

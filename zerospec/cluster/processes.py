@@ -110,7 +110,7 @@ def _child(rank, n, port, backend, timeout, threads, fn, args, kwargs, outdir) -
 def preload(*modules: str) -> None:
     """Have the forkserver import ``modules`` too, so rank processes do not each import them. Only
     speed: it takes effect if called before the server starts (this process's first :func:`launch`,
-    or the report's helper, zerospec/report/helper.py)."""
+    or the report's helper, zerospec/cluster/helper.py)."""
     bad = [m for m in modules if not isinstance(m, str) or not m]
     if bad:
         raise ValueError(f"modules must be non-empty module names, got {bad!r}")

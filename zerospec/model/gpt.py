@@ -55,7 +55,7 @@ def attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp=None) -> torch.Tensor:
-    """One transformer block. ``mp``: this rank's model-parallel group (zerospec/parallel/megatron.py),
+    """One transformer block. ``mp``: this rank's model-parallel group (zerospec/model/megatron.py),
     whose ``enter`` (identity forward, all-reduce backward) feeds a column-parallel layer and whose
     ``exit`` (all-reduce forward, identity backward) sums a row-parallel layer's partial outputs
     before its bias is added, as Megatron-LM does; None: the whole block on this rank."""

@@ -14,6 +14,9 @@ So Ψ per MP rank is (V + T)·d + 2d + L·(12d²/N_m + 7d/N_m + 6d) exactly
 (:func:`psi_per_rank`; N_m = 1 gives the model's Ψ). :func:`shard` cuts a full parameter dict
 for rank j; :func:`unshard` puts the N_m slices back together, so runs at different N_m compare
 as the same model.
+
+The same module holds Megatron-LM's two conjugate operators over the MP group (§3), which the
+slices need at run time: :class:`TensorParallel` (see its docstring).
 """
 from __future__ import annotations
 
@@ -71,3 +74,59 @@ def unshard(cfg: GPTConfig, parts: list[dict[str, torch.Tensor]]) -> dict[str, t
         out[key] = torch.cat([torch.cat([groups[j][g] for j in range(n_m)], dim)
                               for g in range(fused)], dim)
     return out
+
+class TensorParallel:
+    """One rank's handle on its MP group: ``n_m`` ranks, collectives through ``comm``.
+
+    Megatron-LM's two conjugate operators over one model-parallel group (Shoeybi et al. 2019, §3).
+
+    ``enter`` (Megatron's *f*) stands before a column-parallel layer: identity in forward (every MP
+    rank already holds the whole input), all-reduce of the input's gradient in backward (each rank's
+    slice contributed part of it). ``exit`` (Megatron's *g*) follows a row-parallel layer: all-reduce
+    of the partial outputs in forward, identity in backward. Per block that is two all-reduces of
+    B·T·d in forward and two in backward (C33), all over the MP group and booked there.
+
+    The all-reduces sum in rank order in fp32 (comm/sim.py), so every MP rank gets the same bits:
+    whatever follows (LayerNorms, the residual stream, the replicated parameters' gradients) is
+    identical on every rank of the group without further communication.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.n_m = comm.n_ranks
+        self.index = comm.rank
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        return _Enter.apply(x, self.comm)
+
+    def exit(self, x: torch.Tensor) -> torch.Tensor:
+        return _Exit.apply(x, self.comm)
+
+
+class _Enter(torch.autograd.Function):
+    """f: identity forward, all-reduce (sum) of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()     # autograd may still hold the incoming buffer
+        ctx.comm.all_reduce(grad, "sum")
+        return grad, None
+
+
+class _Exit(torch.autograd.Function):
+    """g: all-reduce (sum) of the partial outputs forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        out = x.contiguous().clone()
+        comm.all_reduce(out, "sum")
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None

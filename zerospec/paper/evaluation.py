@@ -37,7 +37,12 @@ class Run:
     @property
     def params(self) -> Fraction:
         """The printed label in parameters: "1.16B" -> 1.16e9."""
-        return Fraction(self.size[:-1]) * {"B": B, "T": T}[self.size[-1]]
+        return params(self.size)
+
+
+def params(label: str) -> Fraction:
+    """A printed model size in parameters: "1.16B" -> 1.16e9, "1T" -> 1e12."""
+    return Fraction(label[:-1]) * {"B": B, "T": T}[label[-1]]
 
 
 def _rows(source: str, rows: str, **fixed) -> tuple[Run, ...]:
@@ -127,9 +132,15 @@ FIGURE8 = _rows("[SC] appendix Table 6 / arXiv Table 10 (Fig. 8)", """
 APPENDIX = FIGURE2 + FIGURE3 + FIGURE4 + FIGURE6 + FIGURE7 + FIGURE8
 MAX_GPUS = 400       # [A] §10.1: 25 DGX-2 nodes of 16 V100s (C40)
 
-# C47, [A] §10.5: the largest model each ZeRO configuration trains (Fig. 6), with the reasons given.
-MAX_SIZE_BY_CONFIG = {"C1": 40 * B, "C2": 60 * B, "C4": 140 * B, "C5": 150 * B}
-CONFIG_STAGE = {"C1": 1, "C2": 1, "C3": 2, "C4": 2, "C5": 2}   # Table 3 (C46): P_os or P_os+g
+# C46, Table 3 ([A] §10.5, [SC]): the ZeRO configurations as printed, config -> (ZeRO-DP, ZeRO-R).
+TABLE3 = {"C1": ("P_os", "C_B + M_D"), "C2": ("P_os", "C_B + M_D + P_a"),
+          "C3": ("P_os+g", "C_B + M_D"), "C4": ("P_os+g", "C_B + M_D + P_a"),
+          "C5": ("P_os+g", "C_B + M_D + P_a+cpu")}
+CONFIG_STAGE = {c: {"P_os": 1, "P_os+g": 2}[dp] for c, (dp, _) in TABLE3.items()}   # ZeRO-DP's stage
+
+# C47, [A] §10.5: the largest model each ZeRO configuration trains (Fig. 6), as printed. The text
+# names C1's, C2's, C4's and C5's; C3's is inferred: the one run of Figure 6 left, 50B.
+MAX_SIZE_BY_CONFIG = {"C1": "40B", "C2": "60B", "C3": "50B", "C4": "140B", "C5": "150B"}
 
 # Table 4 as the arXiv v3 prints its Figure 2 column (C51): (label, layers, hd). The 4096 of the
 # 40B–60B row is an erratum: the appendix (FIGURE2) and [SC] Table IV give 6144.

@@ -7,7 +7,7 @@ link of it sends and receives at once, so a ring step is paced by one direction'
 Spec sheets often print the two directions added up (NVLink's "300 GB/s" is 150 GB/s each way).
 Units are SI throughout: bytes/s, FLOP/s, seconds (the paper's GB and TFlops are decimal too).
 
-The timing model that uses these lives in zerospec/report/timing.py.
+The timing model that uses these lives in zerospec/evaluation/timing.py.
 """
 from __future__ import annotations
 

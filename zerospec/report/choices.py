@@ -1,7 +1,7 @@
-"""What ``zerospec report`` and ``zerospec paper`` may be asked for, without torch: the command
-line builds its options from these names and refuses a wrong one in tenths of a second, where the
-modules that measure and build (:mod:`.measure`, :mod:`.tables`, :mod:`.paper_figures`) import
-torch, which takes seconds. Those modules take the names from here."""
+"""What ``zerospec report`` may be asked for, without torch: the command line builds its options
+from these names and refuses a wrong one in tenths of a second, where the modules that measure and
+build (:mod:`.measure`, :mod:`.tables`) import torch, which takes seconds. Those modules take the
+names from here."""
 from __future__ import annotations
 
 from ..paper import theory
@@ -19,6 +19,3 @@ VARIANTS = {"0": _variant(0), "1": _variant(1), "1ar": _variant(1, "all_reduce")
             "3": _variant(3)}
 # the report's tables (:mod:`.tables`), in the order printed
 TABLES = ("memory", "comm", "equivalence", "flops", "wallclock", "activations", "zero_r", "scaled")
-# the paper's evaluation figures and tables reproduced (:mod:`.paper_figures`)
-PAPER_FIGURES = (2, 3, 4, 6, 7, 8)
-PAPER_TABLES = (3,)

@@ -5,9 +5,6 @@
 * ``memory_vs_n``: measured model states against N on log axes, with the C6–C9 formulas as lines.
 * ``timeline``: one step replayed on N parallel clocks, compute by phase and collectives by op.
 * ``fragmentation``: reserved vs allocated over one step of C30's case, without and with M_D.
-* ``fragmentation_by_config``: the same over one step of Figure 7's 100B (or 40B) run per Table 3
-  configuration C1–C5 (C48). Five paper-scale meta steps (~15 s on 2 cores), so not part of
-  ``write_figures``: the paper CLI calls it.
 
 Every figure is written as PNG and SVG into the output directory.
 """
@@ -16,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..paper import theory
+from ..render.figures import pyplot, save_figure
 from .measure import Measurements
+from .tables import OPS, mean_by_op
 from ..runtime.memory import MODEL_STATES
 
 MB = 1e6
@@ -32,42 +31,8 @@ PHASE_LABELS = {"setup": "between phases"}   # the step's bookkeeping outside th
 STAGE_COLORS = {0: "#4c72b0", 1: "#dd8452", 2: "#55a868", 3: "#c44e52"}
 
 
-def pyplot():
-    """matplotlib's pyplot on the Agg backend, imported on first use (the package imports nothing
-    heavy until asked)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _short(label: str) -> str:
     return label.replace(" (", "\n(")
-
-
-DPI = 110
-
-
-def save_figure(fig, out: Path, name: str) -> list[Path]:
-    """``fig`` written to ``out`` as ``name``.png and ``name``.svg, then closed; the paths."""
-    # bbox_inches="tight" lays the figure out again for every file to measure its box: once here
-    # (the PNG is the same to the pixel; the SVG's box, measured by Agg, within ~0.5 pt)
-    from matplotlib.layout_engine import PlaceHolderLayoutEngine
-    fig.set_dpi(DPI)
-    fig.draw_without_rendering()
-    box = fig.get_tightbbox().padded(pyplot().rcParams["savefig.pad_inches"])
-    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
-        fig.set_layout_engine("none")   # tight_layout() ran and left it; savefig would draw again
-    paths = []
-    # an SVG's element ids are salted at random and its metadata carry the date unless told
-    # otherwise: a fixed salt and no date make the same figure the same bytes
-    with pyplot().rc_context({"svg.hashsalt": "zerospec"}):
-        for ext in ("png", "svg"):
-            p = out / f"{name}.{ext}"
-            fig.savefig(p, dpi=DPI, bbox_inches=box, metadata={"Date": None} if ext == "svg" else None)
-            paths.append(p)
-    pyplot().close(fig)
-    return paths
 
 
 def _paper_mark(ax, x: int, value: float, label: str) -> None:
@@ -110,7 +75,6 @@ def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
 
 
 def comm_per_stage(m: Measurements, out: Path) -> list[Path]:
-    from .tables import OPS, mean_by_op
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     step = m.config.steps
@@ -209,7 +173,7 @@ def fragmentation(m: Measurements, out: Path) -> list[Path]:
     caching allocator model replaying the step's storage trace (spec/allocator.md): the traces
     ``m`` holds (``measure(..., c30=True)``), else one meta step each here."""
     from ..runtime.trace import replay
-    from .cached import c30_trace
+    from ..evaluation.memory import c30_trace
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True, sharey=True)
     for ax, md in zip(axes, (False, True)):
@@ -240,38 +204,6 @@ def fragmentation(m: Measurements, out: Path) -> list[Path]:
     fig.suptitle("Fragmentation (C30) and M_D (C37): GPT-2 1.5B, P_os+g+p, N_d = 400, "
                  "k = 2, 74 sequences per GPU", fontsize=10)
     return save_figure(fig, out, "fragmentation")
-
-
-def fragmentation_by_config(out, size: str = "100B") -> list[Path]:
-    """Reserved vs allocated over one step of Figure 7's ``size`` run (400 GPUs, MP 16, its
-    appendix batch) per configuration C1–C5, rank 0's storage trace replayed through the
-    allocator model without a limit: the reserved peak is Figure 7's "max cached memory" (C48)."""
-    from .cached import figure7
-    from .configs import CONFIGS
-    plt = pyplot()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = figure7(size, samples=True)
-    # y axes of their own: C1 and C3 reach 100 GB at 100B, and C4/C5's cache would be a sliver
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 4))
-    for ax, (name, mem) in zip(axes, runs.items()):
-        allocated, reserved = ([x[k] / theory.GB for x in mem.samples] for k in (0, 1))
-        xs = range(len(reserved))
-        ax.fill_between(xs, allocated, reserved, color="#dd8452", alpha=0.5, step="post",
-                        label="reserved − allocated (cached, free)")
-        ax.step(xs, allocated, where="post", color="#4c72b0", lw=1, label="allocated")
-        ax.axhline(theory.V100_BYTES / theory.GB, color="black", ls="--", lw=1, label="32 GB")
-        c = CONFIGS[name]
-        ax.set_title(f"{name}: {'P_os' if c.stage == 1 else 'P_os+g'} + {c.zero_r}\n"
-                     f"max cached {mem.reserved / theory.GB:.1f} GB", fontsize=8)
-        ax.set_xlabel("allocations and frees", fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("GB on one GPU (rank 0)")
-    axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"Cached vs allocated memory per configuration (C48, Figure 7): {size}, 400 GPUs, "
-                 f"MP 16, the allocator model without a limit", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    return save_figure(fig, out, f"fragmentation_by_config_{size}")
 
 
 FIGURES = {"memory_per_stage": memory_per_stage, "comm_per_stage": comm_per_stage,

@@ -17,7 +17,7 @@ import torch
 from ..model.gpt import SMALL, GPTConfig
 from ..paper import theory
 from .choices import VARIANTS
-from .helper import Beside
+from ..cluster.helper import Beside
 from .replay import StepReplay, parallel_time
 from ..training.result import Result
 from ..training.step import RankOutput
@@ -136,7 +136,7 @@ def meta_measurements(cfg: ReportConfig, c30: bool = False) -> tuple[dict, dict,
     """The report's meta steps: each variant's FLOP-counting step, the memory-vs-N sweep per
     stage, ZeRO-R's options and, with ``c30``, C30's storage traces without and with M_D (the
     fragmentation figure's). Integers and metadata only: the same in any process."""
-    from .cached import c30_trace
+    from ..evaluation.memory import c30_trace
     flops = {key: cfg.count_flops(key) for key in cfg.variants}
     sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
     sweep = {s: {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}

@@ -2,7 +2,7 @@
 
 Measured values come from the run's ledgers (memory, comm, FLOPs, timelines); the expected side comes
 from :mod:`zerospec.paper.theory` and is labelled with its claim id. Tables are data
-(:class:`~zerospec.report.format.Table`), rendered as Markdown, CSV or JSON.
+(:class:`~zerospec.render.format.Table`), rendered as Markdown, CSV or JSON.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 
 from ..paper import theory
 from .choices import TABLES
-from .format import Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, max_delta, sig
+from ..render.format import Table, fmt_int, fmt_mb, fmt_psi, fmt_ratio, fmt_seconds, max_delta, sig
 from .measure import Measurements, Run
-from .plan import plan_table
+from ..plan.closed_form import plan_table
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 

@@ -1,7 +1,7 @@
 """A hook for tests of ``zerospec report``: ``with report_in_one_process(): measure(cfg)``.
 
 Inside the block the report runs its meta steps in its own process, as on a machine with one CPU,
-instead of in a helper process beside its trainings (zerospec/report/helper.py). The test run
+instead of in a helper process beside its trainings (zerospec/cluster/helper.py). The test run
 enters it for every test (tests/conftest.py): pytest-xdist's workers already keep every CPU busy,
 so a helper would take its CPU from the other worker, and would trace C30's case again where the
 worker holds the traces memoised. The helper itself is tested on its own
@@ -14,7 +14,7 @@ import contextlib
 from unittest import mock
 
 from ..report import measure
-from ..report.helper import Beside
+from ..cluster.helper import Beside
 
 
 class _Here(Beside):

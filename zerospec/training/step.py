@@ -23,7 +23,7 @@ from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.fetch import ParamFetcher
 from ..comm.groups import Grid
-from ..parallel.megatron import TensorParallel
+from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
 from ..runtime.opcount import OpCounter
 from ..zero_r import Partitioned, block_runner, buffers, segments

@@ -64,7 +64,7 @@ def block_runner(k: int, fetcher, mp=None, keep=None):
     """``gpt.forward``'s ``run_blocks`` for one rank's run: plain blocks when k = 0, else a
     checkpoint every k blocks, recomputed in backward through ``fetcher`` (``fetch``, which
     gpt.forward passes, is ``fetcher.fetch``: a segment needs the fetcher's stage and hooks too).
-    ``mp``: the rank's model-parallel group (zerospec/parallel/megatron.py) or None; ``keep``:
+    ``mp``: the rank's model-parallel group (zerospec/model/megatron.py) or None; ``keep``:
     how a checkpoint is kept between forward and backward — None: whole, on the device; else a
     :class:`zerospec.zero_r.partition.Partitioned` (ZeRO-R's P_a, P_a+cpu)."""
     if k == 0:

@@ -26,7 +26,7 @@ class Partitioned:
     """How one rank keeps its checkpoints: 1/N_m each on the device, or on the host (``cpu``)."""
 
     def __init__(self, mp, cpu: bool = False, host=None):
-        self.mp = mp              # the rank's TensorParallel (zerospec/parallel/megatron.py)
+        self.mp = mp              # the rank's TensorParallel (zerospec/model/megatron.py)
         self.cpu = cpu
         self.host = host          # the rank's host MemoryLedger (P_a+cpu)
 

@@ -2,11 +2,11 @@
 
 Each appendix row (zerospec/paper/evaluation.py, C52) is run as one meta step at its exact shape,
 GPU count, MP degree and batch (:func:`zerospec.training.scale.measure`, FLOPs counted), and
-timed by :mod:`zerospec.report.timing` on a spec-sheet :class:`~zerospec.paper.hardware.Machine`.
+timed by :mod:`zerospec.evaluation.timing` on a spec-sheet :class:`~zerospec.paper.hardware.Machine`.
 Two ways to run a row:
 
 * **ZeRO** (the paper's ZeRO-100B): Table 3's C4, P_os+g with C_B, M_D and P_a; C3 at MP 1,
-  where P_a has no MP group to partition over (zerospec/report/configs.py).
+  where P_a has no MP group to partition over (zerospec/evaluation/configs.py).
 * **The Megatron-LM baseline** (C38, C40): model parallelism over the row's MP degree and plain
   data parallelism over the rest, i.e. ZeRO stage 0 with N_m = MP: every DP rank holds 16Ψ/N_m
   of model states and all-reduces its fp16 gradients. Activations are checkpointed per block,

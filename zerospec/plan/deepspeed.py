@@ -20,7 +20,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ..model.presets import preset
-from ..report.format import Table, fmt_bytes, fmt_count, fmt_psi
+from ..render.format import Table, fmt_bytes, fmt_count, fmt_psi
 from ..training.scale import measure
 
 

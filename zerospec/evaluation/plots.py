@@ -1,15 +1,18 @@
-"""Figures 2, 3, 4, 6 and 8 drawn from the reproduced runs (matplotlib, Agg), the paper's printed
-values marked on them as dashed lines or hollow markers. Style as zerospec/report/figures.py:
-title, units, legend; PNG and SVG each.
+"""Figures 2, 3, 4, 6, 7 and 8 drawn from the reproduced runs (matplotlib, Agg), the paper's printed
+values marked on them as dashed lines or hollow markers; title, units, legend; PNG and SVG each.
+
+Figure 7 (``fragmentation_by_config``) replays five paper-scale meta steps' storage traces through
+the allocator model; :func:`draw` is what ``zerospec paper --figure N`` calls.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..paper import evaluation as ev
-from . import paper_runs as pr
+from ..paper import evaluation as ev, theory
+from . import runs as pr
 from .configs import CONFIGS
-from .figures import pyplot, save_figure
+from .memory import figure7
+from ..render.figures import pyplot, save_figure
 
 ZERO_COLOR, BASE_COLOR, LINK_ALPHA = "#55a868", "#4c72b0", 0.45
 
@@ -84,14 +87,13 @@ def figure4(out: Path) -> list[Path]:
 
 
 def figure6(out: Path) -> list[Path]:
-    from .paper_figures import PAPER_SIZE
     plt = pyplot()
     got = pr.figure6()
     names = list(CONFIGS)
     fig, ax = plt.subplots(figsize=(6, 4))
     _bars(ax, names, [("measured (memory fit, 32 GB)", [pr.figure6_psi(got[n][0]) / 1e9 for n in names],
                        ZERO_COLOR, 1.0),
-                      ("paper", [float(PAPER_SIZE[n][:-1]) for n in names], "#8c8c8c", 1.0)],
+                      ("paper", [float(ev.params(ev.MAX_SIZE_BY_CONFIG[n]) / ev.B) for n in names], "#8c8c8c", 1.0)],
           "model size (B parameters)", "Figure 6: largest model per configuration, 400 GPUs, MP 16")
     ax.legend(fontsize=8)
     return save_figure(fig, out, "paper_figure6")
@@ -109,3 +111,41 @@ def figure8(out: Path) -> list[Path]:
         "TFLOPS per GPU (model)", "Figure 8: 60B on 128 GPUs, MP 16, per configuration")
     ax.legend(fontsize=8)
     return save_figure(fig, out, "paper_figure8")
+
+
+def fragmentation_by_config(out, size: str = "100B") -> list[Path]:
+    """Reserved vs allocated over one step of Figure 7's ``size`` run (400 GPUs, MP 16, its
+    appendix batch) per configuration C1–C5, rank 0's storage trace replayed through the
+    allocator model without a limit: the reserved peak is Figure 7's "max cached memory" (C48)."""
+    plt = pyplot()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = figure7(size, samples=True)
+    # y axes of their own: C1 and C3 reach 100 GB at 100B, and C4/C5's cache would be a sliver
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 4))
+    for ax, (name, mem) in zip(axes, runs.items()):
+        allocated, reserved = ([x[k] / theory.GB for x in mem.samples] for k in (0, 1))
+        xs = range(len(reserved))
+        ax.fill_between(xs, allocated, reserved, color="#dd8452", alpha=0.5, step="post",
+                        label="reserved − allocated (cached, free)")
+        ax.step(xs, allocated, where="post", color="#4c72b0", lw=1, label="allocated")
+        ax.axhline(theory.V100_BYTES / theory.GB, color="black", ls="--", lw=1, label="32 GB")
+        c = CONFIGS[name]
+        ax.set_title(f"{name}: {'P_os' if c.stage == 1 else 'P_os+g'} + {c.zero_r}\n"
+                     f"max cached {mem.reserved / theory.GB:.1f} GB", fontsize=8)
+        ax.set_xlabel("allocations and frees", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("GB on one GPU (rank 0)")
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Cached vs allocated memory per configuration (C48, Figure 7): {size}, 400 GPUs, "
+                 f"MP 16, the allocator model without a limit", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return save_figure(fig, out, f"fragmentation_by_config_{size}")
+
+
+DRAW = {2: figure2, 3: figure3, 4: figure4, 6: figure6, 7: fragmentation_by_config, 8: figure8}
+
+
+def draw(n: int, out) -> list[Path]:
+    """Figure ``n`` as PNG and SVG in ``out``; the data are the cached runs its tables used."""
+    return DRAW[n](Path(out))

@@ -6,8 +6,7 @@ Each configuration is a ZeRO-DP stage plus ZeRO-R options, spelled as the keywor
 * C_B, constant-size buffers: ``bucket_elements`` = 500,000,000, DeepSpeed's default
   ``reduce_bucket_size`` / ``allgather_bucket_size`` (deepspeed/runtime/zero/config.py, the
   ZeRO-100B code base the paper ran, C40);
-* M_D, defragmentation: ``contiguous_checkpoints`` (zerospec/zero_r/defrag.py) when TrainConfig
-  has it, else recorded as not modelled (``md_modelled``);
+* M_D, defragmentation: ``contiguous_checkpoints`` (zerospec/zero_r/defrag.py);
 * P_a: ``partition_activations`` over the MP group, with a checkpoint per block (P_a partitions
   checkpoints, so all five run with activation checkpointing, as Megatron's runs did);
 * P_a+cpu: ``cpu_checkpointing`` on top of P_a.
@@ -22,11 +21,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..model.presets import gpt
-from ..training.config import TrainConfig
 from ..training.scale import measure
 
 BUCKET_ELEMENTS = 500_000_000          # DeepSpeed's reduce/allgather bucket default (C_B)
-MD_MODELLED = "contiguous_checkpoints" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,19 +43,16 @@ class ZeroConfig:
     @property
     def zero_r(self) -> str:
         """Table 3's ZeRO-R cell, as modelled here."""
-        parts = ["C_B", "M_D" if MD_MODELLED else "M_D (not modelled yet)"]
+        parts = ["C_B", "M_D"]
         if self.partition_activations:
             parts.append("P_a+cpu" if self.cpu_checkpointing else "P_a")
         return " + ".join(parts)
 
     def kwargs(self, n_m: int) -> dict:
         """``measure``'s keyword arguments for this configuration at MP degree ``n_m``."""
-        kw = dict(n_m=n_m, checkpoint_activations=1, bucket_elements=BUCKET_ELEMENTS,
-                  partition_activations=self.partition_activations,
-                  cpu_checkpointing=self.cpu_checkpointing)
-        if MD_MODELLED:
-            kw["contiguous_checkpoints"] = True
-        return kw
+        return dict(n_m=n_m, checkpoint_activations=1, bucket_elements=BUCKET_ELEMENTS,
+                    partition_activations=self.partition_activations,
+                    cpu_checkpointing=self.cpu_checkpointing, contiguous_checkpoints=True)
 
 
 CONFIGS = {c.name: c for c in (
@@ -68,11 +62,6 @@ CONFIGS = {c.name: c for c in (
     ZeroConfig("C4", 2, True, False),
     ZeroConfig("C5", 2, True, True),
 )}
-
-# Table 3 as the paper prints it ([A] §10.5, [SC]; claims.md C46): config -> (ZeRO-DP, ZeRO-R).
-PAPER_TABLE3 = {"C1": ("P_os", "C_B + M_D"), "C2": ("P_os", "C_B + M_D + P_a"),
-                "C3": ("P_os+g", "C_B + M_D"), "C4": ("P_os+g", "C_B + M_D + P_a"),
-                "C5": ("P_os+g", "C_B + M_D + P_a+cpu")}
 
 # Figure 6's runs (C52, [SC] appendix Table 4): 400 GPUs, MP 16, 16 sequences per GPU.
 FIG6 = dict(gpus=400, n_m=16, micro_batch=16, d=8192, heads=64)

@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from ..paper import theory
 from ..paper.estimators import ESTIMATOR_NAMES, estimators
-from .format import Table, fmt_bytes, fmt_count, fmt_psi, fmt_seconds, sig
+from ..render.format import Table, fmt_bytes, fmt_count, fmt_psi, fmt_seconds, sig
 
 _NUM = r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"   # signed, so "-5" is "must be > 0"
 _COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}

@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..cluster.processes import mp_context
-from ..cluster.threads import caller_cpu, pin_thread
+from .processes import mp_context
+from .threads import caller_cpu, pin_thread
 
 
 def usable_cpus() -> list[int]:

@@ -28,8 +28,7 @@ from ..paper.hardware import DGX2
 from ..runtime.trace import OOMPoint, replay
 from ..training.scale import measure
 from .configs import CONFIGS, FIG6, ZeroConfig
-from .format import Table
-from .paper_runs import memoised
+from .runs import memoised
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,23 +124,6 @@ def on_device(m: StepMemory) -> str:
             f"{m.oom.free / 1e9:.2f} GB free")
 
 
-def figure7_tables() -> list[Table]:
-    """Figure 7 (C48) as a table: per run and configuration, the ledger's peak, the allocator
-    model's allocated and reserved ("max cached") peaks without a limit, and the step on a 32 GB
-    V100. The paper prints no values for Figure 7's bars (claims.md §E): its claims are in the
-    notes."""
-    t = Table("figure7", "Figure 7: max cached memory per configuration, 40B and 100B, 400 GPUs, "
-              "MP 16 (C48)", ["model", "config", "ledger peak (B)", "allocated peak (B)",
-                              "max cached (B)", "cached − allocated (B)", "on 32 GB"],
-              notes=["paper: C1 → C2 drops; C4 → C5 drops for 100B but not for 40B; whether C2 or "
-                     "C3 is lower depends on model states versus activations (C48); the bars' "
-                     "values are not printed"])
-    for size in ("40B", "100B"):
-        for n, m in figure7(size).items():
-            t.add(size, n, m.ledger, m.allocated, m.reserved, m.reserved - m.allocated, on_device(m))
-    return [t]
-
-
 @memoised
 def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
     """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
@@ -154,22 +136,3 @@ def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
         L = max_layers_replayed(c, DGX2.memory_bytes, seen=seen)
         out[name] = (L, max(k for k, m in seen.items() if m.allocated <= DGX2.memory_bytes), seen)
     return out
-
-
-def figure6_replayed_tables() -> list[Table]:
-    """Figure 6 (C47) by the allocator's OutOfMemory beside the ledger-peak search's sizes."""
-    from fractions import Fraction
-
-    from . import paper_runs as pr
-    from .paper_figures import PAPER_SIZE
-    cols = ["config", "layers, ledger peak", "Ψ", "L_a: allocated ≤ 32 GB", "layers, allocator",
-            "Ψ, allocator", "paper", "ledger / paper", "allocator / paper"]
-    t = Table("figure6_allocator", "Figure 6 with fragmentation: the allocator model's OOM as "
-              "the fit (C47)", cols, fmt={7: lambda v: f"{v:.2f}", 8: lambda v: f"{v:.2f}"})
-    for n, (L, L_a, _) in figure6_replayed().items():
-        paper = Fraction(PAPER_SIZE[n][:-1]) * ev.B
-        by_peak = pr.figure6()[n][0]
-        psi, psi_peak = pr.figure6_psi(L), pr.figure6_psi(by_peak)
-        t.add(n, by_peak, psi_peak, L_a, L, psi, PAPER_SIZE[n], float(psi_peak / paper),
-              float(psi / paper))
-    return [t]

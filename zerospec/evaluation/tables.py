@@ -1,10 +1,10 @@
 """The paper's evaluation tables and figures, reproduced: Table 3 and Figures 2, 3, 4, 6, 7 and 8.
 
-Each ``figure*``/``table3`` function returns :class:`~zerospec.report.format.Table` objects built
-from :mod:`zerospec.report.paper_runs` (meta steps timed on the DGX-2 model), with the paper's
+Each ``figure*``/``table3`` function returns :class:`~zerospec.render.format.Table` objects built
+from :mod:`zerospec.evaluation.runs` (meta steps timed on the DGX-2 model), with the paper's
 printed values beside ours — in a column where the paper prints a number per row, else in the
 table's notes. The same tables are pinned in spec/evaluation.md (through :func:`bare`) and
-printed by ``zerospec paper``; :func:`draw` writes each figure with matplotlib.
+printed by ``zerospec paper``; zerospec/evaluation/plots.py draws each figure.
 
 Seconds and TFLOPS are pure-Python doubles computed from measured integers and spec-sheet
 constants, printed to 3 and 1 decimals: the same text on every machine (design property 7).
@@ -12,15 +12,14 @@ constants, printed to 3 and 1 decimals: the same text on every machine (design p
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 
 from ..paper import evaluation as ev
 from ..paper.hardware import DGX2
-from . import paper_runs as pr
-from .configs import CONFIGS, PAPER_TABLE3
-from .format import Table, markdown
+from . import runs as pr
+from .configs import CONFIGS
+from .memory import figure6_replayed, figure7 as figure7_runs, on_device
+from ..render.format import Table, markdown
 
-PAPER_SIZE = {"C1": "40B", "C2": "60B", "C3": "50B", "C4": "140B", "C5": "150B"}   # C47 (C3: I)
 
 
 def f1(v) -> str:
@@ -55,7 +54,7 @@ def table3() -> list[Table]:
     t = _table("table3", "Table 3: the ZeRO configurations (C46), as run here and as printed",
                ["config", "ZeRO-DP", "ZeRO-R", "paper: ZeRO-DP", "paper: ZeRO-R"])
     for n, c in CONFIGS.items():
-        t.add(n, c.zero_dp, c.zero_r, *PAPER_TABLE3[n])
+        t.add(n, c.zero_dp, c.zero_r, *ev.TABLE3[n])
     return [t]
 
 
@@ -149,8 +148,8 @@ def figure6() -> list[Table]:
                "16/GPU (C47)", cols, {"measured / paper": f2})
     for n, (L, at, above) in pr.figure6().items():
         c, psi = CONFIGS[n], pr.figure6_psi(L)
-        ratio = Fraction(psi) / (Fraction(PAPER_SIZE[n][:-1]) * ev.B)
-        t.add(n, c.zero_dp, c.zero_r, L, psi, at, above, PAPER_SIZE[n], float(ratio))
+        ratio = Fraction(psi) / ev.params(ev.MAX_SIZE_BY_CONFIG[n])
+        t.add(n, c.zero_dp, c.zero_r, L, psi, at, above, ev.MAX_SIZE_BY_CONFIG[n], float(ratio))
     return [t]
 
 
@@ -169,25 +168,39 @@ def figure8() -> list[Table]:
     return [t]
 
 
-# -- Figure 7 (C48): the caching allocator model's, zerospec/report/cached.py ----------------------------
+# -- Figure 7 (C48): the caching allocator model's, zerospec/evaluation/memory.py ---------------------
 def figure7() -> list[Table]:
-    from .cached import figure7_tables
-    return figure7_tables()
+    """Figure 7 (C48) as a table: per run and configuration, the ledger's peak, the allocator
+    model's allocated and reserved ("max cached") peaks without a limit, and the step on a 32 GB
+    V100. The paper prints no values for Figure 7's bars (claims.md §E): its claims are in the
+    notes."""
+    t = Table("figure7", "Figure 7: max cached memory per configuration, 40B and 100B, 400 GPUs, "
+              "MP 16 (C48)", ["model", "config", "ledger peak (B)", "allocated peak (B)",
+                              "max cached (B)", "cached − allocated (B)", "on 32 GB"],
+              notes=["paper: C1 → C2 drops; C4 → C5 drops for 100B but not for 40B; whether C2 or "
+                     "C3 is lower depends on model states versus activations (C48); the bars' "
+                     "values are not printed"])
+    for size in ("40B", "100B"):
+        for n, m in figure7_runs(size).items():
+            t.add(size, n, m.ledger, m.allocated, m.reserved, m.reserved - m.allocated, on_device(m))
+    return [t]
+
+
+def figure6_allocator() -> list[Table]:
+    """Figure 6 (C47) by the allocator's OutOfMemory beside the ledger-peak search's sizes."""
+    cols = ["config", "layers, ledger peak", "Ψ", "L_a: allocated ≤ 32 GB", "layers, allocator",
+            "Ψ, allocator", "paper", "ledger / paper", "allocator / paper"]
+    t = Table("figure6_allocator", "Figure 6 with fragmentation: the allocator model's OOM as "
+              "the fit (C47)", cols, fmt={7: lambda v: f"{v:.2f}", 8: lambda v: f"{v:.2f}"})
+    for n, (L, L_a, _) in figure6_replayed().items():
+        paper = ev.params(ev.MAX_SIZE_BY_CONFIG[n])
+        by_peak = pr.figure6()[n][0]
+        psi, psi_peak = pr.figure6_psi(L), pr.figure6_psi(by_peak)
+        t.add(n, by_peak, psi_peak, L_a, L, psi, ev.MAX_SIZE_BY_CONFIG[n], float(psi_peak / paper),
+              float(psi / paper))
+    return [t]
 
 
 BUILD = {("figure", 2): figure2, ("figure", 3): figure3, ("figure", 4): figure4,
          ("figure", 6): figure6, ("figure", 7): figure7, ("figure", 8): figure8,
          ("table", 3): table3}
-
-
-# -- drawing -----------------------------------------------------------------------------------------------
-def draw(kind: str, n: int, out: Path) -> list[Path]:
-    """Figure ``n`` as PNG and SVG in ``out`` (nothing for a table); the data are the cached
-    runs its tables used."""
-    if kind != "figure":
-        return []
-    if n == 7:
-        from .figures import fragmentation_by_config
-        return fragmentation_by_config(Path(out))
-    from . import paper_plots
-    return getattr(paper_plots, f"figure{n}")(Path(out))

@@ -1,0 +1,42 @@
+"""Figure set-up and saving, shared by every figure the project draws (matplotlib, Agg backend).
+
+A figure is written as PNG and SVG; the same data draw the same bytes (no date, a fixed SVG salt),
+so a committed figure can be checked for staleness.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, imported on first use (the package imports nothing
+    heavy until asked)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+DPI = 110
+
+
+def save_figure(fig, out: Path, name: str) -> list[Path]:
+    """``fig`` written to ``out`` as ``name``.png and ``name``.svg, then closed; the paths."""
+    # bbox_inches="tight" lays the figure out again for every file to measure its box: once here
+    # (the PNG is the same to the pixel; the SVG's box, measured by Agg, within ~0.5 pt)
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+    fig.set_dpi(DPI)
+    fig.draw_without_rendering()
+    box = fig.get_tightbbox().padded(pyplot().rcParams["savefig.pad_inches"])
+    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
+        fig.set_layout_engine("none")   # tight_layout() ran and left it; savefig would draw again
+    paths = []
+    # an SVG's element ids are salted at random and its metadata carry the date unless told
+    # otherwise: a fixed salt and no date make the same figure the same bytes
+    with pyplot().rc_context({"svg.hashsalt": "zerospec"}):
+        for ext in ("png", "svg"):
+            p = out / f"{name}.{ext}"
+            fig.savefig(p, dpi=DPI, bbox_inches=box, metadata={"Date": None} if ext == "svg" else None)
+            paths.append(p)
+    pyplot().close(fig)
+    return paths
