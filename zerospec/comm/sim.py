@@ -1,4 +1,5 @@
-"""Simulated backend: ranks meet at a rendezvous, the last to arrive moves the data for everyone.
+"""Simulated backend: ranks meet at a rendezvous, the last to arrive moves the data for everyone
+(one function per collective, looked up by the op's name in ``MOVES``).
 
 Reductions are deterministic: each element is accumulated in rank order 0, 1, …, N−1 in an fp32
 accumulator (fp64 for fp64), divided by N for ``mean``, and rounded once to the tensor's dtype.
@@ -237,57 +238,78 @@ class SimBackend:
             c.seconds = time.perf_counter() - t0
 
     def _move(self, rank: int, calls: list[Call], members) -> None:
-        n = len(calls)
-        problem = check_calls(calls, n)
+        problem = check_calls(calls, len(calls))
         if problem:
             self._fail(rank, CollectiveError(f"collective #{self._seq - 1}: {problem}"))
         if self.transport is not None:
             self.transport.move(calls, members)
             return
-        op = calls[0].op
-        if op == "all_reduce":
-            # block by block, so the fp32 accumulator stays in cache while N ranks add into it
-            # (the same elementwise operations in the same order: the same bits); within a
-            # block every input is read before any output, which may alias it, is written. One
-            # block when ranks share a storage: a view at another offset would be read after
-            # an earlier block wrote it
-            flat = (all(c.inp.is_contiguous() and c.out.is_contiguous() for c in calls)
-                    and len({c.inp.untyped_storage()._cdata for c in calls}) == n)
-            ins = [c.inp.view(-1) if flat else c.inp for c in calls]
-            outs = [c.out.view(-1) if flat else c.out for c in calls]
-            size = ins[0].numel() if flat else 0
-            blocks = [slice(b, b + BLOCK) for b in range(0, size, BLOCK)] or [slice(None)]
-            for b in blocks:
-                acc = reduce_in_rank_order([x[b] for x in ins], calls[0].reduce_op)
-                first = outs[0][b]
-                first.copy_(acc)          # the one rounding to the tensor's dtype …
-                for o in outs[1:]:
-                    o[b].copy_(first)     # … then plain copies (same bits, half the bytes read)
-        elif op == "reduce_scatter":
-            # the whole reduction once, then each rank its chunk: the same elementwise operations
-            # in the same order as reducing chunk by chunk, in N + 1 kernels instead of N², and
-            # every input is read before any output (which may alias an input) is written
-            acc = reduce_in_rank_order([c.inp.reshape(-1) for c in calls], calls[0].reduce_op)
-            size = acc.numel() // n
-            for r, c in enumerate(calls):
-                c.out.view(-1).copy_(acc[r * size:(r + 1) * size])
-        elif op == "all_gather":
-            # assemble in rank 0's output, then copy it to the others, without an intermediate
-            # buffer: an input may alias its own rank's output, but only at its own chunk, where
-            # the copy writes the same values; rank r ≥ 1's input is read before rank r is written
-            first = calls[0].out.view(-1)
-            size = calls[0].inp.numel()
-            if any(shares_storage(c.inp, first) for c in calls[1:]):   # ranks sharing tensors
-                first.copy_(torch.cat([c.inp.reshape(-1) for c in calls]))  # read all first
-            else:
-                for r, c in enumerate(calls):
-                    dst, src = first[r * size:(r + 1) * size], c.inp.reshape(-1)
-                    if dst.data_ptr() != src.data_ptr():
-                        dst.copy_(src)
-            for c in calls[1:]:
-                c.out.view(-1).copy_(first)
-        elif op == "broadcast":
-            src = calls[calls[0].src].inp
-            for r, c in enumerate(calls):
-                if r != calls[0].src:
-                    c.out.copy_(src)
+        MOVES[calls[0].op](calls)
+
+
+# -- the collectives: each moves the data of every rank's call, the calls in rank order -----------
+def _all_reduce(calls: list[Call]) -> None:
+    """Every rank's ``out``: the reduction of every rank's ``inp``, in rank order."""
+    n = len(calls)
+    # block by block, so the fp32 accumulator stays in cache while N ranks add into it (the same
+    # elementwise operations in the same order: the same bits); within a block every input is read
+    # before any output, which may alias it, is written. One block when ranks share a storage: a
+    # view at another offset would be read after an earlier block wrote it
+    flat = (all(c.inp.is_contiguous() and c.out.is_contiguous() for c in calls)
+            and len({c.inp.untyped_storage()._cdata for c in calls}) == n)
+    ins = [c.inp.view(-1) if flat else c.inp for c in calls]
+    outs = [c.out.view(-1) if flat else c.out for c in calls]
+    size = ins[0].numel() if flat else 0
+    blocks = [slice(b, b + BLOCK) for b in range(0, size, BLOCK)] or [slice(None)]
+    for b in blocks:
+        acc = reduce_in_rank_order([x[b] for x in ins], calls[0].reduce_op)
+        first = outs[0][b]
+        first.copy_(acc)          # the one rounding to the tensor's dtype …
+        for o in outs[1:]:
+            o[b].copy_(first)     # … then plain copies (same bits, half the bytes read)
+
+
+def _reduce_scatter(calls: list[Call]) -> None:
+    """Rank r's ``out``: chunk r of the reduction of every rank's ``inp``, in rank order."""
+    n = len(calls)
+    # the whole reduction once, then each rank its chunk: the same elementwise operations
+    # in the same order as reducing chunk by chunk, in N + 1 kernels instead of N², and
+    # every input is read before any output (which may alias an input) is written
+    acc = reduce_in_rank_order([c.inp.reshape(-1) for c in calls], calls[0].reduce_op)
+    size = acc.numel() // n
+    for r, c in enumerate(calls):
+        c.out.view(-1).copy_(acc[r * size:(r + 1) * size])
+
+
+def _all_gather(calls: list[Call]) -> None:
+    """Every rank's ``out``: every rank's ``inp``, concatenated in rank order."""
+    # assemble in rank 0's output, then copy it to the others, without an intermediate
+    # buffer: an input may alias its own rank's output, but only at its own chunk, where
+    # the copy writes the same values; rank r ≥ 1's input is read before rank r is written
+    first = calls[0].out.view(-1)
+    size = calls[0].inp.numel()
+    if any(shares_storage(c.inp, first) for c in calls[1:]):   # ranks sharing tensors
+        first.copy_(torch.cat([c.inp.reshape(-1) for c in calls]))  # read all first
+    else:
+        for r, c in enumerate(calls):
+            dst, src = first[r * size:(r + 1) * size], c.inp.reshape(-1)
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+    for c in calls[1:]:
+        c.out.view(-1).copy_(first)
+
+
+def _broadcast(calls: list[Call]) -> None:
+    """Every rank's ``out`` but ``src``'s: rank ``src``'s ``inp``."""
+    src = calls[calls[0].src].inp
+    for r, c in enumerate(calls):
+        if r != calls[0].src:
+            c.out.copy_(src)
+
+
+def _barrier(calls: list[Call]) -> None:
+    """No data: meeting at the rendezvous was the barrier."""
+
+
+MOVES = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter, "all_gather": _all_gather,
+         "broadcast": _broadcast, "barrier": _barrier}

@@ -1,5 +1,9 @@
 """One rank's training run: the per-rank narrative step every engine executes.
 
+:func:`rank_main` builds the rank (:func:`build_rank`: groups, stage, updater, fetcher, how
+checkpoints are kept), then runs :func:`train_step` once per step, whose phases (PHASES) read in
+the order they run.
+
 The virtual cluster runs :func:`rank_main` on a thread per rank, the torch.distributed engine on
 a process per rank, and the meta-tensor scale mode on one representative rank per padding class —
 the same function each time, which is what lets their ledgers be compared with ``==``.
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -64,8 +69,8 @@ def _flops(enabled: bool, ops: Counter):
     """An OpCounter over the block: each op's FLOPs (torch's ``flop_registry``, applied by
     ``FlopCounterMode``'s rule) and bytes, for the FLOP totals and the per-op roofline
     (report/timing.py); the ops seen are added to ``ops``. ``FlopCounterMode`` itself is not
-    entered: on top of the counter it took Table 4's 100B meta step (a checkpoint per block) from
-    3.1 to 6.9 s, for the same totals (docs/performance.md)."""
+    entered: on top of the counter it about doubled a paper-scale meta step's time, for the same
+    totals (docs/performance.md)."""
     if not enabled:
         yield None
         return
@@ -75,38 +80,27 @@ def _flops(enabled: bool, ops: Counter):
     ops.update(oc.ops)
 
 
-def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=None, save=None,
-               keep_state=False) -> RankOutput:
-    """One rank's run. ``on_step(step, stage)``, if given, is called after each step (the
-    engine tests snapshot weights there to compare them with torch's own implementations);
-    ``resume``: a checkpoint.TrainState to start from; ``save``: {step: directory}.
-    ``init``: each unit's initial fp32 weights; with model parallelism (``cfg.n_m`` > 1), one
-    such list per MP index (:func:`zerospec.training.run.initial_weights`).
+@dataclasses.dataclass
+class Rank:
+    """One rank, built for training by :func:`build_rank`: its stage and what the step drives."""
+    ctx: object                     # the rank's own context: ledgers, phases, timeline
+    dp_ctx: object                  # what the stage sees: ``ctx``, or its DP group's GroupView
+    stage: object                   # the ZeRO stage (zero/): states, grad_sync, param_sync
+    updater: Updater                # the step: loss scaling, clipping, Adam
+    fetcher: ParamFetcher           # parameters in, gradients out, for every stage alike
+    blocks: object                  # gpt.forward's run_blocks: activation checkpointing (zero_r/)
+    master: list[tuple[slice, torch.Tensor]]   # the rank's fp32 master shards
+    model_states: int               # bytes right after setup, before the fetcher is made
+    first_step: int                 # 1, or the step after the resumed checkpoint's
 
-    With N_m > 1 the rank sits on the N_d × N_m grid (comm/groups.py): the ZeRO stage sees its
-    DP group only (a :class:`GroupView`: same stage code, sharding over N_d), the model its MP
-    group (Megatron's operators), and both MP ranks of a replica read the same micro-batch."""
-    dp_ctx, mp, keep = ctx, None, None
-    if cfg.n_m > 1:
-        grid = Grid(cfg.n_d, cfg.n_m)
-        dp_comm, mp_comm = ctx.comm.split(grid)
-        dp_ctx, mp = GroupView(ctx, dp_comm), TensorParallel(mp_comm)
-        init = init[grid.mp_index(ctx.rank)]
-        if cfg.partition_activations:
-            keep = Partitioned(mp, cfg.cpu_checkpointing, ctx.host)
-    if cfg.contiguous_checkpoints and not cfg.cpu_checkpointing:   # M_D (P_a+cpu: none on device)
-        keep = Contiguous(ctx.memory, len(segments(cfg.checkpoint_activations, cfg.model.n_layer)),
-                          mp if cfg.partition_activations else None)
-    cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
-    kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
-    if cfg.stage3_persistence_threshold or cfg.stage3_max_reuse_distance:   # DeepSpeed's ZeRO-3
-        cls = DeepSpeedParameters
-        kwargs = {"persistence_threshold": cfg.stage3_persistence_threshold,
-                  "keep": reused_within(gpt.fetch_order(cfg.model), units,
-                                        cfg.stage3_max_reuse_distance)
-                  if cfg.stage3_max_reuse_distance else frozenset()}
-    if cfg.exact:
-        kwargs["grad_accum_steps"] = cfg.grad_accum_steps
+
+def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
+    """Set up one rank for :func:`rank_main`: its groups, how checkpoints are kept (P_a, M_D),
+    its stage (restored from ``resume``, a checkpoint.TrainState, if given), the updater, the
+    fetcher and the block runner."""
+    dp_ctx, mp, init = _groups(ctx, cfg, init)
+    keep = _checkpoint_keeper(ctx, cfg, mp)
+    cls, kwargs = _stage_class(cfg, units)
     kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
     with ctx.phase("setup"):
         if cfg.contiguous_gradients:   # M_D for gradients: one slot for every unit's gradient
@@ -117,64 +111,131 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     meta = resume.meta if resume is not None else {}
     scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
     updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0))
-    out = RankOutput([], stage.owned_master(), ctx.memory.model_states(), [], [],
-                     {p: 0.0 for p in PHASES})
+    master, model_states = stage.owned_master(), ctx.memory.model_states()
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
     blocks = block_runner(cfg.checkpoint_activations, fetcher, mp, keep)   # zero_r/
+    return Rank(ctx, dp_ctx, stage, updater, fetcher, blocks, master, model_states,
+                meta.get("step", 0) + 1)
+
+
+def _groups(ctx, cfg: TrainConfig, init):
+    """The context the stage sees (its DP group's view with N_m > 1), the MP group (None without
+    MP) and this rank's initial weights (its MP index's); see :func:`rank_main`."""
+    if cfg.n_m == 1:
+        return ctx, None, init
+    grid = Grid(cfg.n_d, cfg.n_m)
+    dp_comm, mp_comm = ctx.comm.split(grid)
+    return GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+
+
+def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
+    """How a checkpoint is kept between forward and backward (zero_r/): None: whole, on the
+    device; ZeRO-R's P_a (P_a+cpu: on the host); M_D's contiguous buffer, of P_a's parts if any."""
+    if cfg.contiguous_checkpoints and not cfg.cpu_checkpointing:   # M_D (P_a+cpu: none on device)
+        return Contiguous(ctx.memory, len(segments(cfg.checkpoint_activations, cfg.model.n_layer)),
+                          mp if cfg.partition_activations else None)
+    if mp is not None and cfg.partition_activations:
+        return Partitioned(mp, cfg.cpu_checkpointing, ctx.host)
+    return None
+
+
+def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
+    """The stage's class and its keyword arguments but the buffers, which need the rank."""
+    cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
+    kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
+    if cfg.stage3_persistence_threshold or cfg.stage3_max_reuse_distance:   # DeepSpeed's ZeRO-3
+        cls = DeepSpeedParameters
+        kwargs = {"persistence_threshold": cfg.stage3_persistence_threshold,
+                  "keep": reused_within(gpt.fetch_order(cfg.model), units,
+                                        cfg.stage3_max_reuse_distance)
+                  if cfg.stage3_max_reuse_distance else frozenset()}
+    if cfg.exact:
+        kwargs["grad_accum_steps"] = cfg.grad_accum_steps
+    return cls, kwargs
+
+
+def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=None, save=None,
+              keep_state=False) -> RankOutput:
+    """One rank's run. ``on_step(step, stage)``, if given, is called after each step (the
+    engine tests snapshot weights there to compare them with torch's own implementations);
+    ``resume``: a checkpoint.TrainState to start from; ``save``: {step: directory}.
+    ``init``: each unit's initial fp32 weights; with model parallelism (``cfg.n_m`` > 1), one
+    such list per MP index (:func:`zerospec.training.run.initial_weights`).
+
+    With N_m > 1 the rank sits on the N_d × N_m grid (comm/groups.py): the ZeRO stage sees its
+    DP group only (a :class:`GroupView`: same stage code, sharding over N_d), the model its MP
+    group (Megatron's operators), and both MP ranks of a replica read the same micro-batch."""
+    rank = build_rank(ctx, cfg, units, init, resume)
+    out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
     out.step_end.append(time.perf_counter())
-    G = cfg.grad_accum_steps
-
-    @contextlib.contextmanager
-    def phase(name):
-        t0 = time.perf_counter()
-        with ctx.phase(name):
-            yield
-        out.seconds[name] += time.perf_counter() - t0
-
-    for step in range(meta.get("step", 0) + 1, cfg.steps + 1):
+    for step in range(rank.first_step, cfg.steps + 1):
         ctx.step = step
         idx, tgt = (b.to(ctx.device) for b in batches[step - 1])
-        stage.zero_grad()
-        flops, micro = {"forward": 0, "backward": 0}, []
-        ops = {"forward": Counter(), "backward": Counter()}
-        for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
-            fetcher.begin_step()
-            fetcher.grad_scale = updater.scale
-            with phase("forward"), _flops(cfg.count_flops, ops["forward"]) as oc:
-                with fetcher.hooks():
-                    loss = gpt.forward(cfg.model, micro_batch(idx, dp_ctx.rank, cfg.n_d, k, G),
-                                       micro_batch(tgt, dp_ctx.rank, cfg.n_d, k, G), fetcher.fetch,
-                                       blocks)
-                fetcher.end_forward()
-            flops["forward"] += oc.flops if oc is not None else 0
-            with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as oc:
-                loss.backward()
-                fetcher.check_complete()
-            flops["backward"] += oc.flops if oc is not None else 0
-            micro.append(loss.detach())
-        with phase("grad_sync"):
-            stage.reduce_gradients()
-        with phase("step"):
-            report = updater.step()
-        with phase("param_sync"):
-            if not report.skipped:   # skipped: the parameters did not change
-                stage.sync_params()
-        out.losses.append(micro[0] if G == 1 else torch.stack(micro).mean())
-        out.micro_losses.append(micro)
-        out.reports.append(report)
-        out.flops.append(flops)
-        if cfg.count_flops:
-            out.ops.append(ops)
-        out.optim_elements.append(stage.optim_elements if not report.skipped else 0)
-        out.step_end.append(time.perf_counter())
+        train_step(rank, cfg, idx, tgt, out)
         if save and step in save:
-            checkpoint.save_from_rank(ctx, stage, save[step], cfg.model.unit_spec(),
-                                      resume_meta(cfg, step, updater))
+            checkpoint.save_from_rank(ctx, rank.stage, save[step], cfg.model.unit_spec(),
+                                      resume_meta(cfg, step, rank.updater))
         if on_step is not None:
-            on_step(step, stage)
+            on_step(step, rank.stage)
     if keep_state:
-        out.state = {"pieces": checkpoint.rank_pieces(stage), "meta": resume_meta(cfg, ctx.step, updater)}
+        out.state = {"pieces": checkpoint.rank_pieces(rank.stage),
+                     "meta": resume_meta(cfg, ctx.step, rank.updater)}
     return out
+
+
+def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tensor,
+               out: RankOutput) -> None:
+    """One step on the global batch ``idx`` → ``tgt``, in PHASES order: forward and backward of
+    each of the G micro-batches, then grad_sync, step and param_sync; its results go to ``out``."""
+    stage, fetcher, G, r = rank.stage, rank.fetcher, cfg.grad_accum_steps, rank.dp_ctx.rank
+    phase = functools.partial(_timed, rank.ctx, out.seconds)
+    stage.zero_grad()
+    flops, micro = {"forward": 0, "backward": 0}, []
+    ops = {"forward": Counter(), "backward": Counter()}
+    for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
+        fetcher.begin_step()
+        fetcher.grad_scale = rank.updater.scale
+        with phase("forward"), _flops(cfg.count_flops, ops["forward"]) as oc:
+            with fetcher.hooks():
+                loss = gpt.forward(cfg.model, micro_batch(idx, r, cfg.n_d, k, G),
+                                   micro_batch(tgt, r, cfg.n_d, k, G), fetcher.fetch, rank.blocks)
+            fetcher.end_forward()
+        flops["forward"] += oc.flops if oc is not None else 0
+        with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as oc:
+            loss.backward()
+            fetcher.check_complete()
+        flops["backward"] += oc.flops if oc is not None else 0
+        micro.append(loss.detach())
+    with phase("grad_sync"):
+        stage.reduce_gradients()
+    with phase("step"):
+        report = rank.updater.step()
+    with phase("param_sync"):
+        if not report.skipped:   # skipped: the parameters did not change
+            stage.sync_params()
+    _record(out, micro, report, flops, ops if cfg.count_flops else None,
+            stage.optim_elements if not report.skipped else 0)
+
+
+@contextlib.contextmanager
+def _timed(ctx, seconds: dict[str, float], name: str):
+    """Phase ``name`` of the rank's context, its wall time added to ``seconds[name]``."""
+    t0 = time.perf_counter()
+    with ctx.phase(name):
+        yield
+    seconds[name] += time.perf_counter() - t0
+
+
+def _record(out: RankOutput, micro, report, flops, ops, optim_elements: int) -> None:
+    """A step's results; ``ops``: None unless FLOPs were counted."""
+    out.losses.append(micro[0] if len(micro) == 1 else torch.stack(micro).mean())
+    out.micro_losses.append(micro)
+    out.reports.append(report)
+    out.flops.append(flops)
+    if ops is not None:
+        out.ops.append(ops)
+    out.optim_elements.append(optim_elements)
+    out.step_end.append(time.perf_counter())
 
 
 def micro_batch(batch: torch.Tensor, rank: int, n_d: int, k: int, g: int) -> torch.Tensor:

@@ -104,27 +104,41 @@ class ParamFetcher:
 
     # -- gradients -------------------------------------------------------------------------------
     def _on_grads(self, use: Use, grads: tuple[torch.Tensor | None, ...]) -> None:
-        """One use's parameter gradients (fp32, None: not used), from _UnitViews.backward.
+        """One use's parameter gradients (fp32, None: not used), from _UnitViews.backward: free
+        the use's cast, add the gradients to the unit's sum and, once every use of the unit has
+        added its, write the sum into the stage's slot."""
+        self._free_cast(use)
+        if self._accumulate(use.unit, grads):
+            self._write_slot(use.unit)
 
-        Per parameter, the same fp32 additions in the same order as summing whole-unit vectors;
-        a parameter a use left out adds nothing rather than +0 (which could only turn a −0 into
-        +0). A parameter no use touched gets 0 in the slot, which may hold last step's values."""
+    def _free_cast(self, use: Use) -> None:
+        """Free the forward's cast that this use kept for backward, now that it is done."""
         if use.refs == 0 and use.owns_leaf and use.leaf.untyped_storage().nbytes():
             # stages 0–2 kept the forward's cast for backward: every node that used it has run
             # (each feeds this use's gradients, which only now are complete), so free it now
             use.leaf.untyped_storage().resize_(0)
             use.cast = None
-        i = use.unit
+
+    def _accumulate(self, i: int, grads: tuple[torch.Tensor | None, ...]) -> bool:
+        """Add one use's gradients to unit i's sum; True once every use of the unit has added its.
+
+        Per parameter, the same fp32 additions in the same order as summing whole-unit vectors;
+        a parameter a use left out adds nothing rather than +0 (which could only turn a −0 into
+        +0)."""
         acc = self._acc[i]
         if acc is None:
             acc = list(grads)
         else:   # an earlier use's sum + this use's, per parameter: the unit-level sum, elementwise
             acc = [a if g is None else g if a is None else a + g for a, g in zip(acc, grads)]
+        self._acc[i] = acc
         self._n_grads[i] += 1
-        if self._n_grads[i] < self._n_uses[i]:
-            self._acc[i] = acc
-            return
-        self._acc[i] = None
+        return self._n_grads[i] >= self._n_uses[i]
+
+    def _write_slot(self, i: int) -> None:
+        """Unit i's summed gradient, times the loss scale, cast to fp16 into the slot the stage
+        provides and handed to the stage. A parameter no use touched gets 0 in the slot, which may
+        hold last step's values."""
+        acc, self._acc[i] = self._acc[i], None   # moved, so scaling drops the unscaled sums
         unit, slot = self.units[i], self.stage.grad_slot(i)
         if self.grad_scale != 1.0:
             acc = [None if g is None else g * self.grad_scale for g in acc]
