@@ -3,8 +3,8 @@
 A training runs its N ranks one at a time on one CPU (the baton). The report's other work, one-step
 meta runs that count FLOPs and sweep memory, needs no real tensors and reads little memory, so on a
 machine with a second CPU it runs there, in a helper process, while the trainings run here. (A
-training in a peer process would share the memory bus with these and slow their measured steps by
-10–25%, docs/performance.md; meta steps are Python on metadata.) The helper comes from the
+training in a peer process would share the memory bus with these and slow their measured steps; meta
+steps are Python on metadata.) The helper comes from the
 launcher's forkserver (:func:`zerospec.cluster.processes.mp_context`), started from a thread, so
 this process starts training at once while the server imports torch.
 

@@ -1,8 +1,8 @@
 """zerospec's engine against its peer, step by step in the same processes (the engine benchmark).
 
 Timed one after the other, each side in a run of its own, the two halves of a comparison sit
-seconds apart, and a shared 2-core machine's speed moves within minutes: such rounds' ratios for
-stage 0 against DDP read from 0.71 to 1.42 (docs/performance.md, 2026-12-05). Here every rank
+seconds apart, and a shared machine's speed moves within minutes, so such rounds' ratios swing
+widely. Here every rank
 alternates: zerospec's step s, then the peer's step s, then zerospec's step s + 1 …, so the two
 steps of a pair are timed within a tenth of a second of each other, on the same processes, after
 the same other work (each side always follows the other's step, so neither finds its own data warm
@@ -13,8 +13,7 @@ same order on every rank.
 The ranks do not meet at a pair's boundaries (a barrier there would be a collective of its own in
 every interval): a rank done early starts its next step while others finish theirs, and waits at
 its first collective, so one side's straggling can land in the other side's wall time. The
-processes' CPU time, which holds no waiting, is returned beside it as the check; the two ratios
-have read alike (docs/performance.md, 2026-12-05).
+processes' CPU time, which holds no waiting, is returned beside it as the check.
 """
 from __future__ import annotations
 

@@ -68,9 +68,8 @@ def flop_oracle(counter: OpCounter):
 def _flops(enabled: bool, ops: Counter):
     """An OpCounter over the block: each op's FLOPs (torch's ``flop_registry``, applied by
     ``FlopCounterMode``'s rule) and bytes, for the FLOP totals and the per-op roofline
-    (report/timing.py); the ops seen are added to ``ops``. ``FlopCounterMode`` itself is not
-    entered: on top of the counter it about doubled a paper-scale meta step's time, for the same
-    totals (docs/performance.md)."""
+    (evaluation/timing.py); the ops seen are added to ``ops``. ``FlopCounterMode`` itself is not
+    entered: on top of the counter it would slow a paper-scale meta step for the same totals."""
     if not enabled:
         yield None
         return

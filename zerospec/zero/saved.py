@@ -37,8 +37,7 @@ def unit_leaf(full16: torch.Tensor, numel: int, dtype: torch.dtype, resident: bo
     """Forward's leaf for one use of a unit: :func:`unit_cast`'s copy, or, in fp32 training on a
     CPU where the stage keeps the unit (stages 0–2), a view of the stage's own vector: the same
     values without a copy of the unit per use. On a GPU or ``meta`` the copy stays: paper-scale
-    storage traces, and the allocator results pinned from them, include it (docs/performance.md,
-    2026-12-05)."""
+    storage traces, and the allocator results pinned from them, include it."""
     if resident and full16.dtype == dtype and full16.device.type == "cpu":
         return full16[:numel].detach()
     return unit_cast(full16, numel, dtype)
