@@ -44,8 +44,10 @@ def reused_within(order: list[int], units, distance: int) -> frozenset[int]:
 
 class DeepSpeedParameters(Parameters):
     """P_os+g+p with DeepSpeed's persistence threshold and reuse distance (see the module doc).
-    ``persistence_threshold``: units of at most this many elements stay whole; ``keep``: the
-    units :func:`reused_within` names, kept gathered from forward to backward."""
+    ``persistence_threshold``: units of at most this many elements (unpadded) stay whole, as
+    DeepSpeed's ``DeepSpeedZeRoOffload.mark_persistent_parameters`` keeps a parameter when
+    ``param.ds_numel <= param_threshold``; ``keep``: the units :func:`reused_within` names, kept
+    gathered from forward to backward."""
 
     def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None,
                  persistence_threshold: int = 0, keep=frozenset()):
