@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import conftest as claims   # the project's root conftest.py: the claim mark and the summary's rules
+from tests.support import claims   # the claims plugin: the claim mark and the summary's rules
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Modules a test can import from without running anything: the closed forms and the paper's data
@@ -124,7 +124,7 @@ def test_a_test_that_can_only_compute_closed_forms_does_not_declare_a_measuremen
         used = {getattr(v, "__module__", None) or getattr(v, "__name__", "")
                 for v in vars(it.module).values()}
         used = {u for u in used if isinstance(u, str) and u.startswith(("zerospec", "tests."))
-                and u != it.module.__name__}      # tests.runs & co. train: they count as measuring
+                and u != it.module.__name__}      # tests.support.runs & co. train: that is measuring
         if used and all(u.startswith(CLOSED_FORM_ONLY) for u in used):
             wrong += [(it.nodeid, m.cid, m.status) for m in marks]
     assert wrong == []
@@ -144,7 +144,7 @@ def in_default_run(items) -> list:
 
 def test_the_default_run_checks_every_claim_but_the_evaluations_longest(request):
     """The slow cases widen or lengthen checks the default run makes: every claim a test checks has
-    a test outside the slow and DeepSpeed marks too (plain ``pytest`` checks it), but conftest.py's
+    a test outside the slow and DeepSpeed marks too (plain ``pytest`` checks it), but claims.py's
     SLOW_ONLY, which the summary names as not run."""
     items = whole_claim_suite(request)
     assert sorted(set(declared(items)) - set(declared(in_default_run(items)))) == sorted(claims.SLOW_ONLY)
@@ -152,7 +152,7 @@ def test_the_default_run_checks_every_claim_but_the_evaluations_longest(request)
 
 def test_the_summary_names_what_only_the_slow_cases_measure(request):
     """A claim the default run checks in closed form only but the slow cases measure is in
-    conftest.py's MEASURED_WHEN_SLOW with the status all its tests add up to, so the default
+    claims.py's MEASURED_WHEN_SLOW with the status all its tests add up to, so the default
     summary does not pass a "closed form only" off as the claim's whole status."""
     items = whole_claim_suite(request)
     fast, full = declared(in_default_run(items)), declared(items)
@@ -162,20 +162,21 @@ def test_the_summary_names_what_only_the_slow_cases_measure(request):
 
 
 def test_every_file_the_scheduler_groups_exists():
-    """The xdist units of tests/conftest.py name files that exist: a renamed file would silently
-    leave its group (and train the shared grid twice, or start a second forkserver)."""
-    from tests import conftest as setup
+    """The xdist units of tests/support/scheduling.py name files that exist: a renamed file would
+    silently leave its group (and train the shared grid twice, or start a second forkserver)."""
+    from tests.support import scheduling as setup
     assert setup.UNITS and all((ROOT / path).is_file() for path in setup.UNITS), \
         sorted(p for p in setup.UNITS if not (ROOT / p).is_file())
 
 
 def test_the_suite_runs_without_xdist():
     """The tests run in one process, without xdist (for a debugger or a profiler, as the README
-    says): the scheduler hook tests/conftest.py gives xdist is optional where xdist is absent."""
+    says): the scheduler hook tests/support/scheduling.py gives xdist is optional where xdist is
+    absent."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly",
                            "-o", "addopts=-p no:cacheprovider", "-q", "--collect-only",
-                           "tests/unit/test_benchtable.py"],
+                           "tests/unit/tools/test_benchtable.py"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
