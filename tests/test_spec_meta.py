@@ -15,6 +15,9 @@ from tests.support import claims   # the claims plugin: the claim mark and the s
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Modules a test can import from without running anything: the closed forms and the paper's data
 CLOSED_FORM_ONLY = ("zerospec.paper", "zerospec.plan.closed_form")
+# Spec pages that name claim ids but have no claims of their own, so no tests/claims/ file
+NO_CLAIMS_OF_THEIR_OWN = {"README.md": "the index: claim -> page -> test",
+                          "glossary.md": "defines the terms; its ids point to the pages that check them"}
 
 
 def whole_claim_suite(request) -> list:
@@ -74,6 +77,28 @@ def test_a_claim_mark_the_summary_cannot_report_is_refused(kwargs, named):
     item = SimpleNamespace(nodeid="t::x", iter_markers=lambda name: [pytest.mark.claim("C9", **kwargs).mark])
     with pytest.raises(pytest.UsageError, match=re.escape(named)):
         claims.claim_marks(item)
+
+
+def page_of(claims_file: str, pages) -> str | None:
+    """The spec page a claims file is named for: ``test_<page>.py`` or ``test_<page>_<part>.py``
+    (the longest such page), or None."""
+    stem = pathlib.Path(claims_file).stem
+    named = [p for p in pages if stem == f"test_{p}" or stem.startswith(f"test_{p}_")]
+    return max(named, key=len, default=None)
+
+
+def test_every_page_with_claims_has_a_claims_file_and_every_claims_file_names_its_page():
+    """Each spec/<page>.md that names a claim id (but the index and the glossary) has its claims in
+    tests/claims/test_<page>.py or test_<page>_<part>.py, and every file of tests/claims/ is named so
+    for an existing page: the tests of a page are found by its name."""
+    spec = sorted((ROOT / "spec").glob("*.md"))
+    pages = {p.stem for p in spec}
+    files = sorted(p.name for p in (ROOT / "tests" / "claims").glob("test_*.py"))
+    with_claims = {p.stem for p in spec
+                   if claims.ids_in(p.read_text()) and p.name not in NO_CLAIMS_OF_THEIR_OWN}
+    assert set(NO_CLAIMS_OF_THEIR_OWN) <= {p.name for p in spec}
+    assert [f for f in files if page_of(f, pages) is None] == [], "claims files named for no page"
+    assert sorted(with_claims - {page_of(f, pages) for f in files}) == [], "pages with no claims file"
 
 
 def test_every_claim_in_spec_has_a_test_and_every_claim_test_is_in_spec(request):
