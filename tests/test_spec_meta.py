@@ -10,11 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-import conftest as claims   # the project's root conftest.py: the claim mark and the summary's rules
+from tests.support import claims   # the claims plugin: the claim mark and the summary's rules
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Modules a test can import from without running anything: the closed forms and the paper's data
 CLOSED_FORM_ONLY = ("zerospec.paper", "zerospec.plan.closed_form")
+# Spec pages that name claim ids but have no claims of their own, so no tests/claims/ file
+NO_CLAIMS_OF_THEIR_OWN = {"README.md": "the index: claim -> page -> test",
+                          "glossary.md": "defines the terms; its ids point to the pages that check them"}
 
 
 def whole_claim_suite(request) -> list:
@@ -76,6 +79,28 @@ def test_a_claim_mark_the_summary_cannot_report_is_refused(kwargs, named):
         claims.claim_marks(item)
 
 
+def page_of(claims_file: str, pages) -> str | None:
+    """The spec page a claims file is named for: ``test_<page>.py`` or ``test_<page>_<part>.py``
+    (the longest such page), or None."""
+    stem = pathlib.Path(claims_file).stem
+    named = [p for p in pages if stem == f"test_{p}" or stem.startswith(f"test_{p}_")]
+    return max(named, key=len, default=None)
+
+
+def test_every_page_with_claims_has_a_claims_file_and_every_claims_file_names_its_page():
+    """Each spec/<page>.md that names a claim id (but the index and the glossary) has its claims in
+    tests/claims/test_<page>.py or test_<page>_<part>.py, and every file of tests/claims/ is named so
+    for an existing page: the tests of a page are found by its name."""
+    spec = sorted((ROOT / "spec").glob("*.md"))
+    pages = {p.stem for p in spec}
+    files = sorted(p.name for p in (ROOT / "tests" / "claims").glob("test_*.py"))
+    with_claims = {p.stem for p in spec
+                   if claims.ids_in(p.read_text()) and p.name not in NO_CLAIMS_OF_THEIR_OWN}
+    assert set(NO_CLAIMS_OF_THEIR_OWN) <= {p.name for p in spec}
+    assert [f for f in files if page_of(f, pages) is None] == [], "claims files named for no page"
+    assert sorted(with_claims - {page_of(f, pages) for f in files}) == [], "pages with no claims file"
+
+
 def test_every_claim_in_spec_has_a_test_and_every_claim_test_is_in_spec(request):
     """Ids mentioned in spec/ (less the visible not-checked list) == ids marked on tests."""
     items = whole_claim_suite(request)
@@ -124,7 +149,7 @@ def test_a_test_that_can_only_compute_closed_forms_does_not_declare_a_measuremen
         used = {getattr(v, "__module__", None) or getattr(v, "__name__", "")
                 for v in vars(it.module).values()}
         used = {u for u in used if isinstance(u, str) and u.startswith(("zerospec", "tests."))
-                and u != it.module.__name__}      # tests.runs & co. train: they count as measuring
+                and u != it.module.__name__}      # tests.support.runs & co. train: that is measuring
         if used and all(u.startswith(CLOSED_FORM_ONLY) for u in used):
             wrong += [(it.nodeid, m.cid, m.status) for m in marks]
     assert wrong == []
@@ -144,7 +169,7 @@ def in_default_run(items) -> list:
 
 def test_the_default_run_checks_every_claim_but_the_evaluations_longest(request):
     """The slow cases widen or lengthen checks the default run makes: every claim a test checks has
-    a test outside the slow and DeepSpeed marks too (plain ``pytest`` checks it), but conftest.py's
+    a test outside the slow and DeepSpeed marks too (plain ``pytest`` checks it), but claims.py's
     SLOW_ONLY, which the summary names as not run."""
     items = whole_claim_suite(request)
     assert sorted(set(declared(items)) - set(declared(in_default_run(items)))) == sorted(claims.SLOW_ONLY)
@@ -152,7 +177,7 @@ def test_the_default_run_checks_every_claim_but_the_evaluations_longest(request)
 
 def test_the_summary_names_what_only_the_slow_cases_measure(request):
     """A claim the default run checks in closed form only but the slow cases measure is in
-    conftest.py's MEASURED_WHEN_SLOW with the status all its tests add up to, so the default
+    claims.py's MEASURED_WHEN_SLOW with the status all its tests add up to, so the default
     summary does not pass a "closed form only" off as the claim's whole status."""
     items = whole_claim_suite(request)
     fast, full = declared(in_default_run(items)), declared(items)
@@ -162,20 +187,21 @@ def test_the_summary_names_what_only_the_slow_cases_measure(request):
 
 
 def test_every_file_the_scheduler_groups_exists():
-    """The xdist units of tests/conftest.py name files that exist: a renamed file would silently
-    leave its group (and train the shared grid twice, or start a second forkserver)."""
-    from tests import conftest as setup
+    """The xdist units of tests/support/scheduling.py name files that exist: a renamed file would
+    silently leave its group (and train the shared grid twice, or start a second forkserver)."""
+    from tests.support import scheduling as setup
     assert setup.UNITS and all((ROOT / path).is_file() for path in setup.UNITS), \
         sorted(p for p in setup.UNITS if not (ROOT / p).is_file())
 
 
 def test_the_suite_runs_without_xdist():
     """The tests run in one process, without xdist (for a debugger or a profiler, as the README
-    says): the scheduler hook tests/conftest.py gives xdist is optional where xdist is absent."""
+    says): the scheduler hook tests/support/scheduling.py gives xdist is optional where xdist is
+    absent."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly",
                            "-o", "addopts=-p no:cacheprovider", "-q", "--collect-only",
-                           "tests/unit/test_benchtable.py"],
+                           "tests/unit/tools/test_benchtable.py"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

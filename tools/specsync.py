@@ -2,7 +2,7 @@
 
 A table in a spec page sits between two markers naming its snapshot file:
 
-    <!-- snapshot: tests/claims/__snapshots__/test_spec_tables/test_memory_table_at_32_gpus.md -->
+    <!-- snapshot: tests/claims/__snapshots__/test_tables_spec/test_memory_table_at_32_gpus.md -->
     | ... the snapshot's content ... |
     <!-- /snapshot -->
 

@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with ``command``'s options, the other subcommands by name and help only: each
     subcommand's options are built on demand, so no answer waits for what another one imports
-    (none imports torch to build its options: tests/unit/test_cli_plan.py)."""
+    (none imports torch to build its options: tests/unit/cli/test_plan.py)."""
     parser = _Parser(prog="zerospec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in SUBCOMMANDS.items():

@@ -13,7 +13,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from tests.runs import assert_same_training, odd_run, stage_id
+from tests.support.runs import assert_same_training, odd_run, stage_id
 from zerospec.render import robust_tables
 from zerospec.paper import theory
 

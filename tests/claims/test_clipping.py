@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from tests.runs import CLIP, assert_same_training, config, odd_run, stage_id
+from tests.support.runs import CLIP, assert_same_training, config, odd_run, stage_id
 from zerospec.render import robust_tables
 from zerospec.evaluation.runs import memoised
 from zerospec.training.run import train

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import pytest
 
-from tests.runs import MODELS, run, sizes, stage_cases, stage_id
+from tests.support.runs import MODELS, run, sizes, stage_cases, stage_id
 from zerospec.paper import theory
 
 STEP = 2  # any step: every step moves the same bytes

@@ -1,7 +1,7 @@
 """Compute is not partitioned: every stage does the same FLOPs per GPU; only the optimizer shrinks (P2).
 
 FLOPs are counted around each rank's forward and backward with torch's FLOP formulas, by the op
-observer (runtime/opcount.py; tests/unit/test_opcount.py checks its totals against
+observer (runtime/opcount.py; tests/unit/runtime/test_opcount.py checks its totals against
 FlopCounterMode's). Attention is written out as matmuls (model.py), so it is counted.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from tests.runs import MODELS, run, sizes, stage_id, trained, wider
+from tests.support.runs import MODELS, run, sizes, stage_id, trained, wider
 from zerospec.paper import theory
 from zerospec.report.measure import VARIANTS, ReportConfig
 

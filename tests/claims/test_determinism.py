@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runs import CLIP, OVERFLOW, SCALER, config, train_with
+from tests.support.runs import CLIP, OVERFLOW, SCALER, config, train_with
 from zerospec.render import robust_tables
 from zerospec.evaluation.runs import memoised
 from zerospec.cluster.threads import VirtualCluster

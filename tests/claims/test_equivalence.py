@@ -9,7 +9,7 @@ batch, so we allow 1e-6 relative. Weights: Adam normalises each update by √v̂
 difference in a near-zero gradient can change that element's update by O(1) of its size, but no
 update exceeds ~lr; over 3 steps a wrong optimizer (lr, beta1, eps, bias correction, a missing
 mean) moves weights by ≥ lr, so |Δw| ≤ lr/10 separates rounding from bugs (measured: ≤ 1.4e-5 =
-lr/72). A wrong beta2 moves them by only ~lr/40 in so few steps: tests/unit/test_adam.py,
+lr/72). A wrong beta2 moves them by only ~lr/40 in so few steps: tests/unit/optim/test_adam.py,
 which compares Adam's moments with torch's step by step, catches that.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runs import MODELS, N_DS, assert_same_training, run, stage_id, wider
+from tests.support.runs import MODELS, N_DS, assert_same_training, run, stage_id, wider
 from zerospec.testing.reference import reference_train
 
 CASES = [pytest.param(s, n, m, v, id=f"{stage_id(s)}{'-allreduce' if v == 'all_reduce' else ''}/nd={n}/{m}",
@@ -69,7 +69,7 @@ def test_repeated_runs_are_bit_identical():
 @pytest.mark.claim("P1")
 def test_no_stage_reads_memory_it_never_wrote(stage, buckets):
     """With every non-zeroed allocation filled with NaN, stages 2 and 3 still equal stage 0 bit for bit."""
-    from tests.runs import SCALER, config
+    from tests.support.runs import SCALER, config
     from zerospec.testing.faults import uninitialized_memory
     from zerospec.training.run import train
     # the ODD model pads every unit, and the loss scaler's overflow check reads the whole owned

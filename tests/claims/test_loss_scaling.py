@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runs import INJECT, OVERFLOW, SCALER, assert_same_training, config, odd_run, stage_id, train_with
+from tests.support.runs import (INJECT, OVERFLOW, SCALER, assert_same_training, config, odd_run, stage_id,
+                                train_with)
 from zerospec.render import robust_tables
 from zerospec.optim.loss_scale import LossScale
 from zerospec.training.run import train

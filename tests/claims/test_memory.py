@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.runs import run, sizes, stage_cases, stage_id
+from tests.support.runs import run, sizes, stage_cases, stage_id
 from zerospec import VirtualCluster
 from zerospec.paper import theory
 from zerospec.model.gpt import GPTConfig, init_params
@@ -78,7 +78,7 @@ def test_activation_memory_per_rank_does_not_depend_on_n_d(n_d):
     assert run(0, 1).memory[0].peak["activations"] == run(0, n_d).memory[0].peak["activations"]
 
 
-@pytest.mark.slow   # the seed's N = 32 runs (tests/runs.py, N_DS_DEFAULT)
+@pytest.mark.slow   # the seed's N = 32 runs (tests/support/runs.py, N_DS_DEFAULT)
 @pytest.mark.claim("P3")
 def test_by_stage3_activations_outweigh_model_states():
     """The seed's observation: at N = 32 the activations dominate what ZeRO-3 leaves per GPU."""

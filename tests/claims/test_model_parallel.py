@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runs import assert_same_training, cached, stage_id
+from tests.support.runs import assert_same_training, cached, stage_id
 from zerospec.model import megatron
 from zerospec.model.gpt import GPTConfig
 from zerospec.optim.adam import update_bound

@@ -1,7 +1,7 @@
 """The paper's own model sizes, measured: 7.5B, 128B, 1T on up to 1024 GPUs, on meta tensors.
 
 Every number here comes from the ledgers of the unchanged stage code run on ``meta`` tensors
-(:mod:`zerospec.training.scale`; exact for all N ranks, see tests/unit/test_scale_meta.py). The presets' exact Ψ
+(:mod:`zerospec.training.scale`; exact for all N ranks, see tests/unit/training/test_scale.py). The presets' exact Ψ
 (:mod:`zerospec.model.presets`): 7.5B = 7,499,274,240; 128B = 128,480,755,712; 1T = 1,007,988,403,200;
 GPT-2 1.5B = 1,557,611,200. Their widths are multiples of 1024, so no unit needs padding at any N_d
 of Table 1 (Ψ_p = Ψ); the tests still use Ψ_p, which is what the formulas hold exactly with.
@@ -225,7 +225,7 @@ def test_gpt2_1_5b_activations_at_seq_1k_batch_32(claim_values):
         and statistics, the LM head's input, log-softmax output (b·s·vocab, 3.3 GB), and the
         loss's fp16 total weight.
     Asserted: measured == footnote + those terms, exactly (bytes); and the footnote alone gives the
-    paper's "about 60 GB". With a checkpoint per block (the paper's ~8 GB): test_checkpointing.py.
+    paper's "about 60 GB". With a checkpoint per block (the paper's ~8 GB): test_activations.py.
     """
     m = preset("1.5B").model
     b, s, hd, L, nh, V = 32, m.block_size, m.n_embd, m.n_layer, m.n_head, m.vocab_size

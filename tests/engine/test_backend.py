@@ -117,7 +117,7 @@ def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
     (new_group, made in the same order on every process); the same stage code gives the
     simulator's losses and weights bit for bit and books the same ledger, group by group. (At
     N_m = 2: two partials add the same in any order; from 3 on gloo's ring order rounds apart.)"""
-    from tests.runs import assert_same_training
+    from tests.support.runs import assert_same_training
     from zerospec.cluster.threads import VirtualCluster
     from zerospec.training.config import TrainConfig
     from zerospec.training.run import train, train_processes

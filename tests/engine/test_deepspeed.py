@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from tests.engine.test_peers import assert_close_every_step, assert_equal_every_step
-from tests.runs import LONG_STEPS, MODELS, stage_id
+from tests.support.runs import LONG_STEPS, MODELS, stage_id
 from zerospec.training.config import TrainConfig
 
 

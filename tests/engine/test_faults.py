@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.engine import workers
-from tests.runs import MODELS
+from tests.support.runs import MODELS
 from zerospec.runtime.errors import RankError
 from zerospec.cluster.processes import launch
 from zerospec.training.config import TrainConfig

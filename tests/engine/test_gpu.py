@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.engine import workers
-from tests.runs import MODELS, run, stage_id
+from tests.support.runs import MODELS, run, stage_id
 from zerospec.cluster.processes import launch
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.runtime.memory import TraceEvent
@@ -78,7 +78,7 @@ def tiny_run_trace() -> list[TraceEvent]:
 
 
 def fragmenting_trace() -> list[TraceEvent]:
-    """tests/unit/test_allocator.py's fragmenting case, large-pool sizes, a marker per step."""
+    """tests/unit/runtime/test_allocator.py's fragmenting case, large-pool sizes, a marker per step."""
     MiB = 1 << 20
     ev = [TraceEvent("alloc", 1, 100 * MiB), TraceEvent("alloc", 2, 100 * MiB + 7),
           TraceEvent("phase", label="made")]

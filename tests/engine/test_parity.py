@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests import runs
-from tests.runs import LONG_STEPS, assert_same_training, run, stage_id
+from tests.support import runs
+from tests.support.runs import LONG_STEPS, assert_same_training, run, stage_id
 
 STAGES = range(4)
 # the 4-process launches: the ODD model in fp32 (~1 s) in the default run; the small model in fp16

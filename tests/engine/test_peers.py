@@ -21,7 +21,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.runs import LONG_STEPS, MODELS, stage_id
+from tests.support.runs import LONG_STEPS, MODELS, stage_id
 from zerospec.testing.oracles import PEERS, compare
 from zerospec.testing.paired import paired
 from zerospec.training.config import TrainConfig

@@ -14,7 +14,7 @@ import functools
 import pytest
 import torch
 
-from tests.runs import stage_id, train_with
+from tests.support.runs import stage_id, train_with
 from zerospec.cluster.processes import launch
 from zerospec.model.gpt import ODD
 from zerospec.optim.loss_scale import LossScale

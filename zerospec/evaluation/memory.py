@@ -51,7 +51,7 @@ def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *,
                 trace=True, **config.kwargs(n_m))
     free = [replay(c.allocations, samples=samples and i == 0) for i, c in enumerate(r.classes)]
     # a device refuses a segment only past its capacity: where the free replay never reserved that
-    # much, the capped one is the same replay and cannot run out (tests/unit/test_allocator.py)
+    # much, the capped one is the same replay and cannot run out (tests/unit/runtime/test_allocator.py)
     capped = [replay(c.allocations, capacity).oom if f.peak_reserved > capacity else None
               for c, f in zip(r.classes, free)] if capacity else []
     return StepMemory(ledger=max(c.memory.peak_total for c in r.classes),

@@ -8,7 +8,7 @@ a GPU's fp16 backward would overflow or underflow, so the same values come out.
 
 If any element of the reduced gradient is inf or nan, the step is skipped and the scale backs off;
 after ``growth_interval`` clean steps in a row it grows. The rule is torch's ``GradScaler``
-(``torch._amp_update_scale_``), which tests/unit/test_loss_scale.py uses as its oracle.
+(``torch._amp_update_scale_``), which tests/unit/optim/test_loss_scale.py uses as its oracle.
 
 Overflow detection needs every rank's opinion. In stages 2 and 3 a rank holds only its shard of
 the reduced gradient, so an inf produced on rank 0 may land in rank 3's shard alone; each rank

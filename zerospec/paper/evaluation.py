@@ -2,7 +2,7 @@
 
 These are the paper's *printed* values, each row with where it is printed (the sources are those of
 docs/claims.md: [A] arXiv:1910.02054 v3, [SC] the SC'20 version and its artifact appendix). They are
-not results of zerospec: the tests in tests/claims/test_evaluation_arithmetic.py check the paper's
+not results of zerospec: the tests in tests/claims/test_tables_evaluation.py check the paper's
 arithmetic and internal consistency on them (C39, C41, C47, C51–C53), and the appendix's DP
 baselines are the shapes at which stage 0's peak is measured (C5, C55).
 """

@@ -18,8 +18,8 @@ remembers, per such key, what the kernel did, and answers repeats without runnin
   it is given, not only on metadata): run every time, so a view shares its input's storage as on
   a GPU.
 
-It is exact by construction and checked case by case (tests/unit/test_metacache.py) and against
-an uncached run (tests/unit/test_scale_meta.py). Everything else that watches the ops (the memory
+It is exact by construction and checked case by case (tests/unit/runtime/test_metacache.py) and against
+an uncached run (tests/unit/training/test_scale.py). Everything else that watches the ops (the memory
 observers, the op counter, FlopCounterMode) is entered after it, so sees every op before it answers.
 """
 from __future__ import annotations

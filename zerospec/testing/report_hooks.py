@@ -5,7 +5,7 @@ instead of in a helper process beside its trainings (zerospec/cluster/helper.py)
 enters it for every test (tests/conftest.py): pytest-xdist's workers already keep every CPU busy,
 so a helper would take its CPU from the other worker, and would trace C30's case again where the
 worker holds the traces memoised. The helper itself is tested on its own
-(tests/unit/test_report_helper.py). The seam is the name ``Beside`` in
+(tests/unit/cluster/test_helper.py). The seam is the name ``Beside`` in
 :mod:`zerospec.report.measure`; the library never imports this module.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ Every other rank's memory ledger is its class representative's. Its communicatio
 representative's collective trace (op, dtype, size, phase, step, src) booked again for that rank in
 a :class:`CommLedger` of N ranks — the ledger's ring model is where ranks legitimately differ
 (an all-reduce of a size that N does not divide sends uneven chunks).
-``tests/unit/test_scale_meta.py`` checks that this gives ledgers equal (``==``, record by record
+``tests/unit/training/test_scale.py`` checks that this gives ledgers equal (``==``, record by record
 and snapshot by snapshot) to running all N ranks as threads through
 :class:`~zerospec.cluster.threads.VirtualCluster`.
 

@@ -22,7 +22,7 @@ reduce-scatter input is arranged the same way). The reduce-scatter's output is t
 
 **Same numbers.** Each element is still reduced exactly once, over the ranks in rank order: the
 simulator reduces elementwise, so where an element sits in a buffer does not change its sum. Stages
-stay bit-identical to per-unit reduction (tests/unit/test_buffers.py checks torch.equal, every stage).
+stay bit-identical to per-unit reduction (tests/unit/zero_r/test_buffers.py checks torch.equal, every stage).
 gloo's ring sums in an order that depends on the buffer, so on the real engine they do not yet
 (spec/engine.md, "Buckets on gloo").
 Reduce-scatter and all-gather bytes are unchanged for every rank; an all-reduce's ring chunks move

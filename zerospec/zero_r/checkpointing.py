@@ -13,7 +13,7 @@ segment's forward again with autograd and the hooks on (what it saves is ``"reco
 backpropagates through that recompute at once, so the recomputed activations live only while this
 segment's backward consumes them. Same kernels, same order, same inputs: the recompute saves
 exactly the tensors the plain forward saves, so gradients, losses and weights are bit-identical to
-a run without checkpointing (tests/claims/test_checkpointing.py).
+a run without checkpointing (tests/claims/test_activations.py).
 
 **Parameters.** The recompute takes its units through the rank's ParamFetcher like any forward
 use: a Use whose parameter gradients reach the stage's gradient slots exactly as without

@@ -1,0 +1,242 @@
+"""The claims plugin: the `claim` marker, what its statuses mean, and the claims summary.
+
+Loaded for every run by the project's root conftest.py (``pytest_plugins``), benchmarks included.
+
+Every test that checks a paper claim carries ``@pytest.mark.claim("C9")`` (ids from
+docs/claims.md; ``P1``… are properties of ZeRO the paper relies on without numbering
+them, listed in spec/README.md). The mark also says what a pass is worth, so that nothing passes
+on a tautology or a mismatch:
+
+* ``claim("C9")`` — *measured = paper*: zerospec ran the stage code and its ledgers give the
+  paper's number;
+* ``claim("C27", status="differs", page="spec/scale.md#...")`` — *measured ≠ paper*: measured,
+  and the gap is explained on ``page``;
+* ``claim("C11", status="closed_form")`` — *closed form only*: the paper's number follows from a
+  closed form (theory.py) or from the paper's own numbers; nothing was run.
+
+A claim is reported ``measured ≠ paper`` if any of its tests says so, else ``measured = paper`` if
+any measures it, else ``closed form only``; FAIL when any of its tests failed. Claims with no test
+are listed in spec/README.md with why (not checkable, or not yet checked). A test may record what
+it measured and what the paper says with the ``claim_values`` fixture; at the end of the run pytest
+prints one line per claim id, grouped by section of the paper, like the paper's own tables.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+from collections import defaultdict
+from typing import NamedTuple
+
+import pytest
+
+SECTIONS = [  # (first id, last id, section of the paper)
+    ("C1", "C5", "A.1 Memory model"),
+    ("C6", "C13", "A.2 ZeRO-DP stage formulas"),
+    ("C14", "C14", "A.3 Figure 1 (7.5B, N_d = 64)"),
+    ("C15", "C16", "A.4 Table 1"),
+    ("C17", "C19", "A.5 Table 2"),
+    ("C20", "C26", "A.6 Communication volume"),
+    ("C27", "C37", "A.7 ZeRO-R"),
+    ("C38", "C57", "A.8-A.10 Evaluation and notes"),
+    ("P1", "P12", "Properties ZeRO relies on (not numbered in the paper)"),
+]
+
+
+def _key(cid: str) -> tuple[str, int]:
+    m = re.fullmatch(r"([A-Z]+)(\d+)", cid)
+    return (m.group(1), int(m.group(2))) if m else (cid, 0)
+
+
+def section_of(cid: str) -> str:
+    for lo, hi, name in SECTIONS:
+        if _key(lo)[0] == _key(cid)[0] and _key(lo) <= _key(cid) <= _key(hi):
+            return name
+    return "Other"
+
+
+# -- what a claim test's pass is worth ---------------------------------------------------------------
+STATUS_TEXT = {  # declared on the mark -> what the summary and spec/README.md say
+    "measured": "measured = paper",
+    "differs": "measured ≠ paper",
+    "closed_form": "closed form only",
+}
+# Claims whose every test measures at paper scale for minutes (memory-fit searches and timed meta
+# steps of 40B–170B models): the default run leaves them to the slow cases, and its summary says so
+# (tests/test_spec_meta.py checks this is the whole list).
+SLOW_ONLY = {"C34": "searches over 100B steps", "C38": "the baseline timed at 40B",
+             "C42": "the baseline across nodes, timed at 40B", "C43": "60B on 64 to 400 GPUs",
+             "C44": "the largest model per GPU count, by memory fit",
+             "C48": "allocator replays of 40B and 100B steps",
+             "C49": "60B throughput per configuration"}
+# Claims the default run computes in closed form only, where the slow cases also measure them (the
+# summary says so; tests/test_spec_meta.py checks this is the whole list): their status with those.
+MEASURED_WHEN_SLOW = {"C18": "differs", "C41": "differs", "C53": "measured"}
+SPEC_INDEX = pathlib.Path(__file__).resolve().parents[2] / "spec" / "README.md"
+ID = re.compile(r"\b([CP])(\d{1,2})(?:\s*[–-]\s*\1(\d{1,2}))?\b")
+
+
+class ClaimMark(NamedTuple):
+    cid: str
+    status: str          # a key of STATUS_TEXT
+    page: str | None     # where a "differs" is explained: spec/<page>.md#<anchor>
+
+
+def claim_marks(item) -> list[ClaimMark]:
+    """The item's ``claim`` marks, checked: a known status, and a page for every "differs"."""
+    out = []
+    for m in item.iter_markers("claim"):
+        status, page = m.kwargs.get("status", "measured"), m.kwargs.get("page")
+        if status not in STATUS_TEXT:
+            raise pytest.UsageError(f"{item.nodeid}: claim {m.args[0]} has status={status!r}; "
+                                    f"accepted: {', '.join(map(repr, STATUS_TEXT))}")
+        if (status == "differs") != (page is not None) or (page and not page.startswith("spec/")):
+            raise pytest.UsageError(f"{item.nodeid}: claim {m.args[0]} (status={status!r}) has "
+                                    f"page={page!r}; a 'differs' needs page='spec/<page>.md#<anchor>' "
+                                    f"explaining the gap, and no other status takes one")
+        out.append(ClaimMark(m.args[0], status, page))
+    return out
+
+
+def claim_status(statuses) -> str:
+    """One claim's status from its tests' declared ones: a gap anywhere is reported; otherwise one
+    real measurement is enough; a claim backed only by closed forms never reads as measured."""
+    statuses = set(statuses)
+    for s in ("differs", "measured", "closed_form"):
+        if s in statuses:
+            return s
+    raise ValueError(f"no status among {sorted(statuses)!r}; accepted: {', '.join(STATUS_TEXT)}")
+
+
+def ids_in(text: str) -> set[str]:
+    """Claim ids in ``text``; a range such as C6–C9 names every id in it."""
+    out = set()
+    for kind, lo, hi in ID.findall(text):
+        out |= {f"{kind}{i}" for i in range(int(lo), int(hi or lo) + 1)}
+    return out
+
+
+def spec_statuses(text: str | None = None) -> dict[str, tuple[str, str]]:
+    """claim id -> (status, page or why), from every table of spec/README.md with a ``claim`` and
+    a ``status`` column (the claim → page → test index and the list of claims not checked)."""
+    lines = (SPEC_INDEX.read_text() if text is None else text).splitlines()
+    out: dict[str, tuple[str, str]] = {}
+    header = None
+    for line, nxt in zip(lines, lines[1:] + [""]):
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells if nxt.startswith("|---") else []
+            continue
+        row = dict(zip(header, cells))
+        if "claim" in row and "status" in row and not set(row["claim"]) <= set("-"):
+            for cid in ids_in(row["claim"]):
+                out[cid] = (row["status"], row.get("why") or row.get("page", ""))
+    return out
+
+
+@pytest.fixture
+def claim_values(request):
+    """``claim_values(measured, paper)``: what this claim test measured, for the summary."""
+    def record(measured, paper, note: str = "") -> None:
+        request.node.user_properties.append(("claim_values", (str(measured), str(paper), note)))
+    return record
+
+
+def pytest_collection_modifyitems(config, items):
+    """Make claim ids keywords, so ``pytest -k C9`` selects the tests that check C9; refuse a claim
+    mark whose status or page is not one the summary can report."""
+    for item in items:
+        for mark in claim_marks(item):
+            item.extra_keyword_matches.add(mark.cid)
+
+
+DESELECTED = pytest.StashKey[list]()
+
+
+def pytest_deselected(items):
+    """Remember what ``-m``/``-k`` left out: a claim's status is what *all* its tests declare,
+    slow ones included, so tests/test_spec_meta.py reads their marks from here too."""
+    if items:
+        stash = items[0].session.stash
+        stash[DESELECTED] = stash.get(DESELECTED, []) + list(items)
+
+
+def all_items(session) -> list:
+    """Every collected test, selected or not (their marks only: nothing is run)."""
+    return list(session.items) + session.stash.get(DESELECTED, [])
+
+
+ORDER = pytest.StashKey[dict]()
+
+
+def _position(item) -> int:
+    """The item's place in the collection (the same on every xdist worker). Under xdist, reports
+    reach the summary in the order workers finish them; this keeps "the last case" one case."""
+    if ORDER not in item.session.stash:
+        item.session.stash[ORDER] = {it.nodeid: i for i, it in enumerate(item.session.items)}
+    return item.session.stash[ORDER].get(item.nodeid, -1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marks = [tuple(m) for m in claim_marks(item)]
+    if marks and (report.when == "call" or report.outcome != "passed"):
+        report.user_properties.append(("claim_ids", marks))
+        report.user_properties.append(("position", _position(item)))
+
+
+def in_collection_order(reports: list) -> list:
+    """Reports sorted by their item's place in the collection, whichever xdist worker ran it."""
+    return sorted(reports, key=lambda rep: dict(getattr(rep, "user_properties", [])).get("position", -1))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows: dict[str, dict] = {}
+    for status in ("passed", "failed", "error", "skipped"):
+        for rep in in_collection_order(terminalreporter.stats.get(status, [])):
+            props = dict(getattr(rep, "user_properties", []))
+            for cid, declared, page in props.get("claim_ids", []):
+                row = rows.setdefault(cid, {"passed": 0, "failed": 0, "skipped": 0, "values": None,
+                                            "declared": set(), "pages": set()})
+                row["failed" if status in ("failed", "error") else status] += 1
+                row["declared"].add(declared)
+                row["pages"] |= {page} if page else set()
+                if "claim_values" in props:   # the last case recorded (largest N_d) speaks for the row
+                    row["values"] = props["claim_values"]
+    if not rows:
+        return
+    # Claims without a test, with spec/README.md's reason: on a full run only (a -k run names its own)
+    # and the slow-only claims this run left out
+    unchecked = {} if config.option.keyword else {
+        **{cid: st for cid, st in spec_statuses().items() if st[0].startswith("not ")},
+        **{cid: ("not run", f"slow only, `pytest -m slow` ({why})") for cid, why in SLOW_ONLY.items()}}
+    unchecked = {cid: st for cid, st in unchecked.items() if cid not in rows}
+    tw = terminalreporter
+    tw.section("claims summary (ids from docs/claims.md)")
+    by_section = defaultdict(list)
+    for cid in sorted(rows.keys() | unchecked.keys(), key=_key):
+        by_section[section_of(cid)].append(cid)
+    for name, _, _ in [(s[2], 0, 0) for s in SECTIONS] + [("Other", 0, 0)]:
+        if name not in by_section:
+            continue
+        tw.write_line(name)
+        for cid in by_section[name]:
+            if cid in unchecked:
+                tw.write_line(f"  {cid:<5} {unchecked[cid][0]}: {unchecked[cid][1]}")
+                continue
+            r = rows[cid]
+            declared = claim_status(r["declared"])
+            status = "FAIL" if r["failed"] else (STATUS_TEXT[declared] if r["passed"] else "skipped")
+            measured, paper, note = r["values"] or ("", "", "")
+            got = "computed" if declared == "closed_form" else "measured"
+            vals = f"{got} {measured} | paper {paper}" if r["values"] else ""
+            why = f"  (why: {', '.join(sorted(r['pages']))})" if declared == "differs" else ""
+            if declared == "closed_form" and cid in MEASURED_WHEN_SLOW:
+                why = (f"  (the slow cases measure it: {STATUS_TEXT[MEASURED_WHEN_SLOW[cid]]}, "
+                       "`pytest -m slow`)")
+            tw.write_line(f"  {cid:<5} {status:<16} {r['passed']:>3} passed {r['failed']:>2} failed  "
+                          f"{vals}{'  ' + note if note else ''}{why}")

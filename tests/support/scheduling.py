@@ -1,0 +1,102 @@
+"""How the tests run on xdist workers: files grouped onto one worker where they share expensive
+work, garbage collection tuned, one compute thread per worker (the hooks and the fixture are wired
+in tests/conftest.py).
+
+The file lists below are kept by hand: each names a test file that must exist (checked at import,
+so a renamed file fails the run loudly instead of silently leaving its group).
+"""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Young collections every 20,000 net container allocations instead of CPython's 700: a training run's
+# objects that live for one forward and backward then die young, instead of reaching the old
+# generation and bringing on full collections of the worker's whole heap (the figures:
+# docs/performance.md, "Garbage collection in the test workers").
+GC_THRESHOLD = (20_000, 20, 20)
+
+
+def pytest_configure(config):
+    """Young garbage collections less often (GC_THRESHOLD). An xdist worker computes on one thread:
+    -n auto starts one worker per CPU already, and a worker's second OpenMP thread would only spin
+    against the other workers (as the virtual cluster does for its ranks, spec/engine.md)."""
+    import gc
+
+    gc.set_threshold(*GC_THRESHOLD)
+    if hasattr(config, "workerinput"):
+        import torch    # here, not at the top: the xdist controller runs no test and needs no torch
+
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """Collect until a pass finds nothing (as pytest's exit-time check does in its five passes:
+    a pass that finds nothing leaves nothing for the next), then freeze what is left: pytest's
+    five passes and interpreter shutdown then no longer walk torch's heap (0.16 s a pass, more with
+    the cached runs; the run's tail went from 2.5–4.7 s to under a second). Garbage collected
+    here, while pytest's unraisable-exception check still listens, is reported as before;
+    garbage made after this hook would no longer be."""
+    import gc
+
+    for _ in range(5):
+        if not gc.collect():
+            break
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _report_in_one_process():
+    """``zerospec report``'s meta steps in the worker itself, not in a helper process: the workers
+    keep every CPU busy already (zerospec/testing/report_hooks.py; the helper's own tests:
+    tests/unit/cluster/test_helper.py)."""
+    from zerospec.testing.report_hooks import report_in_one_process
+    with report_in_one_process():
+        yield
+
+
+# Files that train the shared stage × N_d × model grid (tests/support/runs.py, cached per process).
+# Kept on one xdist worker, each run is trained once per session instead of once per worker (about
+# 25 s of CPU on 2 workers); the other worker takes the remaining files, of about the same total.
+SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/test_memory.py",
+                         "tests/claims/test_equivalence.py", "tests/claims/test_tables_spec.py",
+                         "tests/claims/test_compute.py",
+                         "tests/claims/test_scale.py"})   # its meta steps, which the tables read
+
+# Files that start rank processes (zerospec/cluster/processes.py: a forkserver per test process,
+# which imports torch and the library once before it forks a rank, 3–4 s of CPU). Kept on one
+# worker, only that worker starts a forkserver.
+PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
+    "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
+    | {"spec/engine.md", "tests/unit/cluster/test_helper.py"})   # and the report's helper process
+# Files that read C30's storage trace (zerospec/evaluation/memory.py's c30_trace, memoised per
+# process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure; and
+# the model-parallel runs M_D's tests compare against (test_model_parallel.py's mp_run, ~2.5 s).
+C30_TRACES = frozenset({"tests/claims/test_allocator.py", "tests/unit/cli/test_report.py",
+                        "tests/claims/test_model_parallel.py"})
+UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
+         **dict.fromkeys(PROCESS_LAUNCHES, "the process launches"),
+         **dict.fromkeys(C30_TRACES, "the C30 traces and M_D's runs")}
+_MISSING = sorted(path for path in UNITS if not (ROOT / path).is_file())
+assert not _MISSING, f"tests/support/scheduling.py groups files that do not exist: {_MISSING}"
+
+
+@pytest.hookimpl(optionalhook=True)   # xdist's hook: `pytest -p no:xdist` must still run
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the files of each of SHARED_GRID, PROCESS_LAUNCHES and C30_TRACES as
+    one unit (None: xdist's own choice)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return UNITS.get(scope, scope)
+    return GroupedFileScheduling(config, log)
+
+
