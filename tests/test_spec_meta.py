@@ -49,6 +49,54 @@ def test_ranges_expand():
     assert claims.ids_in("see C6–C9 and P1, C57") == {"C6", "C7", "C8", "C9", "P1", "C57"}
 
 
+def test_ranges_expand_in_every_id_family():
+    """The successors' families are ids too, each range within its family: B2–B4, C-I1–C-I3, D7."""
+    assert claims.ids_in("B2–B4, C-I1–C-I3 and D7") == {"B2", "B3", "B4", "C-I1", "C-I2", "C-I3",
+                                                        "D7"}
+    assert [claims.section_of(c) for c in ("C8", "B2", "C-I8", "D2")] == [
+        "A.2 ZeRO-DP stage formulas", "B. ZeRO-Offload (arXiv:2101.06840)",
+        "C. ZeRO-Infinity (arXiv:2104.07857)", "D. ZeRO++ (arXiv:2306.10209)"]
+
+
+CLAIMED = """
+import pytest
+
+@pytest.mark.claim("C2")
+def test_c2(): pass
+
+@pytest.mark.claim("C20")
+def test_c20(): pass
+
+@pytest.mark.claim("C-I8", status="closed_form")
+def test_infinity(): pass
+
+@pytest.mark.claim("C2")
+@pytest.mark.claim("D2")
+def test_both(): pass
+
+def test_unmarked(): pass
+"""
+
+
+@pytest.mark.parametrize("ids, ran", [(["C2"], ["test_c2", "test_both"]),
+                                      (["C-I8"], ["test_infinity"]),
+                                      (["D2", "C20"], ["test_c20", "test_both"])])
+def test_claim_option_runs_exactly_the_tests_marked_with_that_id(pytester, ids, ran):
+    """`pytest --claim C2` runs C2's tests and no other: not C20's, as `-k C2` would."""
+    pytester.makepyfile(test_claimed=CLAIMED)
+    args = [a for cid in ids for a in ("--claim", cid)]
+    result = pytester.runpytest("-p", "tests.support.claims", "-p", "no:xdist", "-v", *args)
+    passed = [line.split("::")[1].split()[0] for line in result.outlines if " PASSED" in line]
+    assert sorted(passed) == sorted(ran)
+
+
+def test_claim_option_refuses_what_is_not_a_claim_id(pytester):
+    """`--claim 8` is a usage error naming the value and the accepted families."""
+    result = pytester.runpytest("-p", "tests.support.claims", "--claim", "8")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "'8' is not a claim id; accepted: C1–C57, P1–P12, B1–B8" in result.stderr.str()
+
+
 def test_spec_index_reads_status_and_reason_from_every_table():
     """spec/README.md's tables give each claim id, ranges expanded, its status and page or reason."""
     text = ("| claim | what | status | page | test |\n|---|---|---|---|---|\n"

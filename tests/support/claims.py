@@ -22,6 +22,7 @@ prints one line per claim id, grouped by section of the paper, like the paper's 
 """
 from __future__ import annotations
 
+import argparse
 import pathlib
 import re
 from collections import defaultdict
@@ -39,11 +40,14 @@ SECTIONS = [  # (first id, last id, section of the paper)
     ("C27", "C37", "A.7 ZeRO-R"),
     ("C38", "C57", "A.8-A.10 Evaluation and notes"),
     ("P1", "P12", "Properties ZeRO relies on (not numbered in the paper)"),
+    ("B1", "B99", "B. ZeRO-Offload (arXiv:2101.06840)"),
+    ("C-I1", "C-I99", "C. ZeRO-Infinity (arXiv:2104.07857)"),
+    ("D1", "D99", "D. ZeRO++ (arXiv:2306.10209)"),
 ]
 
 
 def _key(cid: str) -> tuple[str, int]:
-    m = re.fullmatch(r"([A-Z]+)(\d+)", cid)
+    m = re.fullmatch(r"(C-I|[A-Z]+)(\d+)", cid)
     return (m.group(1), int(m.group(2))) if m else (cid, 0)
 
 
@@ -72,7 +76,9 @@ SLOW_ONLY = {"C34": "searches over 100B steps", "C38": "the baseline timed at 40
 # summary says so; tests/test_spec_meta.py checks this is the whole list): their status with those.
 MEASURED_WHEN_SLOW = {"C18": "differs", "C41": "differs", "C53": "measured"}
 SPEC_INDEX = pathlib.Path(__file__).resolve().parents[2] / "spec" / "README.md"
-ID = re.compile(r"\b([CP])(\d{1,2})(?:\s*[–-]\s*\1(\d{1,2}))?\b")
+# the id families of docs/claims.md: C (ZeRO), P (its unnumbered properties), B (ZeRO-Offload),
+# C-I (ZeRO-Infinity), D (ZeRO++); a range names one family: C6–C9, C-I2–C-I4
+ID = re.compile(r"\b(C-I|[BCDP])(\d{1,2})(?:\s*[–-]\s*\1(\d{1,2}))?\b")
 
 
 class ClaimMark(NamedTuple):
@@ -144,12 +150,35 @@ def claim_values(request):
     return record
 
 
+def pytest_addoption(parser):
+    parser.addoption("--claim", action="append", default=[], metavar="ID", type=claim_id,
+                     help="run only the tests marked with claim ID (C8, P3, B2, C-I8, D2; "
+                          "repeatable); the run's -m still applies: add -m 'not deepspeed' for the slow cases")
+
+
+def claim_id(text: str) -> str:
+    """``--claim``'s value: one id of a family of docs/claims.md, nothing else."""
+    if not re.fullmatch(r"(C-I|[BCDP])\d{1,2}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a claim id; accepted: C1–C57, P1–P12, B1–B8, C-I1–C-I9, D1–D9 "
+            f"(docs/claims.md)")
+    return text
+
+
 def pytest_collection_modifyitems(config, items):
-    """Make claim ids keywords, so ``pytest -k C9`` selects the tests that check C9; refuse a claim
-    mark whose status or page is not one the summary can report."""
+    """``--claim ID``: only the tests marked with that id, exactly (``-k C2`` would take C20–C29
+    too). Claim ids are also keywords. A claim mark whose status or page the summary cannot report
+    is refused."""
+    wanted = set(config.getoption("claim"))
+    keep, drop = [], []
     for item in items:
-        for mark in claim_marks(item):
+        marks = claim_marks(item)
+        for mark in marks:
             item.extra_keyword_matches.add(mark.cid)
+        (keep if not wanted or wanted & {m.cid for m in marks} else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 DESELECTED = pytest.StashKey[list]()
@@ -211,7 +240,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     # Claims without a test, with spec/README.md's reason: on a full run only (a -k run names its own)
     # and the slow-only claims this run left out
-    unchecked = {} if config.option.keyword else {
+    unchecked = {} if (config.option.keyword or config.getoption("claim")) else {
         **{cid: st for cid, st in spec_statuses().items() if st[0].startswith("not ")},
         **{cid: ("not run", f"slow only, `pytest -m slow` ({why})") for cid, why in SLOW_ONLY.items()}}
     unchecked = {cid: st for cid, st in unchecked.items() if cid not in rows}
