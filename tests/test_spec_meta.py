@@ -85,7 +85,8 @@ def test_claim_option_runs_exactly_the_tests_marked_with_that_id(pytester, ids, 
     """`pytest --claim C2` runs C2's tests and no other: not C20's, as `-k C2` would."""
     pytester.makepyfile(test_claimed=CLAIMED)
     args = [a for cid in ids for a in ("--claim", cid)]
-    result = pytester.runpytest("-p", "tests.support.claims", "-p", "no:xdist", "-v", *args)
+    result = pytester.runpytest("-p", "tests.support.claims", "-p", "no:xdist", "-p", "no:benchmark", "-v",
+                                *args)
     passed = [line.split("::")[1].split()[0] for line in result.outlines if " PASSED" in line]
     assert sorted(passed) == sorted(ran)
 
