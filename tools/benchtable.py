@@ -1,16 +1,18 @@
-"""Write the README's benchmark table from pytest-benchmark's JSON, never by hand.
+"""Write the benchmark tables from pytest-benchmark's JSON, never by hand.
 
     pytest benchmarks --benchmark-json=bench.json     # the figures, with their machine
-    python tools/benchtable.py bench.json              # rewrite the README's table from them
-    python tools/benchtable.py bench.json --check      # exit 1 if the README's table differs
+    python tools/benchtable.py bench.json              # rewrite the tables from them
+    python tools/benchtable.py bench.json --check      # exit 1 if a table differs
     python tools/benchtable.py avx512.json avx2.json   # several runs (machines, ISAs): one table
     python tools/benchtable.py bench.json --keep       # add a run, keep other machines' rows
 
 Each benchmark records in ``extra_info`` its figure (``ratio``, or ``seconds`` for the meta
 runs), its ``target`` and, through benchmarks/conftest.py, what it ran on (``isa``: the CPU
-kernels torch dispatched to, ``cpu``: its model, ``torch``, ``cpus``). The table sits in
-README.md between ``<!-- benchmarks: begin -->`` and ``<!-- benchmarks: end -->``; one row per
-benchmark case, with the machine it came from, so a figure is never shown without its machine.
+kernels torch dispatched to, ``cpu``: its model, ``torch``, ``cpus``). The full table sits in
+docs/performance.md between ``<!-- benchmarks: begin -->`` and ``<!-- benchmarks: end -->``: one
+row per benchmark case, with the machine it came from, so a figure is never shown without its
+machine. README.md's ``<!-- benchmarks-summary: … -->`` block is :func:`summary` of it: the latest
+run (its first rows), one row per benchmark (tests/test_readme.py holds the two together).
 """
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "performance.md"
 BLOCK = re.compile(r"(<!-- benchmarks: begin -->\n)(.*?)(<!-- benchmarks: end -->)", re.S)
+SUMMARY = re.compile(r"(<!-- benchmarks-summary: begin -->\n)(.*?)(<!-- benchmarks-summary: end -->)",
+                     re.S)
 FIGURES = (("ratio", "ratio", "{:.2f}"), ("seconds", "seconds", "{:.1f} s"))
 
 
@@ -62,6 +67,31 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def summary(table_text: str) -> str:
+    """The latest run of the full table (the first row's machine), one row per benchmark: its
+    cases' figures side by side, the target, and whether every case met it (the cases that did
+    not, named)."""
+    rows = [r for r in table_text.splitlines()[2:] if r.startswith("| ")]
+    latest = machine_of(rows[0])
+    by_name: dict[str, list[list[str]]] = {}
+    for r in rows:
+        if machine_of(r) == latest:
+            name, case, _, measured, target, met, _ = cells(r)
+            by_name.setdefault(name, []).append([case, measured.split(" (")[0], target, met])
+    out = [f"On {latest}:", "", "| benchmark | measured | target | met |", "|---|---|---|---|"]
+    for name, cases in by_name.items():
+        measured = ", ".join(f"{c}: {m}" if c else m for c, m, _, _ in cases)
+        targets = sorted({t for _, _, t, _ in cases})
+        missed = [c or "it" for c, _, _, met in cases if met == "**no**"]
+        met = "—" if targets == ["—"] else (f"**no** ({', '.join(missed)})" if missed else "yes")
+        out.append(f"| {name} | {measured} | {', '.join(targets)} | {met} |")
+    return "\n".join(out) + "\n"
+
+
 def machine_of(row: str) -> str:
     """The machine cell of one table row (its last)."""
     return row.rstrip().rstrip("|").rsplit("|", 1)[-1].strip()
@@ -86,6 +116,13 @@ USAGE = "usage: python tools/benchtable.py BENCH.json [BENCH.json ...] [--keep] 
 OPTIONS = ("--keep", "--check")
 
 
+def replace(text: str, block: re.Pattern, body: str, where: str) -> str:
+    m = block.search(text)
+    if m is None:
+        raise LookupError(f"{where} has no {block.pattern.split('(')[1].split(')')[0]!r} block")
+    return text[:m.start(2)] + body + text[m.end(2):]
+
+
 def main(argv: list[str]) -> int:
     paths = [a for a in argv if not a.startswith("--")]
     unknown = [a for a in argv if a.startswith("--") and a not in OPTIONS]
@@ -96,22 +133,29 @@ def main(argv: list[str]) -> int:
         return 2
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     table_text = table(runs)
-    text = README.read_text()
-    m = BLOCK.search(text)
+    page, readme = PAGE.read_text(), README.read_text()
+    m = BLOCK.search(page)
     if m is None:
-        print("README.md has no <!-- benchmarks: begin --> … <!-- benchmarks: end --> block",
-              file=sys.stderr)
+        print("docs/performance.md has no <!-- benchmarks: begin --> … <!-- benchmarks: end --> "
+              "block", file=sys.stderr)
         return 2
     kept = kept_rows(m.group(2), table_text) if "--keep" in argv else []
     table_text += "".join(r + "\n" for r in kept)
-    if m.group(2) == table_text:
+    try:
+        new_page = replace(page, BLOCK, table_text, "docs/performance.md")
+        new_readme = replace(readme, SUMMARY, summary(table_text), "README.md")
+    except LookupError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if (new_page, new_readme) == (page, readme):
         return 0
     if "--check" in argv:
-        print("README.md's benchmark table differs from", ", ".join(paths))
+        print("the benchmark tables (docs/performance.md, README.md) differ from", ", ".join(paths))
         return 1
-    README.write_text(text[:m.start(2)] + table_text + text[m.end(2):])
+    PAGE.write_text(new_page)
+    README.write_text(new_readme)
     n = sum(len(d["benchmarks"]) for d in runs)
-    print(f"rewrote README.md's benchmark table from {', '.join(paths)} ({n} rows"
+    print(f"rewrote the benchmark tables from {', '.join(paths)} ({n} rows"
           + (f", {len(kept)} kept from other machines)" if kept else ")"))
     return 0
 

@@ -1,4 +1,5 @@
-"""tools/benchtable.py: the README's benchmark table is written from pytest-benchmark's JSON."""
+"""tools/benchtable.py: the benchmark tables (docs/performance.md's, the README's summary of it) are
+written from pytest-benchmark's JSON."""
 from __future__ import annotations
 
 import json
@@ -20,11 +21,14 @@ DATA = {"datetime": "2026-12-01T05:00:00", "benchmarks": [
 
 
 @pytest.fixture
-def readme(tmp_path, monkeypatch):
-    """A README whose table block holds "old", in place of the project's; returns its path."""
-    path = tmp_path / "README.md"
+def page(tmp_path, monkeypatch):
+    """A performance page whose table block holds "old" and a README whose summary block holds
+    "old", in place of the project's; returns the page's path."""
+    path, readme = tmp_path / "performance.md", tmp_path / "README.md"
     path.write_text("intro\n<!-- benchmarks: begin -->\nold\n<!-- benchmarks: end -->\nrest\n")
-    monkeypatch.setattr(benchtable, "README", path)
+    readme.write_text("<!-- benchmarks-summary: begin -->\nold\n<!-- benchmarks-summary: end -->\n")
+    monkeypatch.setattr(benchtable, "PAGE", path)
+    monkeypatch.setattr(benchtable, "README", readme)
     return path
 
 
@@ -33,9 +37,9 @@ def write_json(path: Path, data: dict) -> Path:
     return path
 
 
-def table_rows(readme: Path) -> list[str]:
-    """The benchmark rows of the README's table (no header, no separator)."""
-    return [r for r in readme.read_text().splitlines() if r.startswith("| `")]
+def table_rows(page: Path) -> list[str]:
+    """The benchmark rows of the page's table (no header, no separator)."""
+    return [r for r in page.read_text().splitlines() if r.startswith("| `")]
 
 
 def test_each_row_shows_its_figure_target_and_machine():
@@ -58,12 +62,30 @@ def test_a_benchmark_without_a_figure_is_refused_by_name():
         benchtable.rows(bad)
 
 
-def test_the_readme_table_is_rewritten_between_its_markers(tmp_path, readme):
+def test_the_tables_are_rewritten_between_their_markers(tmp_path, page):
     path = write_json(tmp_path / "b.json", DATA)
     assert benchtable.main([str(path), "--check"]) == 1
     assert benchtable.main([str(path)]) == 0 and benchtable.main([str(path), "--check"]) == 0
-    text = readme.read_text()
+    text = page.read_text()
     assert text.startswith("intro\n<!-- benchmarks: begin -->\n| benchmark |") and text.endswith("<!-- benchmarks: end -->\nrest\n")
+    assert benchtable.README.read_text() == ("<!-- benchmarks-summary: begin -->\n"
+                                             + benchtable.summary(benchtable.table([DATA]))
+                                             + "<!-- benchmarks-summary: end -->\n")
+
+
+def test_the_summary_is_the_latest_run_one_row_per_benchmark_with_missed_cases_named():
+    """The first row's machine is the latest run: its cases of one benchmark share a row; a
+    missed case is named; another machine's rows are left out."""
+    latest = {"datetime": "2026-12-05T05:00:00", "benchmarks": [
+        {"name": "test_step[0]", "param": "0", "extra_info": {"ratio": 1.1, "target": 1.25, "plain_ratio": 1.0}},
+        {"name": "test_step[3]", "param": "3", "extra_info": {"ratio": 1.4, "target": 1.25}},
+        {"name": "test_lockstep", "extra_info": {"ratio": 1.0}}]}
+    text = benchtable.summary(benchtable.table([latest, DATA]))
+    assert text.splitlines() == [
+        "On ?, ? CPUs, torch ?, 2026-12-05:", "", "| benchmark | measured | target | met |",
+        "|---|---|---|---|",
+        "| `test_step` | 0: 1.10, 3: 1.40 | ≤ 1.25 | **no** (3) |",
+        "| `test_lockstep` | 1.00 | — | — |"]
 
 
 def test_runs_on_several_machines_share_one_table_each_row_naming_its_own():
@@ -84,7 +106,7 @@ def test_a_row_names_the_cpu_model_when_the_run_recorded_it():
     assert benchtable.rows(data)[2].endswith("| AMD EPYC, AVX2, 2 CPUs, torch 2.13.0, 2026-12-04 |")
 
 
-def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, readme):
+def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, page):
     first = write_json(tmp_path / "a.json", DATA)          # AVX2 and AVX512 rows, 2026-12-01
     epyc = {"datetime": "2026-12-04T10:00:00", "benchmarks": [
         {"name": "test_meta", "extra_info": {"seconds": 3.0, "target": 30.0, "cpu": "AMD EPYC",
@@ -92,21 +114,21 @@ def test_keep_adds_a_run_and_keeps_only_the_other_machines_rows(tmp_path, readme
     second = write_json(tmp_path / "b.json", epyc)
     assert benchtable.main([str(first)]) == 0
     assert benchtable.main([str(second), "--keep"]) == 0
-    assert [benchtable.machine_of(r) for r in table_rows(readme)] == [
+    assert [benchtable.machine_of(r) for r in table_rows(page)] == [
         "AMD EPYC, AVX2, 2 CPUs, torch 2.13.0, 2026-12-04",
         "AVX2, 2 CPUs, torch 2.13.0, 2026-12-01", "AVX512, 2 CPUs, torch 2.13.0, 2026-12-01"]
     assert benchtable.main([str(second), "--keep"]) == 0     # the same run again: no duplicate
-    assert len(table_rows(readme)) == 3
+    assert len(table_rows(page)) == 3
     assert benchtable.main([str(second), "--keep", "--check"]) == 0
     epyc["datetime"] = "2026-12-05T10:00:00"                # the same machine a day later
     write_json(second, epyc)
     assert benchtable.main([str(second), "--keep"]) == 0
-    days = [benchtable.machine_of(r)[-10:] for r in table_rows(readme)]
+    days = [benchtable.machine_of(r)[-10:] for r in table_rows(page)]
     assert days == ["2026-12-05", "2026-12-01", "2026-12-01"]
 
 
-def test_a_mistyped_option_is_refused_and_the_table_left_alone(tmp_path, readme, capsys):
+def test_a_mistyped_option_is_refused_and_the_table_left_alone(tmp_path, page, capsys):
     path = write_json(tmp_path / "b.json", DATA)
     assert benchtable.main([str(path), "--kep"]) == 2
     assert "unknown option '--kep'; accepted: --keep, --check" in capsys.readouterr().err
-    assert "\nold\n" in readme.read_text()
+    assert "\nold\n" in page.read_text()
