@@ -15,8 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Young collections every 20,000 net container allocations instead of CPython's 700: a training run's
 # objects that live for one forward and backward then die young, instead of reaching the old
-# generation and bringing on full collections of the worker's whole heap (the figures:
-# docs/performance.md, "Garbage collection in the test workers").
+# generation and bringing on full collections of the worker's whole heap.
 GC_THRESHOLD = (20_000, 20, 20)
 
 
