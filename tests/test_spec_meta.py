@@ -2,19 +2,36 @@
 untested, and no claim passes on a tautology or an unexplained mismatch."""
 from __future__ import annotations
 
+import dataclasses
+import dis
 import importlib
+import inspect
 import pathlib
 import re
-from collections import defaultdict
+import sys
+from collections import Counter, defaultdict
 from types import SimpleNamespace
 
 import pytest
 
 from tests.support import claims   # the claims plugin: the claim mark and the summary's rules
+from zerospec.evaluation import timing
+from zerospec.paper import hardware
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Modules a test can import from without running anything: the closed forms and the paper's data
 CLOSED_FORM_ONLY = ("zerospec.paper", "zerospec.plan.closed_form")
+# The spec-sheet time model: a value computed there is modelled, not measured (design.md, property 7)
+TIME_MODEL = timing.__name__
+# A machine's fields that are the paper's own description of its cluster, not the model's speeds:
+# 16 GPUs per node and 32 GB per V100 are what the paper states and what a memory fit is held to
+MACHINE_AS_THE_PAPER_STATES_IT = {"name", "gpus_per_node", "memory_bytes", "sources"}
+# What a test can only read off a timed step or a machine's speeds, by name: an attribute of a
+# returned object cannot be resolved without running the test
+TIMED_NAMES = frozenset(
+    {f.name for f in dataclasses.fields(timing.StepTime) if f.name.endswith("_s")}
+    | {n for n, v in vars(timing.StepTime).items() if isinstance(v, property)}
+    | {f.name for f in dataclasses.fields(hardware.Machine)} - MACHINE_AS_THE_PAPER_STATES_IT)
 # Spec pages that name claim ids but have no claims of their own, so no tests/claims/ file
 NO_CLAIMS_OF_THEIR_OWN = {"README.md": "the index: claim -> page -> test",
                           "glossary.md": "defines the terms; its ids point to the pages that check them"}
@@ -98,6 +115,59 @@ def test_claim_option_refuses_what_is_not_a_claim_id(pytester):
     assert "'8' is not a claim id; accepted: C1–C57, P1–P12, B1–B8" in result.stderr.str()
 
 
+SOURCES = """
+import pytest
+
+@pytest.mark.claim("C41", status="modelled_differs", page="spec/evaluation.md#x")
+def test_timed(claim_values):
+    claim_values("48.7 TFLOPS/GPU", "over 38")
+
+@pytest.mark.claim("C41", status="closed_form")
+def test_arithmetic(claim_values):                  # the paper's arithmetic, recorded last
+    claim_values("15.2 PFlops", "over 15 PFlops")
+
+@pytest.mark.claim("C53")
+def test_grid():                                     # measures, records nothing
+    pass
+
+@pytest.mark.claim("C53", status="closed_form")
+def test_counts(claim_values):
+    claim_values("[256, 384]", "384 or 256")
+
+@pytest.mark.claim("C43", status="modelled")
+def test_scaling(claim_values):
+    claim_values("x2.26", "more than doubles")
+"""
+
+
+def test_the_summary_says_where_each_value_came_from(pytester):
+    """The claims summary: the status in the same words as spec/README.md ("modelled ≠ paper"),
+    and each row's values labelled by the source of the test that recorded them — "computed"
+    for a closed form's, though the claim reads measured — taken from a test its verdict rests on
+    where one recorded any (C41's modelled values, not its arithmetic recorded after them)."""
+    pytester.makepyfile(test_sources=SOURCES)
+    result = pytester.runpytest("-p", "tests.support.claims", "-p", "no:xdist", "-p", "no:benchmark",
+                                "--claim", "C41", "--claim", "C53", "--claim", "C43")
+    rows = {line.split()[0]: " ".join(line.split()) for line in result.outlines
+            if re.match(r"  (C41|C43|C53) ", line)}
+    assert rows == {
+        "C41": "C41 modelled ≠ paper 2 passed 0 failed modelled 48.7 TFLOPS/GPU | paper over 38 "
+               "(why: spec/evaluation.md#x)",
+        "C43": "C43 modelled = paper 1 passed 0 failed modelled x2.26 | paper more than doubles",
+        "C53": "C53 measured = paper 2 passed 0 failed computed [256, 384] | paper 384 or 256"}
+
+
+def test_the_counts_per_status_in_spec_are_its_rows():
+    """spec/README.md's table of claims per status adds up its index's rows, and names every
+    status a mark can declare and every "not …" reason the index uses."""
+    text = claims.SPEC_INDEX.read_text()
+    counts = dict(re.findall(r"^\| ([^|]+?) \| (\d+) \|$", text, re.M))
+    tally = Counter(status for status, _ in claims.spec_statuses(text).values())
+    assert set(claims.STATUS_TEXT.values()) <= counts.keys()
+    assert {s: int(n) for s, n in counts.items()} == {s: tally.get(s, 0) for s in counts}
+    assert set(tally) <= counts.keys()
+
+
 def test_spec_index_reads_status_and_reason_from_every_table():
     """spec/README.md's tables give each claim id, ranges expanded, its status and page or reason."""
     text = ("| claim | what | status | page | test |\n|---|---|---|---|---|\n"
@@ -109,20 +179,31 @@ def test_spec_index_reads_status_and_reason_from_every_table():
                                           "C4": ("not checkable", "definitions")}
 
 
-def test_a_claim_backed_only_by_closed_forms_is_never_reported_measured():
-    """One measuring test makes a claim measured; one explained gap makes it differ; else closed form."""
-    assert claims.claim_status({"closed_form"}) == "closed_form"
-    assert claims.claim_status({"closed_form", "measured"}) == "measured"
-    assert claims.claim_status({"measured", "differs", "closed_form"}) == "differs"
+@pytest.mark.parametrize("statuses,status", [
+    ({"closed_form"}, "closed_form"),                           # never reads as measured
+    ({"closed_form", "measured"}, "measured"),                  # a closed form does not weaken it
+    ({"measured", "differs", "closed_form"}, "differs"),        # one explained gap: ≠
+    ({"measured", "modelled"}, "modelled"),                     # one modelled test: modelled
+    ({"differs", "modelled"}, "modelled_differs"),              # both weaknesses at once
+    ({"closed_form", "modelled_differs"}, "modelled_differs"),  # C41 with the slow cases
+    ({"measured", "modelled_differs"}, "modelled_differs")])
+def test_a_claims_status_is_the_weakest_source_its_verdict_rests_on(statuses, status):
+    """Modelled if any test is modelled, else measured; ≠ if any test differs; closed form only
+    when no test measures or models the claim (claims.claim_status)."""
+    assert claims.claim_status(statuses) == status
 
 
 @pytest.mark.parametrize("kwargs,named", [({"status": "ok"}, "status='ok'"),
                                            ({"status": "differs"}, "page=None"),
-                                           ({"page": "spec/scale.md#x"}, "page='spec/scale.md#x'")],
-                         ids=["unknown-status", "differs-without-page", "page-without-differs"])
+                                           ({"status": "modelled_differs"}, "page=None"),
+                                           ({"page": "spec/scale.md#x"}, "page='spec/scale.md#x'"),
+                                           ({"status": "modelled", "page": "spec/scale.md#x"},
+                                            "page='spec/scale.md#x'")],
+                         ids=["unknown-status", "differs-without-page", "modelled-differs-without-page",
+                              "page-without-differs", "page-on-modelled"])
 def test_a_claim_mark_the_summary_cannot_report_is_refused(kwargs, named):
-    """An unknown status, a "differs" with no page, or a page on a status that takes none: refused
-    at collection, naming the value and what is accepted."""
+    """An unknown status, a ≠ ("differs", "modelled_differs") with no page, or a page on a status
+    that takes none: refused at collection, naming the value and what is accepted."""
     item = SimpleNamespace(nodeid="t::x", iter_markers=lambda name: [pytest.mark.claim("C9", **kwargs).mark])
     with pytest.raises(pytest.UsageError, match=re.escape(named)):
         claims.claim_marks(item)
@@ -172,13 +253,13 @@ def test_every_claims_status_in_spec_is_the_status_its_tests_declare(request):
 
 
 def test_a_measurement_that_differs_is_explained_on_its_page(request):
-    """Every ``differs`` mark names a spec page and one of its headings, and spec/README.md's row
-    for that claim points to the same page and heading."""
+    """Every ≠ mark ("differs", "modelled_differs"), slow ones included, names a spec page and one
+    of its headings, and spec/README.md's row for that claim points to the same page and heading."""
     index = claims.spec_statuses()
-    pages = {(m.cid, m.page) for it in request.session.items for m in claims.claim_marks(it)
-             if m.status == "differs"}
+    pages = {(m.cid, m.page) for it in claims.all_items(request.session)
+             for m in claims.claim_marks(it) if m.status in claims.GAPS}
     if not pages:
-        pytest.skip("no test declaring status='differs' was collected")
+        pytest.skip("no test declaring a ≠ status was collected")
     for cid, page in sorted(pages):
         path, _, anchor = page.partition("#")
         headings = [line.lstrip("#") for line in (ROOT / path).read_text().splitlines()
@@ -189,9 +270,10 @@ def test_a_measurement_that_differs_is_explained_on_its_page(request):
 
 def test_a_test_that_can_only_compute_closed_forms_does_not_declare_a_measurement(request):
     """A claim test whose module imports, from zerospec and tests/, only closed forms and the
-    paper's data (zerospec.paper, report.plan) cannot have measured anything: it is closed_form."""
+    paper's data (zerospec.paper, report.plan) cannot have measured anything: it is closed_form
+    (slow tests included)."""
     wrong = []
-    for it in request.session.items:
+    for it in claims.all_items(request.session):
         marks = [m for m in claims.claim_marks(it) if m.status != "closed_form"]
         if not marks or it.module is None:
             continue
@@ -202,6 +284,104 @@ def test_a_test_that_can_only_compute_closed_forms_does_not_declare_a_measuremen
         if used and all(u.startswith(CLOSED_FORM_ONLY) for u in used):
             wrong += [(it.nodeid, m.cid, m.status) for m in marks]
     assert wrong == []
+
+
+def code_references(fn) -> tuple[list, set[str]]:
+    """What a function's code names, statically: (the objects its global names, ``module.attr``
+    pairs, imports inside it and closure cells resolve to; every name it reads, attributes included).
+    Decorated functions (lru_cache, runs.memoised) are read through ``__wrapped__``."""
+    fn = inspect.unwrap(fn)
+    if not inspect.isfunction(fn):
+        return [], set()
+    objects, names, codes = [], set(), [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if inspect.iscode(c)]
+        names |= set(code.co_names)
+        held, module = None, None          # the object the last instruction loaded; the last import
+        for ins in dis.get_instructions(code):
+            if ins.opname == "LOAD_GLOBAL" and ins.argval in fn.__globals__:
+                held = fn.__globals__[ins.argval]
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and inspect.ismodule(held):
+                held = getattr(held, ins.argval, None)
+            elif ins.opname == "IMPORT_NAME":
+                module, held = sys.modules.get(ins.argval), None
+            elif ins.opname == "IMPORT_FROM" and module is not None:
+                held = getattr(module, ins.argval, None)
+            else:
+                continue
+            objects.append(held)
+    for cell in fn.__closure__ or ():
+        try:
+            objects.append(cell.cell_contents)
+        except ValueError:                  # an empty cell
+            pass
+    return objects, names
+
+
+def reads_the_time_model(item) -> str | None:
+    """How a claim test's values come from the spec-sheet time model, or None: the test, its
+    module's helpers and its fixtures name a timed step's or a machine's speed by attribute, or
+    reach (through zerospec's and the tests' functions, transitively) a function or class of
+    zerospec/evaluation/timing.py. Static, so it sees no method of an object a call returns: the
+    time model is reached through functions (evaluation.runs), which it follows."""
+    fixtures = getattr(item, "_fixtureinfo", None)
+    start = [item.obj] + [defs[-1].func for defs in (fixtures.name2fixturedefs.values() if fixtures
+                                                    else ()) if defs]
+    todo, seen = list(start), set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        obj = inspect.unwrap(obj) if inspect.isfunction(obj) or hasattr(obj, "cache_info") else obj
+        module = getattr(obj, "__module__", None)
+        module = module if isinstance(module, str) else ""
+        if module == TIME_MODEL:
+            return f"reaches {module}.{getattr(obj, '__qualname__', obj)}"
+        if not (inspect.isfunction(obj) and module.startswith(("zerospec", "tests"))):
+            continue
+        objects, names = code_references(obj)
+        if module.startswith("tests") and names & TIMED_NAMES:
+            return f"{obj.__qualname__} reads {', '.join(sorted(names & TIMED_NAMES))}"
+        todo += objects
+    return None
+
+
+def test_a_test_that_reads_the_time_model_is_not_marked_measured(request):
+    """A claim test whose values come from the spec-sheet time model (zerospec/evaluation/timing.py,
+    a machine's speeds in zerospec/paper/hardware.py) is modelled: "modelled" or "modelled_differs",
+    never "measured" or "differs" (slow tests included), so no modelled time reads as measured."""
+    wrong = []
+    for it in claims.all_items(request.session):
+        marks = [m for m in claims.claim_marks(it) if claims.STATUSES[m.status].source == "measured"]
+        how = marks and reads_the_time_model(it)
+        wrong += [(it.nodeid, m.cid, m.status, how) for m in marks if how]
+    assert wrong == []
+
+
+def test_a_modelled_claim_test_reads_the_time_model(request):
+    """The converse: a test marked "modelled" or "modelled_differs" reaches the time model — a
+    measurement is not called modelled either."""
+    items = claims.all_items(request.session)
+    modelled = [it for it in items if any(claims.STATUSES[m.status].source == "modelled"
+                                          for m in claims.claim_marks(it))]
+    if not modelled:
+        pytest.skip("no test declaring a modelled status was collected")
+    assert [it.nodeid for it in modelled if not reads_the_time_model(it)] == []
+
+
+def test_the_time_model_check_sees_a_timed_test_and_passes_a_measured_one():
+    """The static reader finds the time model behind Figure 2's helpers (runs.figure2 → timed →
+    step_time), through lru_cache and runs.memoised, and not behind a memory fit or a ledger."""
+    from tests.claims import test_evaluation as ev_tests
+    item = lambda fn: SimpleNamespace(obj=fn)        # noqa: E731
+    assert reads_the_time_model(item(ev_tests.test_100b_on_400_gpus_is_timed_above_38_tflops_per_gpu_and_15_pflops))
+    assert reads_the_time_model(item(ev_tests.test_zero_outruns_the_baseline_at_every_size_by_more_as_models_grow))
+    assert reads_the_time_model(item(ev_tests.test_170b_at_its_appendix_batch_fits_32_gb_only_with_p_a_cpu)) is None
+    assert reads_the_time_model(item(ev_tests.test_each_table3_configuration_runs_the_zero_dp_stage_and_zero_r_options_it_names)) is None
+    assert TIMED_NAMES >= {"tflops_per_gpu", "step_s", "comm_s", "peak_flops", "hbm_bytes_per_s"}
+    assert not TIMED_NAMES & {"memory_bytes", "gpus_per_node"}
 
 
 def test_closed_form_modules_are_importable_names():
@@ -225,14 +405,16 @@ def test_the_default_run_checks_every_claim_but_the_evaluations_longest(request)
 
 
 def test_the_summary_names_what_only_the_slow_cases_measure(request):
-    """A claim the default run checks in closed form only but the slow cases measure is in
-    claims.py's MEASURED_WHEN_SLOW with the status all its tests add up to, so the default
-    summary does not pass a "closed form only" off as the claim's whole status."""
+    """A claim whose status the slow cases change (one the default run computes in closed form
+    only, where the slow cases measure or model it) is in claims.py's RUN_WHEN_SLOW with the
+    status all its tests add up to, so the default summary does not pass a "closed form only" off
+    as the claim's whole status."""
     items = whole_claim_suite(request)
     fast, full = declared(in_default_run(items)), declared(items)
     weaker = {c: claims.claim_status(full[c]) for c in fast
               if claims.claim_status(fast[c]) != claims.claim_status(full[c])}
-    assert weaker == claims.MEASURED_WHEN_SLOW
+    assert weaker == claims.RUN_WHEN_SLOW
+    assert {claims.claim_status(fast[c]) for c in weaker} <= {"closed_form"}
 
 
 def test_every_file_the_scheduler_groups_exists():

@@ -51,7 +51,7 @@ def test_a_step_that_needs_29gb_runs_out_on_a_32gb_gpu_with_32_percent_free(clai
                  "1.5B, P_os+g+p, N_d=400, k=2, b=74, 32 GB")
 
 
-@pytest.mark.claim("C37", status="differs", page=PAGE)
+@pytest.mark.claim("C37")
 def test_md_removes_that_oom_the_checkpoints_in_one_buffer(claim_values):
     """The same step with M_D: its 24 checkpoints (74·1024·1600·2 B each) are copied into one
     buffer allocated at the first; the step fits on the 32 GB GPU, holding no more than without
@@ -66,7 +66,7 @@ def test_md_removes_that_oom_the_checkpoints_in_one_buffer(claim_values):
 
 
 @pytest.mark.slow
-@pytest.mark.claim("C37", status="differs", page=PAGE)
+@pytest.mark.claim("C37")
 def test_md_grows_the_largest_micro_batch_on_32gb_from_73_to_80():
     """Without M_D 74 sequences run out (above); with it 80 fit, and 81 run out only because
     the step then needs more than the GPU has (32.14 GB): a shortage, not fragmentation."""

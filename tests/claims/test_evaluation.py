@@ -95,7 +95,7 @@ def peak_170b(name: str) -> int:
 
 
 @pytest.mark.slow   # five 212-layer meta steps: ~15 s
-@pytest.mark.claim("C49", status="differs", page=f"{PAGE}#throughput-per-configuration-figure-8-c49")
+@pytest.mark.claim("C49")
 def test_170b_at_its_appendix_batch_fits_32_gb_only_with_p_a_cpu(claim_values):
     """Figure 8: C5 (P_a+cpu) is needed for the 170B model to run at all — C1–C4 peak above
     32 GB at its appendix batch of 12, C5 below (C49)."""
@@ -116,7 +116,7 @@ def figure2_time(size: str, overlap: str):
 
 
 @pytest.mark.slow   # the 100B step with FLOPs: ~3 s
-@pytest.mark.claim("C41", status="differs", page=f"{PAGE}#throughput-figure-2-c41")
+@pytest.mark.claim("C41", status="modelled_differs", page=f"{PAGE}#throughput-figure-2-c41")
 def test_100b_on_400_gpus_is_timed_above_38_tflops_per_gpu_and_15_pflops(claim_values):
     """100B on 400 GPUs runs at over 38 TFLOPS per GPU, over 15 PFLOPS in all (C41). The model,
     a per-op roofline (each op at the slower of its FLOPs at a published 83/125 of peak and its
@@ -148,7 +148,8 @@ def baseline(size: str):
 
 
 @pytest.mark.slow   # two meta steps with FLOPs: ~2 s
-@pytest.mark.claim("C38", status="differs", page=f"{PAGE}#the-megatron-lm-baseline-c38-c42-c53")
+@pytest.mark.claim("C38", status="modelled_differs",
+                   page=f"{PAGE}#the-megatron-lm-baseline-c38-c42-c53")
 def test_megatron_40b_over_two_nodes_falls_to_about_5_tflops_only_read_as_one_ib_link(
         claim_values):
     """Megatron-LM's 40B across two DGX-2 nodes runs at about 5 TFLOPS per GPU, against near 30
@@ -167,7 +168,8 @@ def test_megatron_40b_over_two_nodes_falls_to_about_5_tflops_only_read_as_one_ib
 
 
 @pytest.mark.slow   # Figure 2's ten baseline steps with FLOPs: ~10 s
-@pytest.mark.claim("C42", status="differs", page=f"{PAGE}#the-megatron-lm-baseline-c38-c42-c53")
+@pytest.mark.claim("C42", status="modelled_differs",
+                   page=f"{PAGE}#the-megatron-lm-baseline-c38-c42-c53")
 def test_once_mp_crosses_a_node_the_baselines_mp_all_reduces_take_most_of_its_step(claim_values):
     """The baseline slows down because MP across nodes drops from NVSwitch (300 GB/s, both ways)
     to 12.5 GB/s per InfiniBand link (C42). Measured traffic, timed: with MP ≤ 16 (one node)
@@ -190,7 +192,8 @@ def test_once_mp_crosses_a_node_the_baselines_mp_all_reduces_take_most_of_its_st
 
 
 @pytest.mark.slow   # Figure 2's twenty steps with FLOPs: ~40 s
-@pytest.mark.claim("C41", status="differs", page=f"{PAGE}#the-megatron-lm-baseline-c38-c42-c53")
+@pytest.mark.claim("C41", status="modelled_differs",
+                   page=f"{PAGE}#the-megatron-lm-baseline-c38-c42-c53")
 def test_zero_outruns_the_baseline_at_every_size_by_more_as_models_grow(claim_values):
     """ZeRO is "up to 10×" faster than the Megatron-LM baseline (C41). Timed per GPU at every
     Figure 2 size, ZeRO is faster everywhere and its lead grows from 1.5B to 100B; the largest
@@ -215,12 +218,14 @@ def test_figure2_baseline_table(md_snapshot):
 
 
 @pytest.mark.slow   # the 170B baseline with FLOPs: ~2 s
-@pytest.mark.claim("C53", status="measured")
+@pytest.mark.claim("C53", status="closed_form")
 def test_the_baselines_run_at_a_multiple_of_their_mp_and_the_170b_one_moves_no_dp_bytes(
         claim_values):
     """The baselines ran on 384 or 256 GPUs, a multiple of their MP degree; the 170B baseline at
     MP 256 has N_d = 1, so no DP communication (C53). Each baseline row ran as an N_d × MP grid
-    of exactly its GPUs, and the 170B one's ledger books not one DP byte."""
+    of exactly its GPUs, and the 170B one's ledger books not one DP byte. A closed form, though
+    the steps run: N_d = GPUs // MP is how the grid is built, the GPU counts are the paper's, and
+    a ring of one moves (N−1)/N·S = 0."""
     rows = [baseline(s) for s in ("40B", "170B")]
     for b in rows:
         cfg = pr.step(b.run, "baseline").config
@@ -238,7 +243,7 @@ def test_the_baselines_run_at_a_multiple_of_their_mp_and_the_170b_one_moves_no_d
 
 # -- C43: Figure 3, super-linear scaling -------------------------------------------------------------------
 @pytest.mark.slow   # four 75-layer meta steps with FLOPs: ~5 s
-@pytest.mark.claim("C43", status="differs", page=f"{PAGE}#super-linear-scaling-figure-3-c43")
+@pytest.mark.claim("C43", status="modelled_differs", page=f"{PAGE}#super-linear-scaling-figure-3-c43")
 def test_60b_throughput_more_than_doubles_from_64_to_128_gpus_but_not_from_128_to_256(
         claim_values):
     """Figure 3: from 64 to 400 GPUs, performance "more than doubles" when the GPU count doubles,
@@ -263,7 +268,7 @@ def test_figure3_table(md_snapshot):
 
 # -- C44: Figure 4, data parallelism alone -----------------------------------------------------------------
 @pytest.mark.slow   # eleven steps with FLOPs at N_d = 128 and three fit searches: ~25 s
-@pytest.mark.claim("C44", status="differs",
+@pytest.mark.claim("C44", status="modelled_differs",
                    page=f"{PAGE}#data-parallelism-alone-figure-4-c44-c5-c55")
 def test_dp_alone_zero_trains_13b_above_40_tflops_where_stage_0_stops_below_2b(claim_values):
     """Figure 4: without MP, ZeRO trains up to 13B on 128 GPUs at over 40 TFLOPS/GPU on
@@ -296,7 +301,8 @@ def test_figure4_tables(md_snapshot):
 
 # -- C49: Figure 8, throughput per configuration -----------------------------------------------------------
 @pytest.mark.slow   # five 75-layer meta steps with FLOPs: ~5 s
-@pytest.mark.claim("C49", status="differs", page=f"{PAGE}#throughput-per-configuration-figure-8-c49")
+@pytest.mark.claim("C49", status="modelled_differs",
+                   page=f"{PAGE}#throughput-per-configuration-figure-8-c49")
 def test_60b_throughput_per_configuration_follows_its_batch_and_c5_loses_to_c4(claim_values):
     """Figure 8: throughput follows the batch each configuration's memory allows, and C4 → C5
     loses throughput on the 60B model (C49). Timed on the DGX-2 model at the appendix batches,

@@ -181,16 +181,20 @@ def test_pos_moves_2_psi_partition_aware_or_3_psi_with_an_all_reduce(variant, pa
 
 
 @pytest.mark.claim("C24")
-@pytest.mark.claim("C57")
+@pytest.mark.claim("C57", status="differs",
+                   page="spec/communication.md#where-the-3ψ-of-stage-3-comes-from-c24-c57")
 def test_pos_g_p_gathers_twice_and_reduce_scatters_once(claim_values):
     """P_os+g+p: all-gather before forward (Ψ), again in reverse order in backward (Ψ),
-    reduce-scatter (Ψ); no all-gather after the step: 3Ψ (C24, C57)."""
+    reduce-scatter (Ψ); no all-gather after the step: 3Ψ (C24). Per pass (C57) the gathers are
+    Ψ + E and Ψ − E, E the tied embedding: the LM head is its second use in forward."""
     r = one_step("7.5B", 3, N)
     psi, ledger = r.psi_padded, r.comm_ledger([0])
     fwd = [c.numel for c in ledger.records(0, phase="forward", op="all_gather")]
     bwd = [c.numel for c in ledger.records(0, phase="backward", op="all_gather")]
     embed = fwd[0]                                  # the tied embedding, first and last in forward
-    claim_values(f"{Fraction(r.comm_elements(0), psi)}Ψ", f"3Ψ·(N−1)/N = {3 * RING}Ψ (C24, C57)")
+    claim_values(f"{Fraction(r.comm_elements(0), psi)}Ψ: gathers Ψ+E forward, Ψ−E backward, "
+                 f"reduce-scatter Ψ (E = {embed / psi:.4f}Ψ, the tied embedding)",
+                 f"3Ψ·(N−1)/N = {3 * RING}Ψ: Ψ forward + Ψ backward + Ψ reduce-scatter (C24, C57)")
     assert ledger.by_op(0) == {"all_gather": 2 * psi * RING, "reduce_scatter": psi * RING}
     assert _by(r, phase="backward")["reduce_scatter"] == psi * RING
     assert ledger.records(0, phase="param_sync") == []

@@ -4,21 +4,28 @@ Loaded for every run by the project's root conftest.py (``pytest_plugins``), ben
 
 Every test that checks a paper claim carries ``@pytest.mark.claim("C9")`` (ids from
 docs/claims.md; ``P1``… are properties of ZeRO the paper relies on without numbering
-them, listed in spec/README.md). The mark also says what a pass is worth, so that nothing passes
-on a tautology or a mismatch:
+them, listed in spec/README.md). The mark also says what a pass is worth — where the test's
+values come from (design.md, property 7) and whether they agree with the paper — so that nothing
+passes on a tautology, a model or a mismatch:
 
-* ``claim("C9")`` — *measured = paper*: zerospec ran the stage code and its ledgers give the
-  paper's number;
+* ``claim("C9")`` — *measured = paper*: zerospec ran the stage code and its ledgers, the
+  observer, the wire or a counter give the paper's number;
 * ``claim("C27", status="differs", page="spec/scale.md#...")`` — *measured ≠ paper*: measured,
   and the gap is explained on ``page``;
+* ``claim("C43", status="modelled", ...)`` — *modelled = paper*: measured FLOPs and collectives
+  timed on the spec-sheet machine model (zerospec/paper/hardware.py, zerospec/evaluation/timing.py)
+  give the paper's number; ``status="modelled_differs", page=...`` — *modelled ≠ paper*;
 * ``claim("C11", status="closed_form")`` — *closed form only*: the paper's number follows from a
-  closed form (theory.py) or from the paper's own numbers; nothing was run.
+  closed form (theory.py) or from the paper's own numbers; nothing was run (computed).
 
-A claim is reported ``measured ≠ paper`` if any of its tests says so, else ``measured = paper`` if
-any measures it, else ``closed form only``; FAIL when any of its tests failed. Claims with no test
-are listed in spec/README.md with why (not checkable, or not yet checked). A test may record what
-it measured and what the paper says with the ``claim_values`` fixture; at the end of the run pytest
-prints one line per claim id, grouped by section of the paper, like the paper's own tables.
+A claim's status is the weakest source its verdict rests on: modelled if any of its tests is
+modelled, else measured; ≠ if any of its tests differs. A closed form compares the paper with
+itself, so it speaks for a claim only when no test measures or models it (``claim_status``).
+FAIL when any of its tests failed. Claims with no test are listed in spec/README.md with why (not
+checkable, or not yet checked). A test may record its values and what the paper says with the
+``claim_values`` fixture; at the end of the run pytest prints one line per claim id, grouped by
+section of the paper, like the paper's own tables, each value labelled by the source of the test
+that recorded it: measured, modelled or computed.
 """
 from __future__ import annotations
 
@@ -59,11 +66,24 @@ def section_of(cid: str) -> str:
 
 
 # -- what a claim test's pass is worth ---------------------------------------------------------------
-STATUS_TEXT = {  # declared on the mark -> what the summary and spec/README.md say
-    "measured": "measured = paper",
-    "differs": "measured ≠ paper",
-    "closed_form": "closed form only",
+class Status(NamedTuple):
+    source: str      # where the test's values come from: measured, modelled, computed
+    agrees: bool     # its values are the paper's (else the gap is explained on its page)
+    text: str        # what the summary and spec/README.md say
+
+
+STATUSES = {  # declared on the mark
+    "measured": Status("measured", True, "measured = paper"),
+    "differs": Status("measured", False, "measured ≠ paper"),
+    "modelled": Status("modelled", True, "modelled = paper"),
+    "modelled_differs": Status("modelled", False, "modelled ≠ paper"),
+    "closed_form": Status("computed", True, "closed form only"),
 }
+STATUS_TEXT = {name: s.text for name, s in STATUSES.items()}
+GAPS = {name for name, s in STATUSES.items() if not s.agrees}     # each needs page= explaining it
+# The sources a claim's verdict can rest on, weakest first: one modelled test makes a claim
+# modelled. "computed" is not among them: a closed form checks the paper's arithmetic, not ZeRO.
+VERDICT_SOURCES = ("modelled", "measured")
 # Claims whose every test measures at paper scale for minutes (memory-fit searches and timed meta
 # steps of 40B–170B models): the default run leaves them to the slow cases, and its summary says so
 # (tests/test_spec_meta.py checks this is the whole list).
@@ -72,9 +92,10 @@ SLOW_ONLY = {"C34": "searches over 100B steps", "C38": "the baseline timed at 40
              "C44": "the largest model per GPU count, by memory fit",
              "C48": "allocator replays of 40B and 100B steps",
              "C49": "60B throughput per configuration"}
-# Claims the default run computes in closed form only, where the slow cases also measure them (the
-# summary says so; tests/test_spec_meta.py checks this is the whole list): their status with those.
-MEASURED_WHEN_SLOW = {"C18": "differs", "C41": "differs", "C53": "measured"}
+# Claims the default run computes in closed form only, where the slow cases also measure or model
+# them (the summary says so; tests/test_spec_meta.py checks this is the whole list): their status
+# with those.
+RUN_WHEN_SLOW = {"C18": "differs", "C41": "modelled_differs"}
 SPEC_INDEX = pathlib.Path(__file__).resolve().parents[2] / "spec" / "README.md"
 # the id families of docs/claims.md: C (ZeRO), P (its unnumbered properties), B (ZeRO-Offload),
 # C-I (ZeRO-Infinity), D (ZeRO++); a range names one family: C6–C9, C-I2–C-I4
@@ -83,34 +104,42 @@ ID = re.compile(r"\b(C-I|[BCDP])(\d{1,2})(?:\s*[–-]\s*\1(\d{1,2}))?\b")
 
 class ClaimMark(NamedTuple):
     cid: str
-    status: str          # a key of STATUS_TEXT
-    page: str | None     # where a "differs" is explained: spec/<page>.md#<anchor>
+    status: str          # a key of STATUSES
+    page: str | None     # where a gap (differs, modelled_differs) is explained: spec/<page>.md#<anchor>
 
 
 def claim_marks(item) -> list[ClaimMark]:
-    """The item's ``claim`` marks, checked: a known status, and a page for every "differs"."""
+    """The item's ``claim`` marks, checked: a known status, and a page for every gap (≠)."""
     out = []
     for m in item.iter_markers("claim"):
         status, page = m.kwargs.get("status", "measured"), m.kwargs.get("page")
-        if status not in STATUS_TEXT:
+        if status not in STATUSES:
             raise pytest.UsageError(f"{item.nodeid}: claim {m.args[0]} has status={status!r}; "
-                                    f"accepted: {', '.join(map(repr, STATUS_TEXT))}")
-        if (status == "differs") != (page is not None) or (page and not page.startswith("spec/")):
+                                    f"accepted: {', '.join(map(repr, STATUSES))}")
+        if (status in GAPS) != (page is not None) or (page and not page.startswith("spec/")):
             raise pytest.UsageError(f"{item.nodeid}: claim {m.args[0]} (status={status!r}) has "
-                                    f"page={page!r}; a 'differs' needs page='spec/<page>.md#<anchor>' "
-                                    f"explaining the gap, and no other status takes one")
+                                    f"page={page!r}; {' and '.join(map(repr, sorted(GAPS)))} need "
+                                    f"page='spec/<page>.md#<anchor>' explaining the gap, and no "
+                                    f"other status takes one")
         out.append(ClaimMark(m.args[0], status, page))
     return out
 
 
 def claim_status(statuses) -> str:
-    """One claim's status from its tests' declared ones: a gap anywhere is reported; otherwise one
-    real measurement is enough; a claim backed only by closed forms never reads as measured."""
+    """One claim's status from its tests' declared ones: the weakest source its verdict rests on
+    (VERDICT_SOURCES), and ≠ if any test's values differ from the paper's. A claim backed only by
+    closed forms never reads as measured; closed forms beside a measurement or a model do not
+    weaken it (they check the paper's arithmetic)."""
     statuses = set(statuses)
-    for s in ("differs", "measured", "closed_form"):
-        if s in statuses:
-            return s
-    raise ValueError(f"no status among {sorted(statuses)!r}; accepted: {', '.join(STATUS_TEXT)}")
+    if not statuses or not statuses <= STATUSES.keys():
+        raise ValueError(f"no status or an unknown one among {sorted(statuses)!r}; "
+                         f"accepted: {', '.join(STATUSES)}")
+    verdicts = [STATUSES[s] for s in statuses if STATUSES[s].source in VERDICT_SOURCES]
+    if not verdicts:
+        return "closed_form"
+    source = next(src for src in VERDICT_SOURCES if src in {v.source for v in verdicts})
+    agrees = all(v.agrees for v in verdicts)
+    return next(name for name, s in STATUSES.items() if (s.source, s.agrees) == (source, agrees))
 
 
 def ids_in(text: str) -> set[str]:
@@ -229,13 +258,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for rep in in_collection_order(terminalreporter.stats.get(status, [])):
             props = dict(getattr(rep, "user_properties", []))
             for cid, declared, page in props.get("claim_ids", []):
-                row = rows.setdefault(cid, {"passed": 0, "failed": 0, "skipped": 0, "values": None,
+                row = rows.setdefault(cid, {"passed": 0, "failed": 0, "skipped": 0, "values": [],
                                             "declared": set(), "pages": set()})
                 row["failed" if status in ("failed", "error") else status] += 1
                 row["declared"].add(declared)
                 row["pages"] |= {page} if page else set()
-                if "claim_values" in props:   # the last case recorded (largest N_d) speaks for the row
-                    row["values"] = props["claim_values"]
+                if "claim_values" in props:   # with the status of the test that recorded them
+                    row["values"].append((declared, props["claim_values"]))
     if not rows:
         return
     # Claims without a test, with spec/README.md's reason: on a full run only (a -k run names its own)
@@ -260,12 +289,32 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             r = rows[cid]
             declared = claim_status(r["declared"])
             status = "FAIL" if r["failed"] else (STATUS_TEXT[declared] if r["passed"] else "skipped")
-            measured, paper, note = r["values"] or ("", "", "")
-            got = "computed" if declared == "closed_form" else "measured"
-            vals = f"{got} {measured} | paper {paper}" if r["values"] else ""
-            why = f"  (why: {', '.join(sorted(r['pages']))})" if declared == "differs" else ""
-            if declared == "closed_form" and cid in MEASURED_WHEN_SLOW:
-                why = (f"  (the slow cases measure it: {STATUS_TEXT[MEASURED_WHEN_SLOW[cid]]}, "
-                       "`pytest -m slow`)")
             tw.write_line(f"  {cid:<5} {status:<16} {r['passed']:>3} passed {r['failed']:>2} failed  "
-                          f"{vals}{'  ' + note if note else ''}{why}")
+                          f"{values_text(r['values'], declared)}{why_text(cid, declared, r['pages'])}")
+
+
+def speaking_values(recorded: list, declared: str):
+    """(status, (value, paper, note)) that speak for a claim's row: the last case recorded (largest
+    N_d) among the tests whose status is the claim's — the ones its verdict rests on — else the
+    last recorded; None when no test recorded any."""
+    verdict = [v for v in recorded if v[0] == declared]
+    return (verdict or recorded or [None])[-1]
+
+
+def values_text(recorded: list, declared: str) -> str:
+    """The row's values, labelled with the source of the test that recorded them (not with the
+    claim's status): "measured 4,288,512 B | paper 4,288,512 B (C9)", "computed …", "modelled …"."""
+    spoken = speaking_values(recorded, declared)
+    if spoken is None:
+        return ""
+    status, (value, paper, note) = spoken
+    return f"{STATUSES[status].source} {value} | paper {paper}" + (f"  {note}" if note else "")
+
+
+def why_text(cid: str, declared: str, pages: set) -> str:
+    """Where a gap is explained, or what the slow cases add to a claim the default run computes."""
+    if declared in GAPS:
+        return f"  (why: {', '.join(sorted(pages))})"
+    if declared == "closed_form" and cid in RUN_WHEN_SLOW:
+        return f"  (with the slow cases: {STATUS_TEXT[RUN_WHEN_SLOW[cid]]}, `pytest -m slow`)"
+    return ""
