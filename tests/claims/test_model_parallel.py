@@ -157,7 +157,9 @@ def test_p_a_divides_checkpoint_memory_by_n_m(n_d, n_m):
 @pytest.mark.claim("C35")
 def test_p_a_cpu_moves_twice_p_a_bytes_over_the_host_link_and_leaves_no_checkpoint_on_device():
     """P_a+cpu: 0 checkpoint bytes on the device; the host holds P_a's part; the rank's host link
-    carries each part out and back, twice P_a's checkpoint bytes per step (C35)."""
+    carries each part out and back, twice P_a's checkpoint bytes per step (C35) — and
+    2/(N_m − 1) of the bytes P_a's all-gathers send, which P_a+cpu sends as well."""
+    n_m = 2
     pa, cpu = ckpt_run(0, partition_activations=True), ckpt_run(0, partition_activations=True,
                                                                 cpu_checkpointing=True)
     for rank in range(4):
@@ -170,6 +172,8 @@ def test_p_a_cpu_moves_twice_p_a_bytes_over_the_host_link_and_leaves_no_checkpoi
             assert {x.op for x in link} == {"to_host", "from_host"}
             moved = sum(x.bytes_sent + x.bytes_recv for x in link)
             assert moved == 2 * part
+            gathers = {r.comm.bytes(rank, group="mp", op="all_gather", step=step) for r in (pa, cpu)}
+            assert gathers == {(n_m - 1) * moved // 2}
     assert pa.comm.records(0, group="host") == []
 
 

@@ -43,14 +43,25 @@ def test_p_a_cuts_100b_checkpoints_per_gpu_sixteen_fold_at_mp_16(claim_values):
 
 @pytest.mark.claim("C35")
 def test_p_a_cpu_leaves_no_checkpoint_on_the_100b_gpus_and_moves_twice_p_a_bytes(claim_values):
-    """P_a+cpu: 0 checkpoint bytes on the device, 4.19 GB on the host, and 8.39 GB over the
-    rank's host link per step — out and back, twice P_a's bytes (C35)."""
-    part, cpu = c32(True).memory(0).peak["checkpoints"], c32(True, True)
-    moved = sum(x.bytes_sent + x.bytes_recv
-                for x in cpu.comm_ledger([0]).records(0, group="host"))
+    """P_a+cpu: 0 checkpoint bytes on the device, P_a's part on the host; its host link moves each
+    part out and back, twice the checkpoint bytes P_a keeps on the device — the paper's "2× data
+    movement compared with P_a" (C35). In traffic, that is 2/(N_m − 1) of what P_a's all-gathers
+    send over MP (1/7.5 at MP 16), which P_a+cpu still sends: the host link adds, it replaces
+    nothing."""
+    n_m = 16
+    pa, cpu = c32(True), c32(True, True)
+    part = pa.memory(0).peak["checkpoints"]
+    link = cpu.comm_ledger([0]).link_bytes(0, group="host")
+    mp = {name: r.comm_ledger([0]).bytes(0, group="mp")
+          for name, r in (("checkpoints", c32(False)), ("P_a", pa), ("P_a+cpu", cpu))}
+    gathers = mp["P_a"] - mp["checkpoints"]          # the MP bytes P_a adds: its all-gathers
     assert cpu.memory(0).peak["checkpoints"] == 0 and cpu.host(0).peak["checkpoints"] == part
-    assert moved == 2 * part
-    claim_values(f"device 0 B, host {part / GB:.2f} GB, link {moved / GB:.2f} GB/step",
+    assert link == 2 * part
+    assert 2 * gathers == (n_m - 1) * link and mp["P_a+cpu"] == mp["P_a"]
+    assert gathers == pa.comm_ledger([0]).bytes(0, group="mp", op="all_gather")
+    claim_values(f"device 0 B, host {part / GB:.2f} GB; link {link / GB:.2f} GB/step = "
+                 f"{Fraction(link, part)}× P_a's device checkpoints, "
+                 f"1/{float(Fraction(gathers, link)):g} of P_a's all-gather bytes",
                  "about 0 on the device; 2× P_a's movement (C35)", "100B, batch 32, MP 16")
 
 
@@ -175,15 +186,18 @@ def test_table2_largest_model_per_mp_degree_by_memory_fit(n_m, stage, claim_valu
 
 def test_p_a_at_100b_table(md_snapshot):
     """spec/model_parallel.md's 100B table: per GPU, bytes of checkpoints on the device and the
-    host, the host link's bytes and the MP group's collectives in one step (MP 16, batch 32)."""
+    host, the host link's bytes and the MP group's collectives in one step, the all-gathers' bytes
+    apart (MP 16, batch 32)."""
     rows = ["| variant | checkpoints on the GPU (B) | on the host (B) | host link (B) "
-            "| MP all-reduces | MP all-gathers | MP elements sent |", "|---|---|---|---|---|---|---|"]
+            "| MP all-reduces | MP all-gathers | MP all-gather bytes sent | MP elements sent |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, r in (("checkpoints", c32(False)), ("P_a", c32(True)), ("P_a+cpu", c32(True, True))):
         led = r.comm_ledger([0])
         link = sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group="host"))
         rows.append(f"| {name} | {r.memory(0).peak['checkpoints']:,} | {r.host(0).peak['checkpoints']:,} "
                     f"| {link:,} | {led.count(0, group='mp', op='all_reduce')} "
-                    f"| {led.count(0, group='mp', op='all_gather')} | {led.elements(0, group='mp'):,} |")
+                    f"| {led.count(0, group='mp', op='all_gather')} "
+                    f"| {led.bytes(0, group='mp', op='all_gather'):,} | {led.elements(0, group='mp'):,} |")
     assert md_snapshot == "\n".join(rows)
 
 

@@ -1,4 +1,5 @@
-"""The paper's own model sizes, measured: 7.5B, 128B, 1T on up to 1024 GPUs, on meta tensors.
+"""The paper's own model sizes, measured: 7.5B, 128B, 1T on up to 1024 GPUs, on meta tensors
+(Figure 1, Table 1, the text's 1.5B, 1T and largest-model numbers, §7's communication).
 
 Every number here comes from the ledgers of the unchanged stage code run on ``meta`` tensors
 (:mod:`zerospec.training.scale`; exact for all N ranks, see tests/unit/training/test_scale.py). The presets' exact Ψ
@@ -22,7 +23,8 @@ import pytest
 
 from zerospec.paper import theory
 from zerospec.evaluation.runs import memoised
-from zerospec.model.presets import TABLE4, preset
+from zerospec.model.presets import TABLE4, gpt, preset
+from zerospec.training.fit import max_layers
 from zerospec.training.scale import measure
 from zerospec.zero import LABELS
 
@@ -137,6 +139,123 @@ def test_table1_bold_cells_are_the_first_n_d_that_fits_32gb(name, claim_values):
         return " / ".join("–" if n is None else f"N_d={n}" for n in cells.values())
     claim_values(f"{name}: {show(first)}", f"{show(BOLD[name])} (C15)")
     assert first == BOLD[name]
+
+
+# -- The text's model-state numbers (C3, C12, C13) ----------------------------------------------------
+@pytest.mark.claim("C3")
+def test_gpt2_1_5b_holds_3gb_of_fp16_weights_and_at_least_24gb_of_model_states(claim_values):
+    """GPT-2 1.5B needs 3 GB for its fp16 weights but at least 24 GB of model states (C3).
+    Measured from the DP setup's ledger on one meta GPU: 2 and 16 bytes per parameter, so at the
+    paper's round 1.5e9 exactly 3 GB and 24 GB, and more at the preset's 1.56B."""
+    r = setup("1.5B", 0, 1)
+    weights, states = r.memory(0).current["param16"], _states_everywhere(r)
+    claim_values(f"{weights / GB:.2f} GB of fp16 weights, {states / GB:.2f} GB of model states "
+                 f"(Ψ = {r.psi:,})", "3 GB, at least 24 GB (C3)", "DP setup, N_d = 1, meta")
+    assert Fraction(weights, r.psi) * 1_500_000_000 == 3 * GB
+    assert Fraction(states, r.psi) * 1_500_000_000 == 24 * GB
+    assert round(weights / GB) == 3 and states >= 24 * GB
+
+
+@pytest.mark.claim("C12")
+def test_a_1t_model_holds_16tb_of_model_states_15_6gb_per_gpu_on_1024(claim_values):
+    """A 1T model with Adam in 16-bit needs about 16 TB of model states: 16 GB per GPU on 1024
+    GPUs, which Table 1 prints as 15.6 (C12, C56). Measured: the DP setup on one meta GPU, and
+    P_os+g+p's on 1024 (its one rank class: no unit needs padding), each rank holding exactly
+    1/1024 of the whole; at the paper's round 1e12, 16 TB and 15.625 GB."""
+    whole, sharded = setup("1T", 0, 1), setup("1T", 3, 1024)
+    total, per_gpu = _states_everywhere(whole), _states_everywhere(sharded)
+    at_round = at_round_psi("1T", 3, 1024)
+    claim_values(f"{total / 1e12:.2f} TB, {per_gpu / GB:.3f} GB /GPU (Ψ = {whole.psi:,}); "
+                 f"{float(at_round / GB):g} GB at 1e12", "16 TB; 16 GB (text), 15.6 (Table 1) (C12)",
+                 "DP at N_d = 1, P_os+g+p at N_d = 1024, meta")
+    assert [c.ranks for c in sharded.classes] == [range(1024)]
+    assert per_gpu * 1024 == total
+    assert Fraction(total, whole.psi) * ROUND_PSI["1T"] == 16 * 10**12
+    assert at_round == Fraction(15625, 1000) * GB and round(at_round / GB) == 16
+    assert_printed("15.6", at_round / GB, "C12, 1T on 1024 GPUs")
+
+
+@pytest.mark.claim("C13")
+@pytest.mark.parametrize("stage,limit", [(1, 4), (2, 8), (3, None)], ids=[LABELS[s] for s in (1, 2, 3)])
+def test_model_states_per_gpu_fall_up_to_4x_8x_and_n_d_fold(stage, limit, claim_values):
+    """P_os, P_os+g and P_os+g+p cut model-state memory by up to 4×, 8× and N_d (C13). Measured
+    on 7.5B against DP's setup at N_d = 4, 64, 1024: each factor is the closed form's exactly, it
+    grows with N_d, stays under 4 (8) and within 1% of it at 1024; P_os+g+p's is N_d itself."""
+    nds = (4, 64, 1024)
+    base = _states_everywhere(setup("7.5B", 0, 1))
+    factors = [Fraction(base, _states_everywhere(setup("7.5B", stage, n))) for n in nds]
+    claim_values(" / ".join(f"{float(f):.4g}×" for f in factors) + f" at N_d = {nds}",
+                 f"up to {limit}×" if limit else "N_d× (C13)", LABELS[stage])
+    assert factors == [theory.reduction_factor(stage, n) for n in nds] == sorted(factors)
+    if limit:
+        assert all(f < limit for f in factors) and (limit - factors[-1]) * 100 < limit
+    else:
+        assert factors == list(nds)
+
+
+LAYER_WIDTH = {1: 2048, 2: 2048, 3: 8192}   # one layer (12·d²) is under 1% of each stage's answer
+
+
+@functools.lru_cache(maxsize=None)
+def largest_at_64(stage: int) -> int:
+    """The largest Ψ whose measured model states fit 32 GB per GPU at N_d = 64: a memory-fit search
+    over meta setups of GPTs of width LAYER_WIDTH[stage] (128-wide heads), one layer at a time."""
+    d = LAYER_WIDTH[stage]
+    L = max_layers(lambda L: gpt(L, d, d // 128), stage, 64, theory.V100_BYTES)
+    return gpt(L, d, d // 128).psi
+
+
+@pytest.mark.claim("C13")
+def test_the_largest_model_per_stage_on_64_gpus_is_7_6b_14_4b_128b_and_1t_fits_on_1024(
+        claim_values):
+    """At N_d = 64 on 32 GB, ZeRO trains up to 7.5B, 14B and 128B with P_os, P_os+g and
+    P_os+g+p (Table 2: 7.6B, 14.4B, 128B), and 1T at N_d = 1024 (C13, C56). Measured by memory
+    fit: each largest Ψ within one unit of Table 2's last printed digit and at least the text's
+    rounder 7.5B and 14B; the 1T preset's P_os+g+p model states on 1024 GPUs fit 32 GB."""
+    sizes = [largest_at_64(s) for s in (1, 2, 3)]
+    one_t = _states_everywhere(setup("1T", 3, 1024))
+    claim_values(" / ".join(f"{x / 1e9:.2f}B" for x in sizes) + f"; 1T on 1024: {one_t / GB:.2f} GB",
+                 "7.5 (7.6) / 14 (14.4) / 128B; 1T on 1024 (C13)", "memory fit, 32 GB, meta")
+    for printed, psi, stage in zip(("7.6", "14.4", "128"), sizes, (1, 2, 3)):
+        assert_printed(printed, Fraction(psi, 10**9), f"C13, {LABELS[stage]} at N_d = 64")
+    assert sizes[0] >= 7_500_000_000 and sizes[1] >= 14_000_000_000
+    assert one_t <= theory.V100_BYTES
+
+
+def test_text_model_states_table(md_snapshot):
+    """spec/scale.md's table of the text's model-state numbers (C3, C12): measured bytes per GPU
+    of meta setups, per parameter, and times the paper's round Ψ."""
+    out = ["| what | model | stage | N_d | measured per GPU (B) | B per parameter "
+           "| at the paper's round Ψ (GB) | paper |", "|---|---|---|---|---|---|---|---|"]
+    rows = [("fp16 weights", "1.5B", 0, 1, "param16", 1_500_000_000, "3 GB (C3)"),
+            ("model states", "1.5B", 0, 1, None, 1_500_000_000, "at least 24 GB (C3)"),
+            ("model states", "1T", 0, 1, None, ROUND_PSI["1T"], "about 16 TB (C12)"),
+            ("model states", "1T", 3, 1024, None, ROUND_PSI["1T"], "16 GB; Table 1: 15.6 (C12)")]
+    for what, name, stage, n_d, category, psi, paper in rows:
+        r = setup(name, stage, n_d)
+        held = r.memory(0).current[category] if category else _states_everywhere(r)
+        per = Fraction(held, r.psi)
+        out.append(f"| {what} | {name} | {LABELS[stage]} | {n_d} | {held:,} | {per} "
+                   f"| {float(per * psi / GB):,g} | {paper} |")
+    assert md_snapshot == "\n".join(out)
+
+
+@pytest.mark.slow   # six more setups of up to 284 layers beside the search: ~3 s
+def test_largest_model_at_64_gpus_table(md_snapshot):
+    """spec/scale.md's table of C13's memory fit: per stage at N_d = 64, the most layers L whose
+    measured model states fit 32 GB, its Ψ, and the bytes per GPU at L and at L + 1."""
+    out = ["| stage | width | L | Ψ | model states /GPU at L (B) | at L + 1 (B) | paper (text; Table 2) |",
+           "|---|---|---|---|---|---|---|"]
+    paper = {1: "7.5B; 7.6B", 2: "14B; 14.4B", 3: "128B; 128B"}
+    for stage in (1, 2, 3):
+        d = LAYER_WIDTH[stage]
+        model = lambda L: gpt(L, d, d // 128)           # noqa: E731
+        L = next(L for L in range(1, 10**4) if model(L).psi == largest_at_64(stage))
+        at, above = (measure(model(k), stage, 64, setup_only=True).model_states(0) for k in (L, L + 1))
+        assert at <= theory.V100_BYTES < above
+        out.append(f"| {LABELS[stage]} | {d} | {L} | {model(L).psi:,} | {at:,} | {above:,} "
+                   f"| {paper[stage]} |")
+    assert md_snapshot == "\n".join(out)
 
 
 # -- §7 communication at 7.5B on 64 GPUs ------------------------------------------------------------

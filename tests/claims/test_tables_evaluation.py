@@ -8,6 +8,7 @@ evaluation's N_d (C47), and stage 0's peak at the DP baselines' shapes and batch
 """
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 
 import pytest
@@ -116,25 +117,52 @@ def test_baseline_gpu_counts_are_the_largest_multiple_of_mp_within_400(claim_val
 
 
 # -- §1, §5.4, §10.4, Table 2, appendix: DP's limit, measured -----------------------------------------
+DP_ROWS = ("1.38B", "1.5B")      # Fig. 4's DP baseline, and the next shape it runs without MP
+
+
+@functools.lru_cache(maxsize=None)
+def dp_step(size: str, fused: bool, micro_batch: int = 1):
+    """Stage 0 at an appendix row's shape and N_d, ``micro_batch`` sequences per GPU; ``fused``: the
+    gradients all-reduced through C29's one fp32 buffer of all of them (``bucket_elements="model"``)."""
+    row = {r.size: r for r in ev.FIGURE4}[size]
+    return measure(gpt(row.layers, row.hd, row.heads), 0, row.n_d, micro_batch=micro_batch,
+                   bucket_elements="model" if fused else None)
+
+
 @pytest.mark.claim("C5", status="differs", page=DP_LIMIT_PAGE)
 @pytest.mark.claim("C55", status="differs", page=DP_LIMIT_PAGE)
-def test_dp_peak_at_the_appendix_baselines_fits_32gb_only_with_a_fused_buffer_limit(claim_values):
-    """DP alone tops out at 1.4B on 32 GB (C5; 1.3B, 1.38B, "< 1.5B" elsewhere, C55). Measured: stage
-    0's peak is 16Ψ + activations; at batch 1 the 1.38B baseline (our Ψ 1.21B) fits and so does
-    Fig. 4's 1.5B shape (1.60B) — our limit is higher, as we hold no residual memory. With C29's
-    fp32 fused gradient buffer (4Ψ) added, the 1.38B fits and the 1.5B does not, as the paper says.
-    """
-    fig4 = {r.size: r for r in ev.FIGURE4}
-    cases = {"1.38B": fig4["1.38B"], "1.5B": fig4["1.5B"]}    # the DP baseline; the next DP-only shape
+def test_dp_fits_the_1_38b_baseline_and_not_1_5b_in_32gb_only_when_it_holds_a_fused_fp32_buffer(
+        claim_values):
+    """DP alone tops out at 1.4B on 32 GB (C5; 1.3B, 1.38B, "< 1.5B" elsewhere, C55). Measured in a
+    run that holds C29's fp32 fused gradient buffer: stage 0's peak comes at the all-reduce, 16Ψ of
+    model states and the 4Ψ buffer, and the 1.38B baseline (our Ψ 1.21B) fits while Fig. 4's 1.5B
+    shape (1.60B) does not, as the paper says. Without the buffer the peak is 16Ψ + activations
+    and both fit: our limit is higher, as we hold no other residual memory."""
     peak = {}
-    for size, row in cases.items():
-        r = measure(gpt(row.layers, row.hd, row.heads), 0, row.n_d, micro_batch=1)
-        mem = r.memory(0)
-        assert mem.peak_total == r.model_states(0) + mem.peak["activations"]   # nothing else at peak
-        assert r.model_states(0) == theory.model_state_bytes(0, r.psi, row.n_d)  # 16Ψ
-        peak[size] = (r.psi, mem.peak_total)
-    with_buffer = {s: p + theory.fused_buffer_bytes(psi) for s, (psi, p) in peak.items()}
-    claim_values(", ".join(f"{s} (Ψ {psi / 1e9:.2f}B): {p / GB:.1f} GB, +4Ψ {with_buffer[s] / GB:.1f} GB"
-                           for s, (psi, p) in peak.items()), "DP OOM above 1.4B on 32 GB (C5, C55)")
-    assert peak["1.38B"][1] <= theory.V100_BYTES and peak["1.5B"][1] <= theory.V100_BYTES
-    assert with_buffer["1.38B"] <= theory.V100_BYTES < with_buffer["1.5B"]
+    for size in DP_ROWS:
+        fused, plain = dp_step(size, True), dp_step(size, False)
+        psi, mem, bare = fused.psi, fused.memory(0), plain.memory(0)
+        assert fused.model_states(0) == plain.model_states(0) == 16 * psi
+        assert mem.peak["bucket"] == 4 * psi and mem.peak_total == 16 * psi + mem.peak["bucket"]
+        assert bare.peak_total == 16 * psi + bare.peak["activations"]     # nothing else at peak
+        peak[size] = (psi, mem.peak_total, bare.peak_total)
+    claim_values("; ".join(f"{s} (Ψ {psi / 1e9:.2f}B): {p / GB:.1f} GB with the fused buffer, "
+                           f"{b / GB:.1f} GB without" for s, (psi, p, b) in peak.items()),
+                 "DP OOM above 1.4B on 32 GB (C5, C55)")
+    assert peak["1.38B"][1] <= theory.V100_BYTES < peak["1.5B"][1]        # with it: the paper's limit
+    assert all(b <= theory.V100_BYTES for _, _, b in peak.values())      # without it: both fit
+
+
+def test_dp_limit_table(md_snapshot):
+    """spec/scale.md's DP-limit table: per appendix row (the 1.5B shape at DP's batch 1, the 1.16B
+    baseline at its own 8), Ψ and stage 0's measured peak per GPU without and with the fused fp32
+    gradient buffer, and whether each fits 32 GB."""
+    out = ["| appendix row | shape | Ψ | batch /GPU | peak /GPU, per-unit all-reduce (B) | fits 32 GB "
+           "| peak /GPU, fused fp32 buffer (B) | fits 32 GB |", "|---|---|---|---|---|---|---|---|"]
+    fits = lambda b: "yes" if b <= theory.V100_BYTES else "no"     # noqa: E731
+    for size, batch in (("1.38B", 1), ("1.5B", 1), ("1.16B", 8)):
+        m = dp_step(size, False, batch).config.model
+        plain, fused = (dp_step(size, f, batch).memory(0).peak_total for f in (False, True))
+        out.append(f"| {size} | {m.n_layer} × {m.n_embd} | {m.psi:,} | {batch} | {plain:,} "
+                   f"| {fits(plain)} | {fused:,} | {fits(fused)} |")
+    assert md_snapshot == "\n".join(out)
