@@ -13,6 +13,7 @@ import torch
 
 from tests.claims.test_model_parallel import mp_run
 from tests.support.runs import SCALER, assert_same_training, odd_run, stage_id
+from tools import specfigures
 from zerospec.model.gpt import SMALL
 from zerospec.model.presets import preset
 from zerospec.paper import theory
@@ -49,6 +50,28 @@ def test_a_step_that_needs_29gb_runs_out_on_a_32gb_gpu_with_32_percent_free(clai
     claim_values(f"OOM with {oom.free / GB:.2f} GB = {oom.free_fraction:.1%} free (step needs "
                  f"{need(trace) / GB:.2f} GB)", "over 30% free in extreme cases (C30)",
                  "1.5B, P_os+g+p, N_d=400, k=2, b=74, 32 GB")
+
+
+def test_c30_out_of_memory_table(md_snapshot):
+    """spec/allocator.md's C30 row, the numbers its sentence quotes: what the step needs, the
+    request that fails and where, what the allocator holds then and what is free (bytes)."""
+    trace = c30_trace(74, False)
+    oom = replay(trace, CAP).oom
+    never = CAP - oom.error.reserved                 # never reserved: the device's untouched rest
+    fewer = "runs" if replay(c30_trace(73, False), CAP).oom is None else "runs out"
+    rows = ["| sequences | the step needs (B) | request that fails (B) | in phase | reserved (B) "
+            "| free in segments (B) | largest free block (B) | never reserved (B) | free (B) "
+            "| free share | one sequence fewer |", "|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| 74 | {need(trace):,} | {oom.error.requested:,} | {oom.phase} | {oom.error.reserved:,} "
+            f"| {oom.free - never:,} | {oom.error.largest_free:,} | {never:,} | {oom.free:,} "
+            f"| {oom.free_fraction:.1%} | {fewer} |"]
+    assert md_snapshot == "\n".join(rows)
+
+
+def test_fragmentation_figure_data(md_snapshot):
+    """spec/figures/fragmentation.svg's data (tools/specfigures.py draws it only from these): C30's
+    step replayed on 32 GB without and with M_D, the samples' count, peaks and digest."""
+    assert md_snapshot == specfigures.c30_figure_data()
 
 
 @pytest.mark.claim("C37")

@@ -20,6 +20,7 @@ from zerospec.evaluation import tables as pf
 from zerospec.evaluation import runs as pr
 from zerospec.evaluation.configs import BUCKET_ELEMENTS, CONFIGS, FIG6
 from zerospec.training.scale import measure
+from tools import specfigures
 
 PAGE = "spec/evaluation.md"
 
@@ -105,6 +106,7 @@ def test_figure6_table(md_snapshot):
 
 
 # -- C49: 170B needs C5 ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def peak_170b(name: str) -> int:
     """Highest peak of any rank: 170B (212 × 8192, 64 heads), 400 GPUs, MP 16, 12 per GPU."""
     run = next(r for r in ev.FIGURE8 if r.size == "170B")
@@ -122,6 +124,15 @@ def test_170b_at_its_appendix_batch_fits_32_gb_only_with_p_a_cpu(claim_values):
     assert [n for n in CONFIGS if peaks[n] <= DGX2.memory_bytes] == ["C5"]
     claim_values(", ".join(f"{n} {p / 1e9:.1f} GB" for n, p in peaks.items()),
                  "only C5 runs 170B (C49)", "400 GPUs, MP 16, batch 12, meta")
+
+
+@pytest.mark.slow   # the same five steps, cached when the claim test ran first
+def test_170b_peaks_table(md_snapshot):
+    """spec/evaluation.md's 170B row per configuration: the highest measured peak of any rank."""
+    rows = ["| config | 170B, 12 per GPU: highest peak (B) | fits 32 GB |", "|---|---|---|"]
+    rows += [f"| {n} | {peak_170b(n):,} | {'yes' if peak_170b(n) <= DGX2.memory_bytes else 'no'} |"
+             for n in CONFIGS]
+    assert md_snapshot == "\n".join(rows)
 
 
 # -- C41: the 100B run's throughput ------------------------------------------------------------------------
@@ -236,6 +247,20 @@ def test_figure2_baseline_table(md_snapshot):
     assert md_snapshot == pf.bare(pf.figure2()[0])
 
 
+@pytest.mark.slow
+def test_figure2_baseline_mp_share_table(md_snapshot):
+    """spec/evaluation.md's C42 table: per baseline row, the share of its step the MP all-reduces
+    take under both readings of the node's InfiniBand (the model's seconds, to a percent)."""
+    rows = ["| model | baseline run | MP over nodes | MP all-reduces' share of the step "
+            "| the same, one IB link |", "|---|---|---|---|---|"]
+    for _, b in pr.figure2():
+        share = [t.comm_s.get("mp", 0) / t.step_s for t in (b.none, b.link)]
+        rows.append(f"| {b.run.size} | {b.run.gpus} × MP {b.run.mp} "
+                    f"| {'yes' if b.run.mp > DGX2.gpus_per_node else 'no'} "
+                    f"| {share[0]:.0%} | {share[1]:.0%} |")
+    assert md_snapshot == "\n".join(rows)
+
+
 @pytest.mark.slow   # the 170B baseline with FLOPs: ~2 s
 @pytest.mark.claim("C53", status="closed_form")
 def test_the_baselines_run_at_a_multiple_of_their_mp_and_the_170b_one_moves_no_dp_bytes(
@@ -285,6 +310,19 @@ def test_figure3_table(md_snapshot):
     assert md_snapshot == pf.bare(pf.figure3()[0])
 
 
+@pytest.mark.slow
+def test_figure3_growth_table(md_snapshot):
+    """spec/evaluation.md's C43 table: from each GPU count to the next, how the GPUs, the batch
+    per GPU and the aggregate throughput grow (ratios to 2 decimals)."""
+    rows = ["| GPUs | × GPUs | batch/GPU | × aggregate TFLOPS |", "|---|---|---|---|"]
+    xs = pr.figure3()
+    for a, b in zip(xs, xs[1:]):
+        grow = b.none.tflops_per_gpu * b.run.gpus / (a.none.tflops_per_gpu * a.run.gpus)
+        rows.append(f"| {a.run.gpus} → {b.run.gpus} | {b.run.gpus / a.run.gpus:.2f} "
+                    f"| {a.run.batch_per_gpu} → {b.run.batch_per_gpu} | {grow:.2f} |")
+    assert md_snapshot == "\n".join(rows)
+
+
 # -- C44: Figure 4, data parallelism alone -----------------------------------------------------------------
 @pytest.mark.slow   # eleven steps with FLOPs at N_d = 128 and three fit searches: ~25 s
 @pytest.mark.claim("C44", status="modelled_differs",
@@ -316,6 +354,17 @@ def test_figure4_tables(md_snapshot):
     """spec/evaluation.md's Figure 4 tables: each appendix row's Ψ, peak (exact), TFLOPS and
     stage 0's largest batch; the largest layer count each fits by fit.largest."""
     assert md_snapshot == "\n\n".join(pf.bare(t) for t in pf.figure4())
+
+
+@pytest.mark.slow
+def test_figure4_zero_mean_table(md_snapshot):
+    """spec/evaluation.md's C44 average: ZeRO's rows of Figure 4, mean TFLOPS per GPU under both
+    readings of the node's InfiniBand (the paper: over 40)."""
+    zero = [x for x in pr.figure4_rows() if x.how == "zero"]
+    mean = [sum(getattr(x, k).tflops_per_gpu for x in zero) / len(zero) for k in ("none", "link")]
+    assert md_snapshot == "\n".join([
+        "| ZeRO's rows | mean TFLOPS/GPU | mean TFLOPS/GPU, one IB link |", "|---|---|---|",
+        f"| {len(zero)} | {mean[0]:.1f} | {mean[1]:.1f} |"])
 
 
 # -- C49: Figure 8, throughput per configuration -----------------------------------------------------------
@@ -386,3 +435,26 @@ def test_figure7_table(md_snapshot):
     for size in ("40B", "100B"):
         assert all(m.ledger <= m.allocated <= m.reserved for m in figure7(size).values())
     assert md_snapshot == pf.bare(pf.figure7()[0])
+
+
+@pytest.mark.slow
+def test_figure7_drops_table(md_snapshot):
+    """spec/evaluation.md's C48 table: how much the max cached memory drops from C1 to C2 and from
+    C4 to C5 per run, P_a's checkpoints per GPU, and the C4 → C5 drop as a share of C4's cache."""
+    from zerospec.evaluation.memory import figure7
+    rows = ["| model | C1 → C2 (B) | C4 → C5 (B) | P_a's checkpoints per GPU (B) "
+            "| C4 → C5, of C4's cache |", "|---|---|---|---|---|"]
+    for size in ("40B", "100B"):
+        f = figure7(size)
+        c12, c45 = f["C1"].reserved - f["C2"].reserved, f["C4"].reserved - f["C5"].reserved
+        rows.append(f"| {size} | {c12:,} | {c45:,} | {pa_checkpoints(size):,} "
+                    f"| {c45 / f['C4'].reserved:.1%} |")
+    assert md_snapshot == "\n".join(rows)
+
+
+@pytest.mark.slow   # five 125-layer meta steps with their storage traces, sampled: ~15 s
+def test_figure7_cached_memory_curves_at_100b(md_snapshot):
+    """spec/figures/fragmentation_by_config_100B.svg's data (tools/specfigures.py draws it only
+    from these): per configuration, rank 0's allocated and reserved samples over the 100B step,
+    their count, peaks and digest; the max cached column is Figure 7's table's."""
+    assert md_snapshot == specfigures.figure7_curves_data("100B")

@@ -15,6 +15,7 @@ from tests.support.report import N, SMALL_RUN, column, measured_calls, measureme
 from zerospec.paper import theory
 from zerospec.report.measure import VARIANTS
 from zerospec.report.tables import build_tables
+from tools import specfigures
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +145,11 @@ def test_report_csv_without_stage0_has_no_equivalence_reference(capsys, monkeypa
     assert [float(r["Measured"]) for r in comm] == [1.5, 1.5]
     eq = list(csv.DictReader(io.StringIO("\n".join(blocks["# equivalence"]))))
     assert [r["Max |Δmaster| vs ZeRO-0"] for r in eq] == ["", ""]
+
+
+@pytest.mark.slow   # `zerospec report` at its defaults: 5 variants × 3 steps on 32 ranks, ~40 s
+def test_report_figures_data_at_32_gpus(md_snapshot):
+    """The data of spec/'s report figures (memory per stage, memory vs N, communication per stage:
+    tools/specfigures.py draws them only from these), from `zerospec report` at its defaults:
+    bytes per buffer, elements per collective and the N sweep, integers the same on every machine."""
+    assert md_snapshot == specfigures.report_figures_data(specfigures.report())

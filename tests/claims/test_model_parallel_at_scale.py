@@ -97,6 +97,17 @@ def test_arithmetic_intensity_of_checkpoint_movement_is_over_10k_and_linear_in_h
 
 
 # -- C34: the batch P_a makes room for ----------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def c34() -> tuple[dict[bool, int], dict[bool, int]]:
+    """100B on 25 × 16 GPUs, P_os+g, a checkpoint per block, 32 GB: per P_a off/on, the largest
+    batch per MP group (a memory-fit search over meta steps) and its step's DP elements (rank 0)."""
+    m, kw = preset(M100).model, dict(n_m=16, checkpoint_activations=1)
+    seen = {False: {}, True: {}}     # each search's steps by batch: the answer's is read below
+    b = {p: max_micro_batch(m, 2, 25, theory.V100_BYTES, seen=seen[p], partition_activations=p,
+                            **kw) for p in (False, True)}
+    return b, {p: seen[p][b[p]].comm_ledger([0]).elements(0, group="dp") for p in (False, True)}
+
+
 @pytest.mark.slow   # two memory-fit searches of 100B steps: 25–50 s
 @pytest.mark.claim("C34", status="differs", page=f"{PAGE}#the-batch-p_a-makes-room-for-c34")
 def test_p_a_lets_the_100b_batch_grow_about_nine_fold_and_dp_traffic_per_sample_falls_with_it(
@@ -105,15 +116,23 @@ def test_p_a_lets_the_100b_batch_grow_about_nine_fold_and_dp_traffic_per_sample_
     largest batch per MP group grows from 6 to 55 with P_a (×9.2, where the paper says up to
     ×16: the recomputed block's working set is not partitioned), and the DP traffic per step
     does not change, so per sample it falls by the same 55/6."""
-    m, kw = preset(M100).model, dict(n_m=16, checkpoint_activations=1)
-    seen = {False: {}, True: {}}     # each search's steps by batch: the answer's is read below
-    b = {p: max_micro_batch(m, 2, 25, theory.V100_BYTES, seen=seen[p], partition_activations=p,
-                            **kw) for p in (False, True)}
-    dp = {p: seen[p][b[p]].comm_ledger([0]).elements(0, group="dp") for p in (False, True)}
+    b, dp = c34()
     assert (b[False], b[True]) == (6, 55) and dp[False] == dp[True]
     claim_values(f"batch {b[False]} → {b[True]} (×{b[True] / b[False]:.1f}); DP elements per "
                  f"sample ×{b[False] / b[True]:.3f}", "batch up to ×16; DP traffic ~1/10 (C34)",
                  "100B, 400 GPUs, P_os+g, meta")
+
+
+@pytest.mark.slow   # the same searches, cached when the claim test ran first
+def test_p_a_batch_table(md_snapshot):
+    """spec/model_parallel.md's C34 table: the largest batch per MP group without and with P_a,
+    and the DP elements per step and per sequence (rank 0)."""
+    b, dp = c34()
+    rows = ["| 100B, 25 × MP 16, P_os+g | largest batch per MP group | DP elements per step "
+            "| DP elements per sequence |", "|---|---|---|---|"]
+    rows += [f"| {'P_a' if p else 'without P_a'} | {b[p]} | {dp[p]:,} | {dp[p] / b[p]:,.0f} |"
+             for p in (False, True)]
+    assert md_snapshot == "\n".join(rows)
 
 
 # -- C26: MP vs ZeRO-DP traffic ------------------------------------------------------------------------
@@ -130,7 +149,7 @@ def mp_and_dp_volume(name: str, n_m: int, n_d: int = 64) -> tuple[Fraction, Frac
 
 
 @pytest.mark.claim("C26", status="differs", page=f"{PAGE}#mp-vs-zero-dp-traffic-c26")
-def test_mp_moves_more_than_zero_dp_beyond_a_few_dozen_sequences(claim_values):
+def test_mp_moves_more_than_zero_dp_beyond_a_few_dozen_sequences(claim_values, md_snapshot):
     """7.5B (23 × 5120), seq 1024: MP moves 12·s·hd·L per sequence, ZeRO-DP 3Ψ per batch; their
     ratio is b·s/(3·hd) · 12·hd²·L/Ψ — the paper's formula times the share of Ψ in the blocks
     (the embedding moves with ZeRO-DP, not MP). MP passes ZeRO-DP at 16 sequences and is
@@ -143,6 +162,12 @@ def test_mp_moves_more_than_zero_dp_beyond_a_few_dozen_sequences(claim_values):
     assert ratio(1) == theory.mp_over_zero_comm(1, s, hd) * Fraction(12 * hd * hd * L, m.psi)
     cross = next(b for b in range(1, 1000) if ratio(b) > 1)
     assert cross == 16 and ratio(512) > 10
+    paper = lambda b: theory.mp_over_zero_comm(b, s, hd)    # noqa: E731
+    at_least = [next(b for b in range(1, 1000) if f(b) >= 1) for f in (ratio, paper)]
+    md_snapshot.assert_match("\n".join([
+        "| MP / ZeRO-DP volume, 7.5B | MP moves as much from (sequences) | at 512 sequences |",
+        "|---|---|---|", f"| measured (the ledger) | {at_least[0]} | {float(ratio(512)):.1f} |",
+        f"| the paper's b·s/(3·hd) | {at_least[1]} | {float(paper(512)):.1f} |"]))
     claim_values(f"MP > ZeRO-DP from {cross} sequences; ×{float(ratio(512)):.1f} at 512",
                  f"from b·s/(3hd) > 1: {3 * hd / s:.0f}; > 10× at 512 (C26)", "7.5B, meta")
 
@@ -157,6 +182,7 @@ def width_for(paper_params) -> int:
     return d
 
 
+@functools.lru_cache(maxsize=None)
 def table2_measured(n_m: int, stage: int) -> tuple[int, int]:
     """(largest Ψ whose model states fit 32 GB at N_d = 64 and MP n_m, its width d)."""
     d = width_for(theory.table2_row(n_m)[stage])
@@ -184,6 +210,23 @@ def test_table2_largest_model_per_mp_degree_by_memory_fit(n_m, stage, claim_valu
                  f"MP {n_m}, stage {stage}, 32 GB, N_d = 64, meta")
 
 
+@pytest.mark.slow   # the twenty searches, cached when the claim tests ran first
+def test_table2_measured_table(md_snapshot):
+    """spec/model_parallel.md's Table 2 measured: per MP degree and stage, the largest GPT whose
+    measured model states fit 32 GB at N_d = 64 (in B parameters, 3 significant digits or whole
+    billions), and the closed form's."""
+    rows = ["| MP | DP | P_os | P_os+g | P_os+g+p | closed form: DP | closed: P_os | closed: P_os+g "
+            "| closed: P_os+g+p |", "|---|---|---|---|---|---|---|---|---|"]
+    def billions(psi) -> str:         # 3 significant digits, whole billions from 100B up
+        b = float(psi) / 1e9
+        return f"{b:,.0f}B" if b >= 100 else f"{b:.3g}B"
+    for n_m in theory.TABLE2_MP:
+        got = [billions(table2_measured(n_m, s)[0]) for s in range(4)]
+        closed = [billions(theory.table2_row(n_m)[s]) for s in range(4)]
+        rows.append(f"| {n_m} | " + " | ".join(got + closed) + " |")
+    assert md_snapshot == "\n".join(rows)
+
+
 def test_p_a_at_100b_table(md_snapshot):
     """spec/model_parallel.md's 100B table: per GPU, bytes of checkpoints on the device and the
     host, the host link's bytes and the MP group's collectives in one step, the all-gathers' bytes
@@ -204,7 +247,8 @@ def test_p_a_at_100b_table(md_snapshot):
 @pytest.mark.slow   # two memory-fit searches over whole meta steps: ~25 s
 @pytest.mark.claim("C18", status="differs", page=f"{PAGE}#table-2-measured-c17")
 @pytest.mark.parametrize("n_m,d", [(1, 2048), (16, 8192)], ids=["MP1", "MP16"])
-def test_table2_p_os_with_a_whole_step_in_32_gb_is_below_theory(n_m, d, claim_values):
+def test_table2_p_os_with_a_whole_step_in_32_gb_is_below_theory(n_m, d, claim_values,
+                                                                 md_snapshot):
     """Table 2's measured P_os column is ≈ 0.82 of theory in every row (C18): residual memory. A
     whole step (model states, a checkpoint per block, one sequence of 1024 tokens, its
     activations) measured on meta keeps 0.98 of theory at MP 1 and 0.87 at MP 16 (the replicated
@@ -214,8 +258,12 @@ def test_table2_p_os_with_a_whole_step_in_32_gb_is_below_theory(n_m, d, claim_va
         r = measure(gpt(L, d, d // 128), 1, 64, micro_batch=1, n_m=n_m, checkpoint_activations=1)
         return all(c.memory.peak_total <= theory.V100_BYTES for c in r.classes)
     from zerospec.training.fit import largest
-    psi = gpt(largest(fits), d, d // 128).psi
+    L = largest(fits)
+    psi = gpt(L, d, d // 128).psi
     ratio = psi / float(theory.table2_row(n_m)[1])
     assert round(ratio, 2) == {1: 0.98, 16: 0.87}[n_m]
+    md_snapshot.assert_match("\n".join([
+        "| MP | width | layers | Ψ | of theory's P_os |", "|---|---|---|---|---|",
+        f"| {n_m} | {d} | {L} | {psi / 1e9:.3g}B | {ratio:.2f} |"]))
     claim_values(f"{psi / 1e9:.1f}B fits, {ratio:.2f} of theory", "≈ 0.82 of theory (C18)",
                  f"P_os, MP {n_m}, N_d = 64, a whole step at batch 1, meta")

@@ -331,6 +331,24 @@ def test_pos_and_pos_g_cost_1x_dp_and_pos_g_p_1_5x(claim_values):
 
 
 # -- C27 activations --------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def c27_terms() -> tuple[int, dict[str, int]]:
+    """GPT-2 1.5B, one GPU, 32 sequences of 1024 tokens, fp16, no checkpointing: (the activation
+    bytes the ledger holds at the end of forward, the footnote's and the omitted terms in bytes)."""
+    m = preset("1.5B").model
+    b, s, hd, L, nh, V = 32, m.block_size, m.n_embd, m.n_layer, m.n_head, m.vocab_size
+    r = measure(m, 0, 1, micro_batch=b)
+    measured = r.memory(0).snapshots_by_label()["forward@1"][0].current["activations"]
+    return measured, {
+        "the footnote's 12·hd·b·s·L fp16 elements": 2 * theory.activation_elements(hd, b, s, L),
+        "attention probabilities, nh·b·s² per layer, fp16": L * 2 * nh * b * s * s,
+        "GeLU output, 4·hd·b·s per layer, fp16": L * 2 * 4 * hd * b * s,
+        "LayerNorm mean and rstd (fp32), causal mask (bool)": L * (2 * 2 * 4 * b * s + s * s),
+        "outside the blocks: ids, targets, positions, final LayerNorm, LM head input, loss":
+            2 * 8 * b * s + 8 * s + 2 * hd * b * s + 2 * 4 * b * s + 2 * hd * b * s + 2,
+        "log-softmax output, b·s·V fp16": 2 * b * s * V}
+
+
 @pytest.mark.claim("C27", status="differs", page="spec/scale.md#activations-of-gpt-2-15b-c27")
 def test_gpt2_1_5b_activations_at_seq_1k_batch_32(claim_values):
     """GPT-2 1.5B at sequence 1K and batch 32 needs about 60 GB of activations (C27).
@@ -350,25 +368,22 @@ def test_gpt2_1_5b_activations_at_seq_1k_batch_32(claim_values):
     Asserted: measured == footnote + those terms, exactly (bytes); and the footnote alone gives the
     paper's "about 60 GB". With a checkpoint per block (the paper's ~8 GB): test_activations.py.
     """
-    m = preset("1.5B").model
-    b, s, hd, L, nh, V = 32, m.block_size, m.n_embd, m.n_layer, m.n_head, m.vocab_size
-    r = measure(m, 0, 1, micro_batch=b)
-    measured = r.memory(0).snapshots_by_label()["forward@1"][0].current["activations"]
-    footnote = 2 * theory.activation_elements(hd, b, s, L)                     # fp16 bytes
-    omitted = L * (2 * nh * b * s * s            # attention probabilities (B, nh, T, T), fp16
-                   + 2 * 4 * hd * b * s          # GeLU output (B, T, 4hd), fp16
-                   + 2 * 2 * 4 * b * s           # 2 LayerNorms × (mean, rstd), fp32
-                   + s * s)                      # causal mask (T, T), bool
-    outside = (2 * 8 * b * s                     # token ids and targets (B, T), int64
-               + 8 * s                           # positions, int64
-               + 2 * hd * b * s + 2 * 4 * b * s  # final LayerNorm input (fp16), mean/rstd (fp32)
-               + 2 * hd * b * s                  # LM head input, fp16
-               + 2 * b * s * V                   # log-softmax output, fp16
-               + 2)                              # cross-entropy total weight, fp16 scalar
+    measured, terms = c27_terms()
+    footnote = terms["the footnote's 12·hd·b·s·L fp16 elements"]
     claim_values(f"{measured / GB:.1f} GB (footnote terms {footnote / GB:.1f} GB)",
                  "about 60 GB (C27)", "without activation checkpointing")
-    assert measured == footnote + omitted + outside
+    assert measured == sum(terms.values())
     assert round(footnote / GB) == 60
+
+
+def test_gpt2_1_5b_activation_terms_table(md_snapshot):
+    """spec/scale.md's C27 table: the activations GPT-2 1.5B holds at the end of forward (seq 1K,
+    batch 32, fp16), term by term, and the ledger's measured total, which is their sum."""
+    measured, terms = c27_terms()
+    rows = ["| term | bytes | GB |", "|---|---|---|"]
+    rows += [f"| {name} | {v:,} | {v / GB:.1f} |" for name, v in terms.items()]
+    rows.append(f"| measured at the end of forward: their sum | {measured:,} | {measured / GB:.1f} |")
+    assert md_snapshot == "\n".join(rows)
 
 
 # -- C50 Table 4 ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pathlib
 import pytest
 
 from tests.support.runs import STEPS, run
-from tools import specsync
+from tools import specfigures, specsync
 from zerospec.render import spec_tables as tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -58,9 +58,23 @@ def test_paper_table2(md_snapshot):
 
 
 def test_spec_pages_show_the_snapshots_verbatim():
-    """Every table in spec/*.md is its snapshot's content (run tools/specsync.py to refresh)."""
+    """Every table in spec/*.md is its snapshot's content, and every number a sentence quotes from
+    a snapshot (a cell marker) is that cell (run tools/specsync.py to refresh)."""
     stale = {p.name: s for p in sorted((ROOT / "spec").glob("*.md")) if (s := specsync.sync(p, write=False))}
-    assert not stale, f"stale tables in spec/ (run python tools/specsync.py): {stale}"
+    assert not stale, f"stale tables or numbers in spec/ (run python tools/specsync.py): {stale}"
+
+
+def test_spec_figures_are_drawn_from_the_current_snapshots():
+    """Every figure in spec/figures/ records the sha256 of the snapshot files its data are, and
+    tools/specfigures.py draws it only from data equal to them: a snapshot that changed since (or
+    a figure drawn from other data) fails here. Every figure is committed, and embedded by its page."""
+    stale = {n: why for n, f in specfigures.FIGURES.items() if (why := specfigures.stale(f))}
+    assert not stale, f"stale figures in spec/figures/ (run python tools/specfigures.py): {stale}"
+    assert {p.name for p in (ROOT / "spec" / "figures").iterdir()} == {
+        f"{n}.svg" for n in specfigures.FIGURES}
+    for name, fig in specfigures.FIGURES.items():
+        assert f"](figures/{name}.svg)" in (ROOT / "spec" / fig.page).read_text(), \
+            f"spec/{fig.page} does not show figures/{name}.svg"
 
 
 def test_scale_7_5b_on_64_gpus(md_snapshot):
@@ -124,24 +138,3 @@ def test_a_nonzero_delta_is_pinned_as_nonzero_and_a_zero_delta_exactly(md_table_
     assert not matches(_with_cell(snap, other, 6, "0"))
     assert not matches(_with_cell(snap, other, 6, "0.0"))              # a zero, printed otherwise
     assert not matches(_with_cell(snap, 0, 6, "0.001"))
-
-
-def _snapshot_rows(name: str) -> list[list[str]]:
-    text = (ROOT / "tests/claims/__snapshots__/test_evaluation" / name).read_text()
-    return [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
-            if line.startswith("| ") and not line.startswith("| model") and not line.startswith("| config")]
-
-
-def test_evaluation_prose_quotes_its_snapshots():
-    """spec/evaluation.md's sentences that quote Figure 8's C4 → C5 loss and Figure 4's ZeRO
-    average say what the pinned tables hold (the prose is typed; these figures are checked)."""
-    page = (ROOT / "spec/evaluation.md").read_text()
-    fig8 = {r[0]: r for r in _snapshot_rows("test_figure8_table.md")}
-    c4, c5 = fig8["C4"], fig8["C5"]
-    assert f"says: {c4[6]} → {c5[6]} TFLOPS/GPU" in page          # no overlap
-    assert f"{c4[7]} → {c5[7]}, a {float(c4[7]) / float(c5[7]):.2f}× loss" in page  # overlap
-    zero = [r for r in _snapshot_rows("test_figure4_tables.md") if len(r) == 9 and r[1] == "C3"]
-    mean = sum(float(r[6]) for r in zero) / len(zero)
-    one_link = sum(float(r[7]) for r in zero) / len(zero)
-    assert len(zero) == 9
-    assert f"ZeRO averages {mean:.1f} TFLOPS/GPU over its nine rows ({one_link:.1f} read" in page

@@ -126,9 +126,11 @@ def fragmentation_by_config(out, size: str = "100B") -> list[Path]:
     for ax, (name, mem) in zip(axes, runs.items()):
         allocated, reserved = ([x[k] / theory.GB for x in mem.samples] for k in (0, 1))
         xs = range(len(reserved))
+        # tens of thousands of samples: drawn as pixels in the SVG too (vector, they made it MBs)
         ax.fill_between(xs, allocated, reserved, color="#dd8452", alpha=0.5, step="post",
-                        label="reserved − allocated (cached, free)")
-        ax.step(xs, allocated, where="post", color="#4c72b0", lw=1, label="allocated")
+                        label="reserved − allocated (cached, free)", rasterized=True)
+        ax.step(xs, allocated, where="post", color="#4c72b0", lw=1, label="allocated",
+                rasterized=True)
         ax.axhline(theory.V100_BYTES / theory.GB, color="black", ls="--", lw=1, label="32 GB")
         c = CONFIGS[name]
         ax.set_title(f"{name}: {'P_os' if c.stage == 1 else 'P_os+g'} + {c.zero_r}\n"

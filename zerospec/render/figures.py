@@ -5,6 +5,7 @@ so a committed figure can be checked for staleness.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 
@@ -18,6 +19,21 @@ def pyplot():
 
 
 DPI = 110
+_SVG_METADATA: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def svg_metadata(**fields: str):
+    """Every SVG saved inside the block carries ``fields`` in its metadata (matplotlib's keys:
+    ``Description``, ``Title``, …): tools/specfigures.py records there the snapshots a figure of
+    spec/ was drawn from."""
+    saved = dict(_SVG_METADATA)
+    _SVG_METADATA.update(fields)
+    try:
+        yield
+    finally:
+        _SVG_METADATA.clear()
+        _SVG_METADATA.update(saved)
 
 
 def save_figure(fig, out: Path, name: str) -> list[Path]:
@@ -36,7 +52,8 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
     with pyplot().rc_context({"svg.hashsalt": "zerospec"}):
         for ext in ("png", "svg"):
             p = out / f"{name}.{ext}"
-            fig.savefig(p, dpi=DPI, bbox_inches=box, metadata={"Date": None} if ext == "svg" else None)
+            metadata = {"Date": None, **_SVG_METADATA} if ext == "svg" else None
+            fig.savefig(p, dpi=DPI, bbox_inches=box, metadata=metadata)
             paths.append(p)
     pyplot().close(fig)
     return paths

@@ -180,10 +180,11 @@ def fragmentation(m: Measurements, out: Path) -> list[Path]:
         trace = m.c30[md] if md in m.c30 else c30_trace(74, md)
         r = replay(trace, theory.V100_BYTES, samples=True)
         allocated, reserved = ([x[k] / theory.GB for x in r.samples] for k in (0, 1))
+        # thousands of samples: drawn as pixels in the SVG too (as vectors they made it over 1 MB)
         ax.fill_between(range(len(reserved)), allocated, reserved, color="#dd8452", alpha=0.5,
-                        step="post", label="reserved − allocated (cached, free)")
+                        step="post", label="reserved − allocated (cached, free)", rasterized=True)
         ax.step(range(len(allocated)), allocated, where="post", color="#4c72b0", lw=1,
-                label="allocated")
+                label="allocated", rasterized=True)
         ax.axhline(theory.V100_BYTES / theory.GB, color="black", ls="--", lw=1, label="32 GB")
         n = 0
         for ev in trace[:r.oom.event if r.oom else len(trace)]:

@@ -1,6 +1,7 @@
 """A figure is the same bytes every time it is drawn from the same data, SVG included."""
 from __future__ import annotations
 
+from zerospec.render.figures import svg_metadata
 from zerospec.report.figures import pyplot, save_figure
 
 
@@ -22,3 +23,13 @@ def test_the_same_figure_is_the_same_bytes_on_another_day(tmp_path, monkeypatch)
     second = _draw(tmp_path / "b")
     for p, q in zip(first, second, strict=True):
         assert p.read_bytes() == q.read_bytes(), f"{p.name} differs between two drawings"
+
+
+def test_svg_metadata_is_written_into_the_svg_inside_the_block_only(tmp_path):
+    """tools/specfigures.py records a figure's snapshots in its SVG's Description: inside
+    ``svg_metadata(...)`` the SVG carries it (the PNG is unchanged), after the block no longer."""
+    with svg_metadata(Description="from tests/x.md sha256:00"):
+        svg = next(p for p in _draw(tmp_path / "a") if p.suffix == ".svg")
+    assert "<dc:description>from tests/x.md sha256:00</dc:description>" in svg.read_text()
+    svg = next(p for p in _draw(tmp_path / "b") if p.suffix == ".svg")
+    assert "dc:description" not in svg.read_text()

@@ -98,7 +98,7 @@ def test_plan_preset_without_a_deepspeed_config_is_refused_in_one_line(capsys):
 
 
 @pytest.mark.slow   # one meta step of GPT-2 1.5B: ~2 s
-def test_deepspeeds_default_zero3_config_moves_2_68_psi_on_gpt2_1_5b_at_64_gpus():
+def test_deepspeeds_default_zero3_config_moves_2_68_psi_on_gpt2_1_5b_at_64_gpus(md_snapshot):
     """spec/deepspeed.md's figure: DeepSpeed's defaults (threshold 1e5, reuse distance 1e9,
     buckets 5e8) on 1.5B at N_d = 64 — the distance covers the later blocks only, so between
     2Ψ and 3Ψ: 2.681138Ψ of elements sent per GPU per step."""
@@ -106,3 +106,7 @@ def test_deepspeeds_default_zero3_config_moves_2_68_psi_on_gpt2_1_5b_at_64_gpus(
     from zerospec.plan.deepspeed import deepspeed_measured_table
     rows = _rows(deepspeed_measured_table(dict(DS_DEFAULTS, stage=3, given=[]), "1.5B", 64))
     assert rows["elements sent per step"] == "4,176,170,775 = 2.681138Ψ"
+    elements, in_psi = rows["elements sent per step"].split(" = ")
+    assert md_snapshot == "\n".join([
+        "| DeepSpeed's default ZeRO-3 config | elements sent per GPU per step | in Ψ |", "|---|---|---|",
+        f"| GPT-2 1.5B, N_d = 64 | {elements} | {in_psi} |"])
