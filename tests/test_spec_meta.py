@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import importlib
 import inspect
 import pathlib
@@ -286,6 +287,7 @@ def test_a_test_that_can_only_compute_closed_forms_does_not_declare_a_measuremen
     assert wrong == []
 
 
+@functools.lru_cache(maxsize=None)   # every claim test walks much the same functions of zerospec
 def code_references(fn) -> tuple[list, set[str]]:
     """What a function's code names, statically: (the objects its global names, ``module.attr``
     pairs, imports inside it and closure cells resolve to; every name it reads, attributes included).

@@ -120,14 +120,17 @@ def pages() -> list[pathlib.Path]:
 
 
 def shown_snapshots() -> set[str]:
-    """Every snapshot file spec/ shows: its pages' blocks and cells, and its figures' data."""
+    """Every snapshot file spec/ shows (its pages' blocks and cells, its figures' data) and the
+    README's verified block reads."""
     try:
-        from tools import specfigures
+        from tools import readme, specfigures
     except ImportError:         # run as a script: tools/ is on the path, the repository may not be
+        import readme
         import specfigures
     paths = {snapshot_path(m.group("path")) for p in pages() for pattern in (BLOCK, CELL)
              for m in pattern.finditer(p.read_text())}
-    return paths | {s for f in specfigures.FIGURES.values() for s in f.snapshots}
+    return (paths | {s for f in specfigures.FIGURES.values() for s in f.snapshots}
+            | set(readme.SNAPSHOTS))
 
 
 def test_file(snapshot: str) -> str:
@@ -148,7 +151,11 @@ def refresh(quick: bool) -> int:
     if rc:
         return rc
     main([])
-    return subprocess.call([sys.executable, str(ROOT / "tools" / "specfigures.py")], cwd=ROOT)
+    for tool in ("readme.py", "specfigures.py"):     # the README's verified block, then the figures
+        rc = subprocess.call([sys.executable, str(ROOT / "tools" / tool)], cwd=ROOT)
+        if rc:
+            return rc
+    return 0
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ so a committed figure can be checked for staleness.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from pathlib import Path
 
 
@@ -19,7 +20,9 @@ def pyplot():
 
 
 DPI = 110
-_SVG_METADATA: dict[str, str] = {}
+# a context variable, not a module dict: a block's fields reach only the saves of its own thread
+_SVG_METADATA: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("svg_metadata",
+                                                                               default={})
 
 
 @contextlib.contextmanager
@@ -27,13 +30,11 @@ def svg_metadata(**fields: str):
     """Every SVG saved inside the block carries ``fields`` in its metadata (matplotlib's keys:
     ``Description``, ``Title``, …): tools/specfigures.py records there the snapshots a figure of
     spec/ was drawn from."""
-    saved = dict(_SVG_METADATA)
-    _SVG_METADATA.update(fields)
+    token = _SVG_METADATA.set({**_SVG_METADATA.get(), **fields})
     try:
         yield
     finally:
-        _SVG_METADATA.clear()
-        _SVG_METADATA.update(saved)
+        _SVG_METADATA.reset(token)
 
 
 def save_figure(fig, out: Path, name: str) -> list[Path]:
@@ -52,7 +53,7 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
     with pyplot().rc_context({"svg.hashsalt": "zerospec"}):
         for ext in ("png", "svg"):
             p = out / f"{name}.{ext}"
-            metadata = {"Date": None, **_SVG_METADATA} if ext == "svg" else None
+            metadata = {"Date": None, **_SVG_METADATA.get()} if ext == "svg" else None
             fig.savefig(p, dpi=DPI, bbox_inches=box, metadata=metadata)
             paths.append(p)
     pyplot().close(fig)

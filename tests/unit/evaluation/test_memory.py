@@ -45,11 +45,11 @@ def test_the_allocator_search_answers_0_when_no_layer_count_runs(monkeypatch):
 def test_the_cached_memory_figure_draws_one_panel_per_configuration(monkeypatch, tmp_path):
     """fragmentation_by_config writes PNG and SVG from each configuration's (allocated, reserved)
     series; here made up, so no paper-scale step runs."""
-    from zerospec.evaluation.plots import fragmentation_by_config
+    from zerospec.evaluation import plots
     series = [(0, 0), (5 * 10**9, 6 * 10**9), (10**9, 6 * 10**9)]
     fake = {n: StepMemory(1, 5 * 10**9, 6 * 10**9, None, series) for n in CONFIGS}
-    monkeypatch.setattr(cached, "figure7", lambda size, samples=False: fake)
-    paths = fragmentation_by_config(tmp_path, "40B")
+    monkeypatch.setattr(plots, "figure7", lambda size, samples=False: fake)   # the name it calls
+    paths = plots.fragmentation_by_config(tmp_path, "40B")
     assert [p.name for p in paths] == ["fragmentation_by_config_40B.png",
                                        "fragmentation_by_config_40B.svg"]
     assert all(p.stat().st_size > 0 for p in paths)

@@ -90,14 +90,16 @@ def marks(cmd: list[str]) -> str:
 def test_refresh_updates_the_snapshots_spec_shows_then_rewrites_and_draws(monkeypatch):
     """--refresh: pytest on the test files of every snapshot spec/'s pages and figures read, with
     --snapshot-update and -m "not deepspeed" (--quick: "not slow and not deepspeed"); then the pages,
-    then the figures."""
+    then the README's verified block, then the figures."""
     calls = []
     monkeypatch.setattr(specsync.subprocess, "call", lambda cmd, cwd: calls.append(cmd) or 0)
     monkeypatch.setattr(specsync, "main", lambda argv: calls.append(["sync"]) or 0)
     assert specsync.refresh(quick=True) == 0
-    pytest_cmd, sync, figures = calls
+    pytest_cmd, sync, readme, figures = calls
     files = [a for a in pytest_cmd if a.endswith(".py")]
     assert "tests/claims/test_evaluation.py" in files and "tests/claims/test_tables_spec.py" in files
+    assert "tests/claims/test_allocator.py" in files      # the README's C30 cell (tools/readme.py)
+    assert readme[-1].endswith("readme.py")
     assert files == sorted(set(files))
     assert marks(pytest_cmd) == "not slow and not deepspeed"
     assert "--snapshot-update" in pytest_cmd and sync == ["sync"] and figures[-1].endswith("specfigures.py")
