@@ -83,6 +83,20 @@ def deepspeed_config(path: str) -> dict:
     return out
 
 
+def machine(text: str):
+    """A machine of zerospec/paper/hardware.py by its key (``--machine dgx-h100``)."""
+    from ..paper.hardware import MACHINES
+    key = str(text).strip().lower()
+    if key not in MACHINES:
+        raise argparse.ArgumentTypeError(f"unknown machine {text!r}; accepted: {', '.join(MACHINES)}")
+    return key
+
+
+def machine_help(what: str) -> str:
+    from ..paper.hardware import MACHINES
+    return f"a spec-sheet machine (zerospec/paper/hardware.py): {', '.join(MACHINES)}; {what}"
+
+
 def accept_negative_values(parser: argparse.ArgumentParser) -> None:
     """Let ``--gpu-mem -1GB`` reach our converter (which names the bad value) instead of argparse's
     "expected one argument": argparse treats only plain negative numbers as values. No option of

@@ -23,10 +23,15 @@ def add_parser(sub) -> None:
     p.add_argument("--gpus", type=T.list_of(T.plan.parse_gpus, "GPU count"), default=None,
                    help="data-parallel GPUs N_d; a comma list is allowed (default 64; with --table1 "
                         "1,4,16,64,256,1024)")
-    p.add_argument("--gpu-mem", type=T.memory, default=32 * 10**9,
-                   help="memory per GPU with its unit: 32GB (default, decimal as the paper), 80GiB")
-    p.add_argument("--bandwidth", type=T.bandwidth, default=50 * 10**9,
-                   help="per-GPU bandwidth: 50GB/s (default), 25GiB/s, 400Gbps")
+    p.add_argument("--machine", type=T.machine, default=None,
+                   help=T.machine_help("sets --gpu-mem to its GPU's memory and --bandwidth to the "
+                                       "link a ring of N_d GPUs takes (NVLink inside a node, one "
+                                       "NIC across nodes); an explicit --gpu-mem/--bandwidth wins"))
+    p.add_argument("--gpu-mem", type=T.memory, default=None,
+                   help="memory per GPU with its unit: 32GB (default without --machine, decimal as "
+                        "the paper), 80GiB")
+    p.add_argument("--bandwidth", type=T.bandwidth, default=None,
+                   help="per-GPU bandwidth: 50GB/s (default without --machine), 25GiB/s, 400Gbps")
     p.add_argument("--stage", type=T.list_of(T.plan.parse_stage, "stage"), default=[0, 1, 2, 3],
                    help="comma list of stages 0-3 (default all)")
     p.add_argument("--estimator", type=T.choice_list(ESTIMATOR_NAMES, "estimator"),
@@ -56,21 +61,29 @@ def _presets() -> list[str]:
     return list(PRESETS)
 
 
+DEFAULT_GPU_MEM = 32 * 10**9       # the paper's V100 (Table 1)
+DEFAULT_BANDWIDTH = 50 * 10**9
+
+
 def run(args: argparse.Namespace) -> int:
     from ..plan import closed_form as plan
     from ..paper import theory
     from ..render.format import render
     tables = []
     largest = args.largest_layer
+    machine = _resolve_machine(args)
     if args.table1:
         psis = args.params or list(theory.TABLE1_PSI.values())
-        tables.append(plan.table1(psis, args.gpus or list(theory.TABLE1_ND), args.gpu_mem))
+        tables.append(machine.annotate(plan.table1(psis, args.gpus or list(theory.TABLE1_ND),
+                                                   args.gpu_mem)))
     if args.table2:
         n_d = (args.gpus or [64])[0]
-        tables.append(plan.table2(args.mp or list(theory.TABLE2_MP), n_d, args.gpu_mem))
+        tables.append(machine.annotate(plan.table2(args.mp or list(theory.TABLE2_MP), n_d,
+                                                   args.gpu_mem)))
     if args.max_model:
         for n in args.gpus or [64]:
-            tables.append(plan.max_model_table(n, args.gpu_mem, args.stage, largest, args.estimator))
+            tables.append(machine.annotate(plan.max_model_table(n, args.gpu_mem, args.stage,
+                                                                largest, args.estimator)))
     if args.deepspeed_config is not None:
         ds = args.deepspeed_config
         for psi in args.params or [7_500_000_000]:
@@ -87,11 +100,60 @@ def run(args: argparse.Namespace) -> int:
     if not tables:
         for psi in args.params or [7_500_000_000]:
             for n in args.gpus or [64]:
-                tables.append(plan.plan_table(psi, n, args.gpu_mem, args.bandwidth, args.stage, args.units))
+                bw = machine.bandwidth(n)
+                tables.append(plan.plan_table(psi, n, args.gpu_mem, bw, args.stage, args.units))
+                machine.annotate(tables[-1], n)
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, args.stage, args.units,
                                                    largest, args.estimator))
     sys.stdout.write(render(tables, args.format))
     return 0
+
+
+class _Sizes:
+    """The GPU memory and per-GPU bandwidth a plan uses, and a note saying where they came from:
+    an explicit --gpu-mem/--bandwidth, else --machine's, else the defaults."""
+
+    def __init__(self, args: argparse.Namespace):
+        from ..paper.hardware import MACHINES
+        self.key, self.m = args.machine, MACHINES.get(args.machine)
+        self.args = args
+
+    def bandwidth(self, n_d: int):
+        if self.args.bandwidth is not None:
+            return self.args.bandwidth
+        return DEFAULT_BANDWIDTH if self.m is None else self.m.ring_bytes_per_s(n_d)
+
+    def annotate(self, table, n_d: int | None = None):
+        """Append the note naming the machine and which values are its own (nothing without it)."""
+        if self.m is None:
+            return table
+        from ..render.format import fmt_bytes
+        a, m, u = self.args, self.m, self.args.units
+        mem = (f"memory {fmt_bytes(a.gpu_mem, u)} per GPU from --gpu-mem (the machine's: "
+               f"{fmt_bytes(m.memory_bytes, u)})" if a.gpu_mem_given else
+               f"memory {fmt_bytes(m.memory_bytes, u)} per GPU (its datasheet)")
+        note = f"Machine {self.key}, {m.name}: {mem}"
+        if n_d is not None:
+            ring = m.ring_bytes_per_s(n_d)
+            link = (f"inside one {m.gpus_per_node}-GPU node: NVLink, per direction"
+                    if n_d <= m.gpus_per_node else
+                    f"leaves the {m.gpus_per_node}-GPU node: one NIC, "
+                    f"{float(m.nic_bytes_per_s * 8 / 10**9):g} Gb/s")
+            note += (f"; bandwidth {fmt_bytes(a.bandwidth, u)}/s from --bandwidth (the machine's: "
+                     f"{fmt_bytes(ring, u)}/s)" if a.bandwidth is not None else
+                     f"; bandwidth {fmt_bytes(ring, u)}/s per GPU (a ring of N_d = {n_d} GPUs "
+                     f"{link})")
+        table.notes.append(note + ".")
+        return table
+
+
+def _resolve_machine(args: argparse.Namespace) -> _Sizes:
+    """Fill ``args.gpu_mem`` (explicit, else the machine's, else 32 GB) and return the sizes."""
+    sizes = _Sizes(args)
+    args.gpu_mem_given = args.gpu_mem is not None
+    if args.gpu_mem is None:
+        args.gpu_mem = DEFAULT_GPU_MEM if sizes.m is None else sizes.m.memory_bytes
+    return sizes
 
 
 def deepspeed_table(ds: dict, psi: int, n_d: int):

@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
                        ("vocab", "vocabulary (default 50257)"),
                        ("seq", "sequence length (default 1024)")):
         p.add_argument(f"--{flag}", type=T.positive_int, default=None, help=f"custom model: {what}")
+    p.add_argument("--machine", type=T.machine, default=None,
+                   help=T.machine_help("adds each stage's peak bytes per GPU and whether they fit "
+                                       "its GPU's memory"))
     p.add_argument("--list", action="store_true", help="list the presets with their exact Ψ")
 
 
@@ -100,5 +103,13 @@ def run(args) -> int:
           f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "
           f"measured on meta tensors, one step per stage "
           f"({sum(r.seconds for r in results.values()):.1f} s)\n")
-    print(scale_table(results), end="")
+    if args.machine is None:
+        print(scale_table(results), end="")
+        return 0
+    from ..paper.hardware import MACHINES
+    m = MACHINES[args.machine]
+    print(scale_table(results, m.memory_bytes), end="")
+    print(f"\nFits: the highest peak of any rank (its device ledger: model states, activations, "
+          f"buffers; no allocator fragmentation) against {m.memory_bytes / 1e9:g} GB per GPU of "
+          f"--machine {args.machine}, {m.name}.")
     return 0

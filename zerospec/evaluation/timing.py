@@ -85,7 +85,7 @@ def group_bandwidth(m: Machine, n: int, stride: int, inter: str = "node") -> tup
     k = min(stride, g)
     per_ring = m.inter_bytes_per_s / k
     if inter == "link":                        # one NIC at most, however few rings share the node
-        per_ring = min(per_ring, m.inter_bytes_per_s / m.nics_per_node)
+        per_ring = min(per_ring, float(m.nic_bytes_per_s))
     return min(float(m.intra_bytes_per_s), per_ring), True
 
 

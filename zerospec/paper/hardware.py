@@ -7,6 +7,11 @@ link of it sends and receives at once, so a ring step is paced by one direction'
 Spec sheets often print the two directions added up (NVLink's "300 GB/s" is 150 GB/s each way).
 Units are SI throughout: bytes/s, FLOP/s, seconds (the paper's GB and TFlops are decimal too).
 
+**Link classes**, one taxonomy for every user (the time model, the planner, later ZeRO++ and
+offload): *inside a node* (``intra``: the GPU's NVLink/NVSwitch port), *across nodes* (``inter``:
+the node's NICs together, ``nics_per_node`` of them; :attr:`Machine.nic_bytes_per_s` is one) and
+*PCIe* (``host``: the GPU's link to host memory). NVMe, the ledger's fourth class, has no field yet.
+
 The timing model that uses these lives in zerospec/evaluation/timing.py.
 """
 from __future__ import annotations
@@ -45,6 +50,19 @@ class Machine:
                 raise ValueError(f"Machine.{f.name} must be > 0, got {v!r}")
         if not 0 < self.gemm_efficiency <= 1:
             raise ValueError(f"gemm_efficiency must be in (0, 1], got {self.gemm_efficiency}")
+
+    @property
+    def nic_bytes_per_s(self) -> Fraction:
+        """One NIC, per direction: the node's across-node bandwidth over its NICs."""
+        return Fraction(self.inter_bytes_per_s, self.nics_per_node)
+
+    def ring_bytes_per_s(self, gpus: int) -> Fraction:
+        """Per GPU, per direction, for one ring over ``gpus`` consecutive GPUs: the switch's
+        inside a node; one NIC once it leaves the node, the slower of timing.py's two readings
+        (C42's: a ring that spreads over all the node's NICs gets up to ``inter``)."""
+        if gpus <= self.gpus_per_node:
+            return Fraction(self.intra_bytes_per_s)
+        return min(Fraction(self.intra_bytes_per_s), self.nic_bytes_per_s)
 
     def nodes(self, gpus: int) -> int:
         """Nodes ``gpus`` GPUs occupy, filling nodes in rank order."""
@@ -104,4 +122,60 @@ H200_NODE = Machine(
              "NCCL 2.5 src/graph/tuning.cc", "V100 GEMM efficiency reused"),
 )
 
-MACHINES = {"dgx2": DGX2, "h200": H200_NODE}
+# -- today's DGX nodes, from NVIDIA's datasheets -------------------------------------------------------
+# [A100] NVIDIA A100 Tensor Core GPU datasheet (2021, SXM): "BF16 Tensor Core 312 TFLOPS | 624
+#        TFLOPS*" and the same for FP16 (* with sparsity: 312 dense); "GPU Memory 40GB HBM2 | 80GB
+#        HBM2e", "GPU Memory Bandwidth 1,555GB/s | 2,039GB/s"; "Interconnect NVLink: 600GB/s"
+#        (both directions of 12 NVLink3 links, 12 × 25 GB/s each way = 300 GB/s).
+# [DGX-A] NVIDIA DGX A100 datasheet (2020, the 320GB and 640GB systems): 8 × A100 40GB / 80GB,
+#        6 NVSwitches; "8x Single-Port Mellanox ConnectX-6 VPI 200Gb/s HDR InfiniBand" for the
+#        compute fabric (the storage NICs are not counted): one 200 Gb/s NIC per GPU.
+# [PCIe4] PCI Express 4.0 x16: 16 GT/s × 16 × 128b/130b = 31.5 GB/s per direction.
+# [H100] NVIDIA H100 Tensor Core GPU datasheet (2023, H100 SXM): "GPU memory 80GB", "GPU memory
+#        bandwidth 3.35TB/s", "BF16 Tensor Core 1,979 teraFLOPS*" and FP16 the same (* with
+#        sparsity: 989.5 dense, printed 989 elsewhere), "NVIDIA NVLink: 900GB/s" (both directions
+#        of 18 NVLink4 links, 18 × 25 GB/s each way = 450 GB/s).
+# [DGX-H100] NVIDIA DGX H100 datasheet (2023): 8 × H100 80GB, 4 NVSwitches; 4 OSFP ports serving
+#        8 single-port ConnectX-7 VPI at 400 Gb/s InfiniBand/Ethernet for the compute fabric (the
+#        storage NICs are not counted): one 400 Gb/s NIC per GPU; PCIe Gen5 to the host ([PCIe5]).
+# GEMM efficiency: no published measurement of the Markidis kind (cuBLAS, large GEMMs, peak
+# named) is cited here for A100 or H100, and reusing the V100's fraction would be a guess that
+# looks like data. So these machines run at the spec sheet's dense peak (efficiency 1): an UPPER
+# BOUND on compute speed, and modelled compute times on them are lower bounds. (The H200 node
+# above keeps its reused V100 fraction, as it was introduced.)
+SPEC_SHEET_PEAK = Fraction(1)
+
+
+def _dgx(name: str, memory_bytes: int, hbm_bytes_per_s: int, peak_flops: int,
+         nvlink_both_ways: int, nic_gbit: int, host_bytes_per_s: int, sources) -> Machine:
+    """A DGX node of 8 GPUs with one compute NIC per GPU, NCCL's latencies as for the DGX-2."""
+    return Machine(
+        name=name, gpus_per_node=8, memory_bytes=memory_bytes, peak_flops=peak_flops,
+        hbm_bytes_per_s=hbm_bytes_per_s,
+        intra_bytes_per_s=nvlink_both_ways // 2,          # the datasheet counts both directions
+        inter_bytes_per_s=8 * nic_gbit * GBIT,            # 8 NICs × Gb/s, as bytes/s per node
+        host_bytes_per_s=host_bytes_per_s,
+        alpha_base_s=8.4e-6, alpha_intra_s=5.7e-6, alpha_inter_s=6.6e-6,   # [NCCL], as for DGX-2
+        gemm_efficiency=SPEC_SHEET_PEAK, nics_per_node=8,
+        sources=(*sources, "NCCL 2.5 src/graph/tuning.cc", "GEMM at spec-sheet peak (upper bound)"))
+
+
+DGX_A100_40GB = _dgx("DGX A100 (8 × A100-SXM4-40GB)", memory_bytes=40 * GB,            # [A100]
+                     hbm_bytes_per_s=1555 * GB, peak_flops=312 * TERA,                  # [A100]
+                     nvlink_both_ways=600 * GB, nic_gbit=200,                           # [A100] [DGX-A]
+                     host_bytes_per_s=31_500_000_000,                                   # [PCIe4]
+                     sources=("NVIDIA A100 datasheet", "NVIDIA DGX A100 datasheet", "PCIe 4.0 spec"))
+DGX_A100_80GB = _dgx("DGX A100 (8 × A100-SXM4-80GB)", memory_bytes=80 * GB,            # [A100]
+                     hbm_bytes_per_s=2039 * GB, peak_flops=312 * TERA,                  # [A100]
+                     nvlink_both_ways=600 * GB, nic_gbit=200,                           # [A100] [DGX-A]
+                     host_bytes_per_s=31_500_000_000,                                   # [PCIe4]
+                     sources=("NVIDIA A100 datasheet", "NVIDIA DGX A100 datasheet", "PCIe 4.0 spec"))
+DGX_H100 = _dgx("DGX H100 (8 × H100-SXM5-80GB)", memory_bytes=80 * GB,                 # [H100]
+                hbm_bytes_per_s=3350 * GB, peak_flops=989_500 * 10**9,                  # [H100] dense
+                nvlink_both_ways=900 * GB, nic_gbit=400,                                # [H100] [DGX-H100]
+                host_bytes_per_s=63 * GB,                                               # [PCIe5]
+                sources=("NVIDIA H100 datasheet", "NVIDIA DGX H100 datasheet", "PCIe 5.0 spec"))
+
+# the names --machine accepts (zerospec plan, zerospec scale); `paper` keeps the DGX-2
+MACHINES = {"dgx2": DGX2, "h200": H200_NODE, "dgx-a100-40gb": DGX_A100_40GB,
+            "dgx-a100-80gb": DGX_A100_80GB, "dgx-h100": DGX_H100}

@@ -104,9 +104,11 @@ def measured_table1_md(bytes_at_round_psi) -> str:
     return markdown(_table1_header(), rows, {(r, 1 + j) for j, r in enumerate(first_fit) if r is not None})
 
 
-def scale_table(results) -> str:
+def scale_table(results, capacity: int | None = None) -> str:
     """Figure 1 measured on meta tensors (``training.scale.measure_stages``): rank 0's model states,
-    peak activations, comm per step (in Ψ = real parameters) and collectives, per stage."""
+    peak activations, comm per step (in Ψ = real parameters) and collectives, per stage. With a
+    GPU's ``capacity`` (bytes): also the highest peak of any rank (its device ledger's peak total)
+    and whether it fits, ``<=`` as the paper's memory fits."""
     rows = []
     zero_r = any(r.config.n_m > 1 or r.config.checkpoint_activations for r in results.values())
     for s, r in results.items():
@@ -120,10 +122,15 @@ def scale_table(results) -> str:
                                                                "mp")]
             row[7:7] = [f"{r.memory(0).peak['checkpoints']:,}",
                         f"{led.link_bytes(0, group='host'):,}"]
+        if capacity is not None:
+            peak = max(c.memory.peak_total for c in r.classes)
+            row += [f"{peak:,}", "yes" if peak <= capacity else "no"]
         rows.append(row)
     head = ["stage", "Ψ_padded", "model states /GPU (B)", "GB", "activations /GPU (B)",
             "comm /step /GPU (elements)", "comm in Ψ", "collectives /step", "representative ranks"]
     if zero_r:
         head[5:7] = ["DP elements /step /GPU", "MP elements /step /GPU"]
         head[7:7] = ["checkpoints /GPU (B)", "host link /step (B)"]
+    if capacity is not None:
+        head += ["peak /GPU (B)", f"fits {capacity / 1e9:g} GB?"]
     return markdown(head, rows)
