@@ -94,3 +94,25 @@ def test_help_lists_the_machines(capsys, command):
     with pytest.raises(SystemExit):
         run_cli(capsys, command, "--help")
     assert NAMES in " ".join(capsys.readouterr().out.split())
+
+
+def test_scale_without_a_machine_prints_its_table_unchanged(capsys):
+    """`--machine` only appends two columns and a note: the rest of the table is what `scale`
+    prints without it, and that has no fit column."""
+    tiny = ("scale", "--layers", "2", "--hidden", "16", "--heads", "2", "--vocab", "37", "--seq", "8",
+            "--gpus", "4")
+    table = lambda out: [l for l in out.splitlines() if l.startswith("|")]   # noqa: E731
+    plain, with_machine = run_cli(capsys, *tiny)[1], run_cli(capsys, *tiny, "--machine", "dgx2")[1]
+    assert "fits" not in plain and "Fits" not in plain
+    drop_two = lambda l: "|".join(l.split("|")[:-3]) + "|"                 # noqa: E731
+    assert [drop_two(l) for l in table(with_machine)] == table(plain)
+
+
+def test_plan_on_a_machine_answers_without_importing_torch():
+    """`plan --machine dgx-h100` stays a closed-form answer: the machines are data, no torch."""
+    import subprocess
+    import sys
+    code = ("import sys; from zerospec.__main__ import main; "
+            "rc = main(['plan', '--machine', 'dgx-h100']); print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "0 False", done.stderr
