@@ -28,13 +28,15 @@ def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, gate_bias=None
     return F.silu(F.linear(x, gate, gate_bias)) * F.linear(x, up, up_bias)
 
 
-def rope_tables(T: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(T: int, head_dim: int, theta: float, device=None,
+                dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, (T, head_dim), of position t · θ^(−2i/head_dim) for the rotate-half layout:
-    frequency i sits at columns i and i + head_dim/2 (Hugging Face's Llama)."""
+    frequency i sits at columns i and i + head_dim/2 (Hugging Face's Llama). Computed in fp32,
+    returned in ``dtype`` (the compute dtype: fp16 on meta)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     freqs = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)                                             # (T, hd)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -59,7 +61,7 @@ def attention(qkv: torch.Tensor, n_head: int, n_kv_head: int | None = None,
     k = k.view(B, T, n_kv, hd).transpose(1, 2)               # (B, n_kv, T, hd)
     v = v.view(B, T, n_kv, hd).transpose(1, 2)
     if rope_theta is not None:
-        cos, sin = rope_tables(T, hd, rope_theta, qkv.device)
+        cos, sin = rope_tables(T, hd, rope_theta, qkv.device, qkv.dtype)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
     if n_kv != n_head:                                       # (B, nh, T, hd)
         k = k.repeat_interleave(n_head // n_kv, dim=1)
