@@ -187,3 +187,11 @@ def test_a_tiny_llama_trains_bit_identically_in_every_stage():
     assert runs[0].losses[-1] < runs[0].losses[0]
     for r in runs[1:]:
         assert_same_training(runs[0], r)
+
+
+def test_model_parallelism_refuses_the_new_features_naming_them():
+    """n_m > 1 slices GPT-2's block only: a Llama config is refused with the fields it sets."""
+    with pytest.raises(ValueError, match=r"n_m=2\) slices GPT-2's block only; this config sets "
+                                         r"norm='rmsnorm', mlp='swiglu', n_kv_head=2, .*use n_m=1"):
+        LLAMA.unit_spec(2)
+    assert LLAMA.unit_spec(1) == LLAMA.unit_spec()
