@@ -70,9 +70,13 @@ def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp=None) 
     whole block on this rank."""
     if mp is not None:
         return _block_mp(cfg, x, p, mp)
-    y = _attn(cfg, _norm(cfg, x, p, "ln_1."), p)
+    # each tensor lives as long as before the family (h until the next norm's output exists):
+    # the allocator model and the memory observer see the same lives (tests/claims/test_allocator.py)
+    h = _norm(cfg, x, p, "ln_1.")
+    y = _attn(cfg, h, p)
     x = x + F.linear(y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
-    h = _mlp_in(cfg, _norm(cfg, x, p, "ln_2."), p)
+    h = _norm(cfg, x, p, "ln_2.")
+    h = _mlp_in(cfg, h, p)
     return x + F.linear(h, p["mlp.c_proj.weight"], p.get("mlp.c_proj.bias"))
 
 
@@ -83,9 +87,11 @@ def _row_out(mp, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
 
 
 def _block_mp(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp) -> torch.Tensor:
-    y = _attn(cfg, mp.enter(_norm(cfg, x, p, "ln_1.")), p, mp.n_m)     # this rank's heads
+    h = _norm(cfg, x, p, "ln_1.")
+    y = _attn(cfg, mp.enter(h), p, mp.n_m)                            # this rank's heads
     x = x + _row_out(mp, y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
-    h = _mlp_in(cfg, mp.enter(_norm(cfg, x, p, "ln_2.")), p)
+    h = _norm(cfg, x, p, "ln_2.")
+    h = _mlp_in(cfg, mp.enter(h), p)
     return x + _row_out(mp, h, p["mlp.c_proj.weight"], p.get("mlp.c_proj.bias"))
 
 
@@ -117,9 +123,10 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
     L = cfg.n_layer
     with fetch(0) as p:
-        x = F.embedding(idx, p["wte"])                         # (B, T, C)
-        if cfg.positions == "learned":
-            x = x + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+        if cfg.positions == "learned":                         # (B, T, C)
+            x = F.embedding(idx, p["wte"]) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+        else:
+            x = F.embedding(idx, p["wte"])
     x = run_blocks(cfg, x, fetch, range(L))                    # (B, T, C)
     with fetch(L + 1) as p:
         x = _norm(cfg, x, p, "")
