@@ -10,39 +10,115 @@ if TYPE_CHECKING:
     from .units import Unit
 
 
+_CHOICES = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
+            "positions": ("learned", "rope")}
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
+    """A decoder-only transformer: GPT-2 by default (every new field's default is GPT-2's), and
+    by its fields the Llama family (RMSNorm, SwiGLU, grouped-query attention, RoPE, untied head,
+    no biases) and Qwen2 (the same with q/k/v biases)."""
+
     vocab_size: int = 1024
-    block_size: int = 64      # sequence length T
+    block_size: int = 64      # sequence length T (with RoPE only a bound: no position table)
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 128
+    norm: str = "layernorm"   # "layernorm" | "rmsnorm" (RMSNorm has no bias)
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"         # "gelu": c_proj(gelu(c_fc(x))); "swiglu": c_proj(silu(c_gate(x)) * c_fc(x))
+    d_ff: int | None = None   # intermediate size; None: 4·n_embd
+    n_kv_head: int | None = None   # grouped-query attention; None: n_head (multi-head)
+    positions: str = "learned"     # "learned" (a wpe table) | "rope" (rotary, no table)
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True    # untied: an lm_head unit of its own after the final norm
+    bias: bool = True              # biases of every linear and of LayerNorm
+    qkv_bias: bool | None = None   # q/k/v biases (Qwen2: True with bias=False); None: bias
 
     def __post_init__(self):
         for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            _positive(f, getattr(self, f))
+        for f in ("d_ff", "n_kv_head"):
+            if getattr(self, f) is not None:
+                _positive(f, getattr(self, f))
+        for f, accepted in _CHOICES.items():
+            if getattr(self, f) not in accepted:
+                raise ValueError(f"GPTConfig.{f} must be one of {', '.join(map(repr, accepted))}, "
+                                 f"got {getattr(self, f)!r}")
+        for f in ("norm_eps", "rope_theta"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"GPTConfig.{f} must be an integer >= 1, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"GPTConfig.{f} must be a number > 0, got {v!r}")
+        for f in ("tie_embeddings", "bias", "qkv_bias"):
+            v = getattr(self, f)
+            if not isinstance(v, bool) and not (f == "qkv_bias" and v is None):
+                raise ValueError(f"GPTConfig.{f} must be True or False"
+                                 f"{' or None (= bias)' if f == 'qkv_bias' else ''}, got {v!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head} "
+                             f"(each kv head serves n_head/n_kv_head query heads)")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"positions='rope' needs an even head dim, got n_embd/n_head = "
+                             f"{self.n_embd}/{self.n_head} = {self.head_dim}")
 
+    # -- resolved defaults ---------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def ff(self) -> int:
+        return 4 * self.n_embd if self.d_ff is None else self.d_ff
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def norm_params(self) -> tuple[str, ...]:
+        """A norm's parameters: LayerNorm's gain and (with biases) bias; RMSNorm's gain."""
+        return ("weight", "bias") if self.norm == "layernorm" and self.bias else ("weight",)
+
+    @property
+    def gpt2_only(self) -> list[str]:
+        """The fields set away from GPT-2's block (what model parallelism must slice anew)."""
+        return [f"{f}={getattr(self, f)!r}" for f in ("norm", "mlp", "n_kv_head", "positions",
+                                                     "tie_embeddings", "bias", "qkv_bias", "d_ff")
+                if getattr(self, f) != GPTConfig.__dataclass_fields__[f].default]
+
+    # -- shapes ----------------------------------------------------------------------------------
     def unit_spec(self, n_m: int = 1) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
-        """Sharding units in forward order: embeddings, one per block, final LayerNorm — as one
-        of ``n_m`` model-parallel ranks holds them (Megatron-LM's slicing, zerospec/model/megatron.py:
-        QKV and MLP-up split by rows, attention-out and MLP-down by columns; the rest replicated)."""
+        """Sharding units in forward order: embeddings, one per block, the final norm, and (untied)
+        the LM head — as one of ``n_m`` model-parallel ranks holds them (Megatron-LM's slicing,
+        zerospec/model/megatron.py: QKV and MLP-up (and gate) split by rows, attention-out and
+        MLP-down by columns; the rest replicated). GPT-2's names and order; a parameter the
+        config leaves out (a bias, the position table) is absent, not zero."""
         check_mp(self, n_m)
-        d, e, blocks = self.n_embd, self.n_embd // n_m, []
-        for i in range(self.n_layer):
-            blocks.append((f"h.{i}", [
-                ("ln_1.weight", (d,)), ("ln_1.bias", (d,)),
-                ("attn.c_attn.weight", (3 * e, d)), ("attn.c_attn.bias", (3 * e,)),
-                ("attn.c_proj.weight", (d, e)), ("attn.c_proj.bias", (d,)),
-                ("ln_2.weight", (d,)), ("ln_2.bias", (d,)),
-                ("mlp.c_fc.weight", (4 * e, d)), ("mlp.c_fc.bias", (4 * e,)),
-                ("mlp.c_proj.weight", (d, 4 * e)), ("mlp.c_proj.bias", (d,)),
-            ]))
-        return ([("embed", [("wte", (self.vocab_size, d)), ("wpe", (self.block_size, d))])]
-                + blocks + [("ln_f", [("weight", (d,)), ("bias", (d,))])])
+        d, hd, f = self.n_embd, self.head_dim, self.ff // n_m
+        q, kv = self.n_head * hd // n_m, self.kv_heads * hd // n_m
+        b, norm = self.bias, self.norm_params
+
+        def linear(name, out, inp, bias):
+            return [(f"{name}.weight", (out, inp))] + ([(f"{name}.bias", (out,))] if bias else [])
+
+        mlp_in = (linear("mlp.c_gate", f, d, b) if self.mlp == "swiglu" else []) + linear("mlp.c_fc", f, d, b)
+        block = ([(f"ln_1.{n}", (d,)) for n in norm]
+                 + linear("attn.c_attn", q + 2 * kv, d, self.has_qkv_bias)
+                 + linear("attn.c_proj", d, q, False) + ([("attn.c_proj.bias", (d,))] if b else [])
+                 + [(f"ln_2.{n}", (d,)) for n in norm]
+                 + mlp_in + linear("mlp.c_proj", d, f, False) + ([("mlp.c_proj.bias", (d,))] if b else []))
+        embed = [("wte", (self.vocab_size, d))] + ([("wpe", (self.block_size, d))]
+                                                   if self.positions == "learned" else [])
+        head = [] if self.tie_embeddings else [("lm_head", [("weight", (self.vocab_size, d))])]
+        return ([("embed", embed)] + [(f"h.{i}", list(block)) for i in range(self.n_layer)]
+                + [("ln_f", [(n, (d,)) for n in norm])] + head)
 
     def units(self, n_d: int, pad: bool = True, n_m: int = 1) -> tuple[Unit, ...]:
         from .units import make_units   # here: units.py lays tensors out, and imports torch
@@ -50,9 +126,33 @@ class GPTConfig:
 
     @property
     def psi(self) -> int:
-        """Parameter count Ψ (LM head tied to wte, so counted once)."""
-        d, L = self.n_embd, self.n_layer
-        return (self.vocab_size + self.block_size) * d + L * (12 * d * d + 13 * d) + 2 * d
+        """Parameter count Ψ, exact, from the shapes (a tied LM head is wte, counted once):
+
+            Ψ = L·[d·(q + 2·kv) + q·d + m·d·f            (QKV, attention out, MLP weights)
+                   + β_qkv·(q + 2·kv) + β·(d + (m−1)·f + d)  (biases)
+                   + 2·ν·d]                               (two norms)
+              + V·d·(2 − tied) + λ·T·d + ν·d              (embeddings, LM head, final norm)
+
+        with q = d (n_head·head_dim), kv = n_kv_head·head_dim, f = d_ff, m = 2 (GELU) or 3
+        (SwiGLU's gate, up and down), β / β_qkv = 1 with biases / q-k-v biases, ν = 2 for a
+        LayerNorm with bias else 1, λ = 1 for a learned position table. GPT-2 (kv = q = d,
+        f = 4d, m = 2, β = β_qkv = 1, ν = 2, λ = 1, tied): 12·L·d² + 13·L·d + (V + T)·d + 2·d."""
+        d, L, V, T = self.n_embd, self.n_layer, self.vocab_size, self.block_size
+        q, kv, f = d, self.kv_heads * self.head_dim, self.ff
+        m = 3 if self.mlp == "swiglu" else 2
+        nu, beta, beta_qkv = len(self.norm_params), int(self.bias), int(self.has_qkv_bias)
+        lam = int(self.positions == "learned")
+        block = (d * (q + 2 * kv) + q * d + m * d * f + beta_qkv * (q + 2 * kv)
+                 + beta * (d + (m - 1) * f + d) + 2 * nu * d)
+        return L * block + V * d * (2 - self.tie_embeddings) + lam * T * d + nu * d
+
+
+DecoderConfig = GPTConfig
+
+
+def _positive(name: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"GPTConfig.{name} must be an integer >= 1, got {v!r}")
 
 
 def check_mp(cfg: GPTConfig, n_m) -> None:
@@ -62,6 +162,9 @@ def check_mp(cfg: GPTConfig, n_m) -> None:
     if cfg.n_head % n_m:
         raise ValueError(f"n_m={n_m} must divide n_head={cfg.n_head} (Megatron-LM splits attention "
                          f"by heads; n_embd={cfg.n_embd} and 4·n_embd then split too)")
+    if n_m > 1 and cfg.gpt2_only:
+        raise ValueError(f"model parallelism (n_m={n_m}) slices GPT-2's block only; this config "
+                         f"sets {', '.join(cfg.gpt2_only)}: use n_m=1")
 
 
 SMALL = GPTConfig()

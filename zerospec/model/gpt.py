@@ -15,15 +15,18 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .config import ODD, SMALL, GPTConfig, check_mp
+from .config import ODD, SMALL, DecoderConfig, GPTConfig, check_mp
+from .layers import attention, norm, rms_norm, rope, rope_tables, swiglu
 
-__all__ = ["GPTConfig", "SMALL", "ODD", "check_mp", "init_params", "attention", "block", "blocks",
-           "fetch_order", "forward"]
+__all__ = ["GPTConfig", "DecoderConfig", "SMALL", "ODD", "check_mp", "init_params", "attention",
+           "rms_norm", "swiglu", "rope", "rope_tables", "block", "blocks", "fetch_order", "forward"]
 
 
 def init_params(cfg: GPTConfig, seed: int) -> dict[str, dict[str, torch.Tensor]]:
     """nanoGPT's initialisation in fp32: N(0, 0.02) weights, residual projections scaled by
-    1/sqrt(2L), zero biases, unit LayerNorm gains. Returns unit name → param name → tensor."""
+    1/sqrt(2L), zero biases, unit norm gains (the same draws, in unit order, for every member of
+    the family: SwiGLU's gate and an untied LM head draw N(0, 0.02) where they stand). Returns
+    unit name → param name → tensor."""
     g = torch.Generator().manual_seed(seed)
     out: dict[str, dict[str, torch.Tensor]] = {}
     for uname, params in cfg.unit_spec():
@@ -40,45 +43,56 @@ def init_params(cfg: GPTConfig, seed: int) -> dict[str, dict[str, torch.Tensor]]
     return out
 
 
-def attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Causal self-attention from the fused q, k, v projection: (B, T, 3C) → (B, T, C)."""
-    B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-    hd = C // n_head
-    q, k, v = qkv.split(C, dim=2)
-    q = q.view(B, T, n_head, hd).transpose(1, 2)             # (B, nh, T, hd)
-    k = k.view(B, T, n_head, hd).transpose(1, 2)
-    v = v.view(B, T, n_head, hd).transpose(1, 2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=qkv.device).triu(1)
-    att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    return (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+def _attn(cfg: GPTConfig, h: torch.Tensor, p: dict[str, torch.Tensor], n_m: int = 1) -> torch.Tensor:
+    """Attention of this rank's heads (all of them when n_m = 1), before the output projection."""
+    return attention(F.linear(h, p["attn.c_attn.weight"], p.get("attn.c_attn.bias")),
+                     cfg.n_head // n_m, cfg.kv_heads // n_m,
+                     cfg.rope_theta if cfg.positions == "rope" else None)
+
+
+def _mlp_in(cfg: GPTConfig, h: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The MLP up to its down projection: gelu(c_fc(h)), or SwiGLU's silu(c_gate(h)) * c_fc(h)."""
+    if cfg.mlp == "swiglu":
+        return swiglu(h, p["mlp.c_gate.weight"], p["mlp.c_fc.weight"], p.get("mlp.c_gate.bias"),
+                      p.get("mlp.c_fc.bias"))
+    return F.gelu(F.linear(h, p["mlp.c_fc.weight"], p.get("mlp.c_fc.bias")))
+
+
+def _norm(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+    return norm(cfg.norm, x, p[prefix + "weight"], p.get(prefix + "bias"), cfg.norm_eps)
 
 
 def block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp=None) -> torch.Tensor:
-    """One transformer block. ``mp``: this rank's model-parallel group (zerospec/model/megatron.py),
-    whose ``enter`` (identity forward, all-reduce backward) feeds a column-parallel layer and whose
-    ``exit`` (all-reduce forward, identity backward) sums a row-parallel layer's partial outputs
-    before its bias is added, as Megatron-LM does; None: the whole block on this rank."""
+    """One pre-norm transformer block. ``mp``: this rank's model-parallel group
+    (zerospec/model/megatron.py), whose ``enter`` (identity forward, all-reduce backward) feeds a
+    column-parallel layer and whose ``exit`` (all-reduce forward, identity backward) sums a
+    row-parallel layer's partial outputs before its bias is added, as Megatron-LM does; None: the
+    whole block on this rank."""
     if mp is not None:
         return _block_mp(cfg, x, p, mp)
-    C = x.shape[-1]
-    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
-    y = attention(F.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]), cfg.n_head)
-    x = x + F.linear(y, p["attn.c_proj.weight"], p["attn.c_proj.bias"])
-    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"])
-    h = F.gelu(F.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]))
-    return x + F.linear(h, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
+    # each tensor lives as long as before the family (h until the next norm's output exists):
+    # the allocator model and the memory observer see the same lives (tests/claims/test_allocator.py)
+    h = _norm(cfg, x, p, "ln_1.")
+    y = _attn(cfg, h, p)
+    x = x + F.linear(y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
+    h = _norm(cfg, x, p, "ln_2.")
+    h = _mlp_in(cfg, h, p)
+    return x + F.linear(h, p["mlp.c_proj.weight"], p.get("mlp.c_proj.bias"))
+
+
+def _row_out(mp, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """A row-parallel layer: partial outputs summed over the MP group, then the whole bias."""
+    out = mp.exit(F.linear(y, w))
+    return out if b is None else out + b
 
 
 def _block_mp(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp) -> torch.Tensor:
-    C = x.shape[-1]
-    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"])
-    y = attention(F.linear(mp.enter(h), p["attn.c_attn.weight"], p["attn.c_attn.bias"]),
-                  cfg.n_head // mp.n_m)                         # this rank's heads
-    x = x + (mp.exit(F.linear(y, p["attn.c_proj.weight"])) + p["attn.c_proj.bias"])
-    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"])
-    h = F.gelu(F.linear(mp.enter(h), p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]))
-    return x + (mp.exit(F.linear(h, p["mlp.c_proj.weight"])) + p["mlp.c_proj.bias"])
+    h = _norm(cfg, x, p, "ln_1.")
+    y = _attn(cfg, mp.enter(h), p, mp.n_m)                            # this rank's heads
+    x = x + _row_out(mp, y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
+    h = _norm(cfg, x, p, "ln_2.")
+    h = _mlp_in(cfg, mp.enter(h), p)
+    return x + _row_out(mp, h, p["mlp.c_proj.weight"], p.get("mlp.c_proj.bias"))
 
 
 def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None) -> torch.Tensor:
@@ -90,9 +104,10 @@ def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None) -> to
 
 
 def fetch_order(cfg: GPTConfig) -> list[int]:
-    """The units :func:`forward` fetches, in order: embeddings, the blocks, the final LayerNorm,
-    and the embeddings again for the tied LM head (backward fetches in reverse)."""
-    return [0, *range(1, cfg.n_layer + 1), cfg.n_layer + 1, 0]
+    """The units :func:`forward` fetches, in order: embeddings, the blocks, the final norm, and
+    the LM head: the embeddings again when tied, else its own unit (backward fetches in reverse)."""
+    L = cfg.n_layer
+    return [0, *range(1, L + 1), L + 1, 0 if cfg.tie_embeddings else L + 2]
 
 
 def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
@@ -101,17 +116,21 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
 
     ``run_blocks(cfg, x, fetch, layers)`` runs the transformer blocks: :func:`blocks` by default,
     the seam activation checkpointing and model parallelism wrap (zerospec/zero_r/checkpointing.py).
-    The embedding, final LayerNorm and tied LM head are whole on every model-parallel rank
-    (replicated, not vocab-parallel: spec/model_parallel.md says why)."""
+    The embedding, final norm and LM head are whole on every model-parallel rank (replicated,
+    not vocab-parallel: spec/model_parallel.md says why)."""
     B, T = idx.shape
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
     L = cfg.n_layer
     with fetch(0) as p:
-        x = F.embedding(idx, p["wte"]) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+        if cfg.positions == "learned":                         # (B, T, C)
+            x = F.embedding(idx, p["wte"]) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+        else:
+            x = F.embedding(idx, p["wte"])
     x = run_blocks(cfg, x, fetch, range(L))                    # (B, T, C)
     with fetch(L + 1) as p:
-        x = F.layer_norm(x, (cfg.n_embd,), p["weight"], p["bias"])
-    with fetch(0, last=True) as p:                             # LM head tied to wte
-        logits = F.linear(x, p["wte"])                         # (B, T, vocab)
+        x = _norm(cfg, x, p, "")
+    head, name = (0, "wte") if cfg.tie_embeddings else (L + 2, "weight")
+    with fetch(head, last=True) as p:                          # LM head (tied: wte)
+        logits = F.linear(x, p[name])                          # (B, T, vocab)
     return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))

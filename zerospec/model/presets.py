@@ -23,6 +23,30 @@ name     layers  d      heads  Ψ                  why this shape
 =======  ======  =====  =====  =================  ===============================================
 
 Table 4 presets are named ``t4-<label>-<layers>x<d>``, e.g. ``t4-40B-88x6144``.
+
+Published models (:data:`PUBLISHED`), from each Hugging Face repo's config.json (hidden_size,
+intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, vocab_size,
+max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings; attention bias from the
+architecture: Qwen2 has q/k/v biases, Llama and Mistral none). Their Ψ is the decoder family's
+closed form (:attr:`GPTConfig.psi`), equal to the count of the published weights:
+
+===============  ======  =====  =====  ===  =====  =======  ===================
+name             layers  d      heads  kv   d_ff   vocab    Ψ
+===============  ======  =====  =====  ===  =====  =======  ===================
+llama-2-7b       32      4096   32     32   11008  32000    6,738,415,616
+llama-2-13b      40      5120   40     40   13824  32000    13,015,864,320
+llama-2-70b      80      8192   64     8    28672  32000    68,976,648,192
+llama-3-8b       32      4096   32     8    14336  128256   8,030,261,248
+llama-3-70b      80      8192   64     8    28672  128256   70,553,706,496
+llama-3.1-405b   126     16384  128    8    53248  128256   405,853,388,800
+mistral-7b-v0.1  32      4096   32     8    14336  32000    7,241,732,096
+qwen2.5-7b       28      3584   28     4    18944  152064   7,615,616,512
+qwen2.5-72b      80      8192   64     8    29568  152064   72,706,203,648
+gpt-3-175b       96      12288  96     96   49152  50257    174,604,259,328
+===============  ======  =====  =====  ===  =====  =======  ===================
+
+What the family leaves out changes no parameter: Mistral's sliding window, Llama-3.1's RoPE
+frequency scaling (``rope_scaling``), GPT-3's alternating sparse attention (Brown et al. 2020).
 """
 from __future__ import annotations
 
@@ -97,7 +121,51 @@ TABLE4 = {f"t4-{label}-{L}x{d}": Preset(f"t4-{label}-{L}x{d}", _label_value(labe
                                         f"C50{'' if printed else ', C52'}: Table 4, {col}", printed)
           for col, label, L, d, h, printed in TABLE4_ROWS}
 
-PRESETS = {**PAPER, **TABLE4}
+
+
+def llama(layers: int, d: int, heads: int, kv_heads: int, d_ff: int, vocab: int, context: int,
+          rope_theta: float, norm_eps: float = 1e-5, qkv_bias: bool = False) -> GPTConfig:
+    """A Llama-architecture decoder: RMSNorm, SwiGLU, grouped-query attention, RoPE, an untied
+    LM head, no biases (``qkv_bias``: Qwen2's q/k/v biases)."""
+    return GPTConfig(vocab_size=vocab, block_size=context, n_layer=layers, n_head=heads, n_embd=d,
+                     n_kv_head=kv_heads, d_ff=d_ff, norm="rmsnorm", norm_eps=norm_eps, mlp="swiglu",
+                     positions="rope", rope_theta=rope_theta, tie_embeddings=False, bias=False,
+                     qkv_bias=qkv_bias)
+
+
+def _hf(repo: str, extra: str = "") -> str:
+    """The source of a published preset: its Hugging Face repo's config.json (the fields the
+    module docstring names)."""
+    return f"huggingface.co/{repo} config.json{extra}"
+
+
+PUBLISHED = {p.name: p for p in (
+    Preset("llama-2-7b", 7e9, llama(32, 4096, 32, 32, 11008, 32000, 4096, 1e4),
+           _hf("meta-llama/Llama-2-7b-hf")),
+    Preset("llama-2-13b", 13e9, llama(40, 5120, 40, 40, 13824, 32000, 4096, 1e4),
+           _hf("meta-llama/Llama-2-13b-hf")),
+    Preset("llama-2-70b", 70e9, llama(80, 8192, 64, 8, 28672, 32000, 4096, 1e4),
+           _hf("meta-llama/Llama-2-70b-hf")),
+    Preset("llama-3-8b", 8e9, llama(32, 4096, 32, 8, 14336, 128256, 8192, 5e5),
+           _hf("meta-llama/Meta-Llama-3-8B")),
+    Preset("llama-3-70b", 70e9, llama(80, 8192, 64, 8, 28672, 128256, 8192, 5e5),
+           _hf("meta-llama/Meta-Llama-3-70B")),
+    Preset("llama-3.1-405b", 405e9, llama(126, 16384, 128, 8, 53248, 128256, 131072, 5e5),
+           _hf("meta-llama/Llama-3.1-405B", "; rope_scaling (llama3) not modelled: no parameters")),
+    Preset("mistral-7b-v0.1", 7.3e9, llama(32, 4096, 32, 8, 14336, 32000, 32768, 1e4),
+           _hf("mistralai/Mistral-7B-v0.1", "; sliding_window 4096 not modelled: no parameters; "
+                                                 "announced as 7.3B")),
+    Preset("qwen2.5-7b", 7.61e9, llama(28, 3584, 28, 4, 18944, 152064, 131072, 1e6, 1e-6, True),
+           _hf("Qwen/Qwen2.5-7B", "; q/k/v biases (Qwen2); model card: 7.61B parameters")),
+    Preset("qwen2.5-72b", 72.7e9, llama(80, 8192, 64, 8, 29568, 152064, 131072, 1e6, 1e-5, True),
+           _hf("Qwen/Qwen2.5-72B", "; q/k/v biases (Qwen2); model card: 72.7B parameters")),
+    Preset("gpt-3-175b", 175e9, GPTConfig(vocab_size=GPT2_VOCAB, block_size=2048, n_layer=96,
+                                          n_head=96, n_embd=12288),
+           "Brown et al. 2020, Table 2.1 (GPT-3 175B: 96 layers, d 12288, 96 heads, context 2048) "
+           "with GPT-2's vocabulary and block (LayerNorm, GELU, learned positions, tied, biases)"),
+)}
+
+PRESETS = {**PAPER, **TABLE4, **PUBLISHED}
 
 
 def preset(name: str) -> Preset:
