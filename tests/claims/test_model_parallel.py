@@ -24,8 +24,14 @@ STEPS = 3
 PAGE = "spec/model_parallel.md"
 
 
-def mp_run(stage: int, n_d: int, n_m: int, **kw):
-    cfg = TrainConfig(stage=stage, n_d=n_d, n_m=n_m, model=MP_ODD, steps=STEPS, **kw)
+# the family's block: RMSNorm, SwiGLU (d_ff = 36), GQA (4 query, 2 kv heads), RoPE, untied, no bias
+MP_LLAMA = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=24, n_kv_head=2,
+                     norm="rmsnorm", mlp="swiglu", d_ff=36, positions="rope",
+                     tie_embeddings=False, bias=False)
+
+
+def mp_run(stage: int, n_d: int, n_m: int, model=MP_ODD, **kw):
+    cfg = TrainConfig(stage=stage, n_d=n_d, n_m=n_m, model=model, steps=STEPS, **kw)
     return cached(("threads", cfg, None), lambda: train(cfg))
 
 
@@ -61,12 +67,22 @@ def test_replicated_parameters_stay_identical_on_every_mp_rank(n_d, n_m):
 
 
 @pytest.mark.claim("P10")
-@pytest.mark.parametrize("n_m", [2, 4])
-def test_model_parallel_training_is_the_same_model_within_the_adam_bound(n_m, claim_values):
+@pytest.mark.parametrize("stage", [1, 2, 3], ids=stage_id)
+def test_the_llama_family_at_n_m_2_is_bit_identical_in_every_zero_stage(stage):
+    """RMSNorm, SwiGLU, GQA, RoPE, untied head, no bias, on the 2 × 2 grid: stages 1–3 give the
+    bits of stage 0 at the same grid."""
+    assert_same_training(mp_run(0, 2, 2, MP_LLAMA), mp_run(stage, 2, 2, MP_LLAMA))
+
+
+@pytest.mark.claim("P10")
+@pytest.mark.parametrize("model,n_m", [(MP_ODD, 2), (MP_ODD, 4), (MP_LLAMA, 2)],
+                         ids=["gpt2-2", "gpt2-4", "llama-2"])
+def test_model_parallel_training_is_the_same_model_within_the_adam_bound(model, n_m, claim_values):
     """N_m > 1 vs N_m = 1 differ only in the order row-parallel partial sums are added, so from
     the same weights every master stays within 2·Σ_t max|Adam update| + storage rounding
-    (optim.adam.update_bound; spec/model_parallel.md) — and is not trivially equal."""
-    one, mp = mp_run(0, 2, 1), mp_run(0, 2, n_m)
+    (optim.adam.update_bound; spec/model_parallel.md) — and is not trivially equal. The same
+    for the Llama-style block (GQA sliced by kv heads, SwiGLU's gate and up by rows)."""
+    one, mp = mp_run(0, 2, 1, model), mp_run(0, 2, n_m, model)
     assert mp.master.keys() == one.master.keys()
     assert all(mp.master[k].shape == one.master[k].shape for k in one.master)
     lr_bound = 2 * update_bound(STEPS, mp.config.adam)

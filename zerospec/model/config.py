@@ -88,7 +88,8 @@ class GPTConfig:
 
     @property
     def gpt2_only(self) -> list[str]:
-        """The fields set away from GPT-2's block (what model parallelism must slice anew)."""
+        """The fields set away from GPT-2's block (each one sliced by model parallelism too:
+        zerospec/model/megatron.py)."""
         return [f"{f}={getattr(self, f)!r}" for f in ("norm", "mlp", "n_kv_head", "positions",
                                                      "tie_embeddings", "bias", "qkv_bias", "d_ff")
                 if getattr(self, f) != GPTConfig.__dataclass_fields__[f].default]
@@ -156,15 +157,22 @@ def _positive(name: str, v) -> None:
 
 
 def check_mp(cfg: GPTConfig, n_m) -> None:
-    """ValueError unless ``n_m`` model-parallel ranks can split ``cfg``'s heads evenly."""
+    """ValueError unless ``n_m`` model-parallel ranks can slice ``cfg`` evenly (Megatron-LM,
+    zerospec/model/megatron.py): ``n_m`` must divide the query heads, the kv heads (grouped-query
+    attention: rank j holds kv heads j·KV/N_m …, as Megatron-core requires) and the MLP's
+    intermediate size d_ff. Every member of the family is sliced: RMSNorm, RoPE and an untied
+    head need no slicing of their own (norms and head are replicated, RoPE is per head)."""
     if not isinstance(n_m, int) or isinstance(n_m, bool) or n_m < 1:
         raise ValueError(f"n_m (model-parallel degree) must be an integer >= 1, got {n_m!r}")
     if cfg.n_head % n_m:
         raise ValueError(f"n_m={n_m} must divide n_head={cfg.n_head} (Megatron-LM splits attention "
                          f"by heads; n_embd={cfg.n_embd} and 4·n_embd then split too)")
-    if n_m > 1 and cfg.gpt2_only:
-        raise ValueError(f"model parallelism (n_m={n_m}) slices GPT-2's block only; this config "
-                         f"sets {', '.join(cfg.gpt2_only)}: use n_m=1")
+    if cfg.kv_heads % n_m:
+        raise ValueError(f"n_m={n_m} must divide n_kv_head={cfg.kv_heads} (each model-parallel "
+                         f"rank holds whole kv heads; Megatron-core refuses the same)")
+    if cfg.ff % n_m:
+        raise ValueError(f"n_m={n_m} must divide d_ff={cfg.ff} (the MLP's intermediate size, "
+                         f"split by rows of up/gate and columns of down)")
 
 
 SMALL = GPTConfig()

@@ -1,19 +1,26 @@
-"""Megatron-LM's tensor slicing of the GPT's weights (Shoeybi et al. 2019, §3), as data.
+"""Megatron-LM's tensor slicing of the decoder's weights (Shoeybi et al. 2019, §3), as data.
 
 Rank j of N_m model-parallel ranks holds, per block:
 
-* ``attn.c_attn`` (QKV, column-parallel): its heads' rows of q, k and v — heads
-  j·H/N_m … (j+1)·H/N_m — so its attention runs on whole heads without communication;
+* ``attn.c_attn`` (QKV, column-parallel): its heads' rows of q, k and v — query heads
+  j·H/N_m … (j+1)·H/N_m and, with grouped-query attention, kv heads j·KV/N_m … (j+1)·KV/N_m
+  (the fused weight is [q; k; v] of H·hd, KV·hd and KV·hd rows: each part is cut on its own),
+  so its attention runs on whole heads without communication (RoPE rotates each head alone, so
+  it is exact on a slice); the q/k/v biases (Qwen2) go with their rows;
 * ``attn.c_proj`` (attention out, row-parallel): the matching columns; the partial outputs are
-  summed across the MP group (one all-reduce) before the bias, which every rank holds whole;
-* ``mlp.c_fc`` (MLP up, column-parallel): rows j·4d/N_m …; its bias likewise;
+  summed across the MP group (one all-reduce) before the bias, which every rank holds whole (a
+  no-bias model adds none);
+* ``mlp.c_fc`` (MLP up) and, with SwiGLU, ``mlp.c_gate`` (gate), column-parallel: rows
+  j·f/N_m … (j+1)·f/N_m of f = d_ff (4d for GPT-2); their biases likewise;
 * ``mlp.c_proj`` (MLP down, row-parallel): the matching columns; bias whole;
-* LayerNorms, the embedding (and the tied LM head) and the final LayerNorm: whole (replicated).
+* the norms (LayerNorm or RMSNorm), the embeddings, the LM head (tied to wte, or untied: its own
+  V×d weight, whole on every rank — not vocab-parallel) and the final norm: whole (replicated).
 
-So Ψ per MP rank is (V + T)·d + 2d + L·(12d²/N_m + 7d/N_m + 6d) exactly
-(:func:`psi_per_rank`; N_m = 1 gives the model's Ψ). :func:`shard` cuts a full parameter dict
-for rank j; :func:`unshard` puts the N_m slices back together, so runs at different N_m compare
-as the same model.
+N_m must divide H, KV and f (:func:`zerospec.model.config.check_mp`). For GPT-2, Ψ per MP rank
+is (V + T)·d + 2d + L·(12d²/N_m + 7d/N_m + 6d) exactly; :func:`psi_per_rank` gives the family's
+(N_m = 1 gives the model's Ψ). :func:`shard` cuts a full parameter dict for rank j;
+:func:`unshard` puts the N_m slices back together, so runs at different N_m compare as the same
+model.
 
 The same module holds Megatron-LM's two conjugate operators over the MP group (§3), which the
 slices need at run time: :class:`TensorParallel` (see its docstring).
@@ -25,23 +32,42 @@ import torch
 from .gpt import GPTConfig, check_mp
 
 # parameter -> (dim it is split on, number of row groups fused in it): c_attn is [q; k; v]
+# (with grouped-query attention the three parts differ in size: see _groups)
 SPLIT = {"attn.c_attn.weight": (0, 3), "attn.c_attn.bias": (0, 3),
          "attn.c_proj.weight": (1, 1),
+         "mlp.c_gate.weight": (0, 1), "mlp.c_gate.bias": (0, 1),
          "mlp.c_fc.weight": (0, 1), "mlp.c_fc.bias": (0, 1),
          "mlp.c_proj.weight": (1, 1)}
 
 
 def psi_per_rank(cfg: GPTConfig, n_m: int) -> int:
-    """Parameters one MP rank holds (the closed form of the module docstring)."""
+    """Parameters one MP rank holds, exact: per block, the sliced weights and biases over N_m
+    plus the replicated norms and row-parallel biases; then the replicated embeddings, LM head
+    and final norm (the shapes of :meth:`GPTConfig.unit_spec`, as in :attr:`GPTConfig.psi`)."""
     check_mp(cfg, n_m)
-    d, L = cfg.n_embd, cfg.n_layer
-    return (cfg.vocab_size + cfg.block_size) * d + 2 * d + L * (12 * d * d // n_m + 7 * d // n_m + 6 * d)
+    d, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.block_size
+    q, kv, f = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.ff
+    m = 3 if cfg.mlp == "swiglu" else 2
+    nu, beta, beta_qkv = len(cfg.norm_params), int(cfg.bias), int(cfg.has_qkv_bias)
+    sliced = d * (q + 2 * kv) + q * d + m * d * f + beta_qkv * (q + 2 * kv) + beta * (m - 1) * f
+    replicated = beta * 2 * d + 2 * nu * d
+    outside = V * d * (2 - cfg.tie_embeddings) + (cfg.positions == "learned") * T * d + nu * d
+    return L * (sliced // n_m + replicated) + outside
 
 
-def _pieces(t: torch.Tensor, name: str, n_m: int) -> list[torch.Tensor]:
+def _groups(cfg: GPTConfig, name: str) -> list[int] | None:
+    """The sizes, along the split dim, of the row groups fused in parameter ``name`` (None: one
+    group). c_attn is [q; k; v] of H·hd, KV·hd and KV·hd rows (equal thirds for GPT-2)."""
+    if SPLIT[name][1] == 1:
+        return None
+    q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    return [q, kv, kv]
+
+
+def _pieces(cfg: GPTConfig, t: torch.Tensor, name: str, n_m: int) -> list[torch.Tensor]:
     """``t`` cut into N_m slices along its split dim (each fused group cut separately)."""
-    dim, fused = SPLIT[name]
-    groups = t.chunk(fused, dim)
+    dim, sizes = SPLIT[name][0], _groups(cfg, name)
+    groups = t.split(sizes, dim) if sizes else (t,)
     per_group = [g.chunk(n_m, dim) for g in groups]
     return [torch.cat([pg[j] for pg in per_group], dim) for j in range(n_m)]
 
@@ -54,7 +80,7 @@ def shard(cfg: GPTConfig, params: dict[str, dict[str, torch.Tensor]], n_m: int,
         raise ValueError(f"mp_index must be in 0..{n_m - 1}, got {j}")
     out = {}
     for unit, ps in params.items():
-        out[unit] = {name: (_pieces(t, name, n_m)[j].contiguous() if unit.startswith("h.")
+        out[unit] = {name: (_pieces(cfg, t, name, n_m)[j].contiguous() if unit.startswith("h.")
                             and name in SPLIT else t) for name, t in ps.items()}
     return out
 
@@ -70,7 +96,8 @@ def unshard(cfg: GPTConfig, parts: list[dict[str, torch.Tensor]]) -> dict[str, t
             out[key] = t
             continue
         dim, fused = SPLIT[name]
-        groups = [p[key].chunk(fused, dim) for p in parts]     # [rank][group]
+        sizes = [s // n_m for s in _groups(cfg, name)] if fused > 1 else None  # one rank's
+        groups = [p[key].split(sizes, dim) if sizes else (p[key],) for p in parts]  # [rank][group]
         out[key] = torch.cat([torch.cat([groups[j][g] for j in range(n_m)], dim)
                               for g in range(fused)], dim)
     return out

@@ -43,26 +43,57 @@ def reference_train(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, weights
 
 
+class _FanOut(torch.autograd.Function):
+    """Megatron's f for ``n`` ranks in one process: ``n`` views of x forward; backward, each
+    rank's whole gradient (its own uses summed by autograd, as on the rank) added in rank order,
+    as the MP all-reduce adds them (with SwiGLU a rank uses its input twice, so autograd's one
+    flat sum over every use would round differently)."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        return tuple(x.view_as(x) for _ in range(n))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        acc = grads[0]
+        for g in grads[1:]:
+            acc = acc + g
+        return acc, None
+
+
 def megatron_block(cfg, x: torch.Tensor, parts: list[dict[str, torch.Tensor]]) -> torch.Tensor:
     """One transformer block as ``len(parts)`` model-parallel ranks compute it, in one process:
     each rank's slice (``parts[j]``, model.megatron.shard's layout) with the same kernels, the
     row-parallel partial outputs added in rank order, then the bias; the replicated parameters
-    are read from rank 0's slice. The oracle the MP runs are held to, bit for bit."""
+    are read from rank 0's slice. Any member of the family (norm, MLP, kv heads, RoPE, biases as
+    ``cfg`` sets them). The oracle the MP runs are held to, bit for bit."""
     import torch.nn.functional as F
 
-    n_m, p0, C = len(parts), parts[0], x.shape[-1]
+    n_m, p0 = len(parts), parts[0]
 
     def rank_sum(outs):
         acc = outs[0]
         for o in outs[1:]:
             acc = acc + o
         return acc
-    h = F.layer_norm(x, (C,), p0["ln_1.weight"], p0["ln_1.bias"])
-    ys = [gpt.attention(F.linear(h, q["attn.c_attn.weight"], q["attn.c_attn.bias"]),
-                        cfg.n_head // n_m) for q in parts]
-    x = x + (rank_sum([F.linear(y, q["attn.c_proj.weight"]) for y, q in zip(ys, parts)])
-             + p0["attn.c_proj.bias"])
-    h = F.layer_norm(x, (C,), p0["ln_2.weight"], p0["ln_2.bias"])
-    ms = [F.gelu(F.linear(h, q["mlp.c_fc.weight"], q["mlp.c_fc.bias"])) for q in parts]
-    return x + (rank_sum([F.linear(m, q["mlp.c_proj.weight"]) for m, q in zip(ms, parts)])
-                + p0["mlp.c_proj.bias"])
+
+    def ln(x, prefix):
+        return gpt.norm(cfg.norm, x, p0[prefix + "weight"], p0.get(prefix + "bias"), cfg.norm_eps)
+
+    def row(outs, bias):
+        acc = rank_sum(outs)
+        return acc if bias is None else acc + bias
+    rope = cfg.rope_theta if cfg.positions == "rope" else None
+    hs = _FanOut.apply(ln(x, "ln_1."), n_m)
+    ys = [gpt.attention(F.linear(h, q["attn.c_attn.weight"], q.get("attn.c_attn.bias")),
+                        cfg.n_head // n_m, cfg.kv_heads // n_m, rope) for h, q in zip(hs, parts)]
+    x = x + row([F.linear(y, q["attn.c_proj.weight"]) for y, q in zip(ys, parts)],
+                p0.get("attn.c_proj.bias"))
+    hs = _FanOut.apply(ln(x, "ln_2."), n_m)
+    if cfg.mlp == "swiglu":
+        ms = [gpt.swiglu(h, q["mlp.c_gate.weight"], q["mlp.c_fc.weight"], q.get("mlp.c_gate.bias"),
+                         q.get("mlp.c_fc.bias")) for h, q in zip(hs, parts)]
+    else:
+        ms = [F.gelu(F.linear(h, q["mlp.c_fc.weight"], q.get("mlp.c_fc.bias"))) for h, q in zip(hs, parts)]
+    return x + row([F.linear(m, q["mlp.c_proj.weight"]) for m, q in zip(ms, parts)],
+                   p0.get("mlp.c_proj.bias"))

@@ -189,9 +189,11 @@ def test_a_tiny_llama_trains_bit_identically_in_every_stage():
         assert_same_training(runs[0], r)
 
 
-def test_model_parallelism_refuses_the_new_features_naming_them():
-    """n_m > 1 slices GPT-2's block only: a Llama config is refused with the fields it sets."""
-    with pytest.raises(ValueError, match=r"n_m=2\) slices GPT-2's block only; this config sets "
-                                         r"norm='rmsnorm', mlp='swiglu', n_kv_head=2, .*use n_m=1"):
-        LLAMA.unit_spec(2)
+def test_model_parallelism_slices_the_new_features():
+    """n_m > 1 slices the whole family (zerospec/model/megatron.py; tests/unit/model/test_megatron.py):
+    a Llama config at n_m = 2 holds half of its query and kv heads and of d_ff per rank."""
+    spec = dict(dict(LLAMA.unit_spec(2))["h.0"])
+    assert spec["attn.c_attn.weight"] == ((32 + 2 * 16) // 2, 32)
+    assert spec["mlp.c_gate.weight"] == spec["mlp.c_fc.weight"] == (24, 32)
+    assert spec["mlp.c_proj.weight"] == (32, 24)
     assert LLAMA.unit_spec(1) == LLAMA.unit_spec()

@@ -18,11 +18,19 @@ from zerospec.model.megatron import TensorParallel
 from zerospec.testing.reference import megatron_block
 
 CFG = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=20)
+# the family (as tests/unit/model/test_family.py's, one block): d = 24, hd = 6 (RoPE: even)
+LLAMA = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, n_kv_head=2,
+                  norm="rmsnorm", mlp="swiglu", d_ff=36, positions="rope", tie_embeddings=False,
+                  bias=False)
+QWEN2 = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, n_kv_head=2,
+                  norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", d_ff=36, positions="rope",
+                  rope_theta=1e6, tie_embeddings=False, bias=False, qkv_bias=True)
+FAMILY = {"gpt2": CFG, "llama": LLAMA, "qwen2": QWEN2}
 
 
-def _params(seed=1):
+def _params(seed=1, cfg=CFG):
     g = torch.Generator().manual_seed(seed)
-    full = {n: torch.randn(s, generator=g) * 0.3 for n, s in dict(CFG.unit_spec()[1][1]).items()}
+    full = {n: torch.randn(s, generator=g) * 0.3 for n, s in dict(cfg.unit_spec()[1][1]).items()}
     return full
 
 
@@ -30,42 +38,45 @@ def _leaves(p):
     return {k: v.clone().requires_grad_(True) for k, v in p.items()}
 
 
-def _inputs():
+def _inputs(d=20):
     g = torch.Generator().manual_seed(2)
-    return torch.randn(2, 12, 20, generator=g), torch.randn(2, 12, 20, generator=g)
+    return torch.randn(2, 12, d, generator=g), torch.randn(2, 12, d, generator=g)
 
 
-def oracle(full, x, dy, n_m=2):
+def oracle(full, x, dy, n_m=2, cfg=CFG):
     """The block as rank j of n_m computes it, summed in rank order, in one process (one torch
     thread, as each virtual rank: LayerNorm's backward splits its row sums by thread count)."""
     with torch_threads(1):
-        return _oracle(full, x, dy, n_m)
+        return _oracle(full, x, dy, n_m, cfg)
 
 
-def _oracle(full, x, dy, n_m):
-    parts = [_leaves(megatron.shard(CFG, {"h.0": full}, n_m, j)["h.0"]) for j in range(n_m)]
+def _oracle(full, x, dy, n_m, cfg):
+    parts = [_leaves(megatron.shard(cfg, {"h.0": full}, n_m, j)["h.0"]) for j in range(n_m)]
     x = x.clone().requires_grad_(True)
-    out = megatron_block(CFG, x, parts)   # replicated parameters from rank 0's copy …
+    out = megatron_block(cfg, x, parts)   # replicated parameters from rank 0's copy …
     out.backward(dy)
     return out.detach(), x.grad, parts
 
 
-def two_ranks(full, x, dy, broken=None):
+def two_ranks(full, x, dy, broken=None, cfg=CFG):
     def body(ctx):
-        p = _leaves(megatron.shard(CFG, {"h.0": full}, 2, ctx.rank)["h.0"])
+        p = _leaves(megatron.shard(cfg, {"h.0": full}, 2, ctx.rank)["h.0"])
         xi = x.clone().requires_grad_(True)
-        out = gpt.block(CFG, xi, p, TensorParallel(ctx.comm))
+        out = gpt.block(cfg, xi, p, TensorParallel(ctx.comm))
         out.backward(dy)
         return out.detach(), xi.grad, p
     return VirtualCluster(2).run(body)
 
 
-def test_two_mp_ranks_compute_the_megatron_decomposition_bit_for_bit():
+@pytest.mark.parametrize("family", list(FAMILY))
+def test_two_mp_ranks_compute_the_megatron_decomposition_bit_for_bit(family):
     """Outputs, the input's gradient and every parameter slice's gradient equal the one-process
-    oracle's exactly, on both ranks (f: identity/all-reduce, g: all-reduce/identity)."""
-    full, (x, dy) = _params(), _inputs()
-    ref_out, ref_dx, ref_parts = oracle(full, x, dy)
-    for j, (out, dx, p) in enumerate(two_ranks(full, x, dy)):
+    oracle's exactly, on both ranks (f: identity/all-reduce, g: all-reduce/identity) — GPT-2's
+    block and the family's (RMSNorm, SwiGLU, GQA, RoPE, no bias; Qwen2's q/k/v biases)."""
+    cfg = FAMILY[family]
+    full, (x, dy) = _params(cfg=cfg), _inputs(cfg.n_embd)
+    ref_out, ref_dx, ref_parts = oracle(full, x, dy, cfg=cfg)
+    for j, (out, dx, p) in enumerate(two_ranks(full, x, dy, cfg=cfg)):
         assert torch.equal(out, ref_out) and torch.equal(dx, ref_dx)
         for name, t in p.items():
             split = name in megatron.SPLIT
@@ -103,3 +114,67 @@ def test_rank_j_holds_its_heads_rows_of_q_k_and_v():
 def test_a_model_parallel_degree_that_cannot_split_the_heads_is_refused(n_m, match):
     with pytest.raises(ValueError, match=match):
         CFG.unit_spec(n_m)
+
+
+# -- the family: SwiGLU, GQA, RMSNorm, RoPE, untied head, q/k/v biases -----------------------------
+@pytest.mark.parametrize("family,n_m", [("llama", 1), ("llama", 2), ("qwen2", 2)])
+def test_the_familys_slices_put_back_together_give_the_model(family, n_m):
+    """unshard(shard) is the identity for every parameter of a Llama / Qwen2 block and the
+    untied head, and each rank's shapes are unit_spec(n_m)'s."""
+    cfg = FAMILY[family]
+    full = gpt.init_params(cfg, 0)
+    full = {u: {n: torch.randn_like(t) for n, t in ps.items()} for u, ps in full.items()}
+    parts = [megatron.shard(cfg, full, n_m, j) for j in range(n_m)]
+    for q in parts:
+        assert [(u, [(n, tuple(t.shape)) for n, t in ps.items()]) for u, ps in q.items()] == \
+            [(u, list(ps)) for u, ps in cfg.unit_spec(n_m)]
+    flat = [{f"{u}/{n}": t for u, ps in q.items() for n, t in ps.items()} for q in parts]
+    back = megatron.unshard(cfg, flat)
+    assert back.keys() == {f"{u}/{n}" for u, ps in full.items() for n in ps}
+    assert all(torch.equal(back[f"{u}/{n}"], t) for u, ps in full.items() for n, t in ps.items())
+
+
+def test_rank_j_holds_its_query_heads_and_its_kv_heads_and_its_part_of_gate_and_up():
+    """GQA (H = 4, KV = 2, hd = 6): c_attn is [q (24 rows); k (12); v (12)]; rank 1 of 2 holds
+    query heads 2–3 (q rows 12..23), kv head 1 (k rows 30..35, v rows 42..47) — and the q/k/v
+    biases (Qwen2) the same rows; gate and up rows 18..35 of d_ff = 36, down columns 18..35."""
+    full = {"h.0": _params(cfg=QWEN2)}
+    p, mine = full["h.0"], megatron.shard(QWEN2, full, 2, 1)["h.0"]
+    for name in ("attn.c_attn.weight", "attn.c_attn.bias"):
+        w = p[name]
+        assert w.shape[0] == 48
+        assert torch.equal(mine[name], torch.cat([w[12:24], w[30:36], w[42:48]])), name
+    for name in ("mlp.c_gate.weight", "mlp.c_fc.weight"):
+        assert torch.equal(mine[name], p[name][18:36]), name
+    assert torch.equal(mine["mlp.c_proj.weight"], p["mlp.c_proj.weight"][:, 18:36])
+    assert torch.equal(mine["attn.c_proj.weight"], p["attn.c_proj.weight"][:, 12:24])
+    for name in ("ln_1.weight", "ln_2.weight"):
+        assert torch.equal(mine[name], p[name])
+
+
+@pytest.mark.parametrize("family,n_m", [("gpt2", 2), ("gpt2", 4), ("llama", 2), ("qwen2", 2)])
+def test_psi_summed_over_mp_ranks_counts_the_replicated_parts_n_m_times(family, n_m):
+    """Σ_j Ψ_j = Ψ + (N_m − 1)·Ψ_replicated, Ψ_replicated written from the shapes: the
+    embeddings, an untied head, the final norm, and per block the two norms and the two
+    row-parallel biases (GPT-2: LayerNorm weight + bias; Llama / Qwen2: RMSNorm weight, no bias)."""
+    cfg = FAMILY[family]
+    V, T, d = 37, 12, cfg.n_embd
+    replicated = {"gpt2": V * d + T * d + 2 * d + 1 * (2 * 2 * d + 2 * d),
+                  "llama": V * d + V * d + d + 1 * (2 * d),
+                  "qwen2": V * d + V * d + d + 1 * (2 * d)}[family]
+    assert megatron.psi_per_rank(cfg, 1) == cfg.psi
+    assert n_m * megatron.psi_per_rank(cfg, n_m) == cfg.psi + (n_m - 1) * replicated
+    assert psi(cfg.units(1, n_m=n_m)) == megatron.psi_per_rank(cfg, n_m)
+
+
+@pytest.mark.parametrize("cfg,n_m,match", [
+    (LLAMA, 4, r"n_m=4 must divide n_kv_head=2 \(.*Megatron-core refuses the same\)"),
+    (GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=20, d_ff=30), 4,
+     r"n_m=4 must divide d_ff=30"),
+    (GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=20, mlp="swiglu", d_ff=30),
+     4, r"n_m=4 must divide d_ff=30")], ids=["kv-heads", "d_ff", "swiglu-d_ff"])
+def test_a_degree_that_cannot_split_the_kv_heads_or_d_ff_is_refused_naming_both(cfg, n_m, match):
+    for call in (lambda: cfg.unit_spec(n_m), lambda: megatron.psi_per_rank(cfg, n_m),
+                 lambda: megatron.shard(cfg, gpt.init_params(cfg, 0), n_m, 0)):
+        with pytest.raises(ValueError, match=match):
+            call()
