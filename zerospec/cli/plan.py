@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                         "the paper), 80GiB")
     p.add_argument("--bandwidth", type=T.bandwidth, default=None,
                    help="per-GPU bandwidth: 50GB/s (default without --machine), 25GiB/s, 400Gbps")
-    p.add_argument("--stage", type=T.list_of(T.plan.parse_stage, "stage"), default=[0, 1, 2, 3],
+    p.add_argument("--stage", type=T.list_of(T.plan.parse_stage, "stage"), default=None,
                    help="comma list of stages 0-3 (default all)")
     p.add_argument("--estimator", type=T.choice_list(ESTIMATOR_NAMES, "estimator"),
                    default=list(ESTIMATOR_NAMES),
@@ -44,9 +44,19 @@ def add_parser(sub) -> None:
                    help="a DeepSpeed config: what its ZeRO settings imply (closed form: traffic per "
                         "step, what stays whole) and its stage's memory, for --params and --gpus")
     p.add_argument("--preset", choices=_presets(), default=None, metavar="NAME",
-                   help="with --deepspeed-config: also run one step of this model (e.g. 1.5B, 7.5B, "
+                   help="with --explain: the model to explain; with --deepspeed-config: also run one step of this model (e.g. 1.5B, 7.5B, "
                         "t4-100B-125x8192) on meta tensors under the config's settings and print "
                         "the measured memory and traffic")
+    p.add_argument("--explain", action="store_true",
+                   help="with --preset, one --gpus and one --stage: run one step on meta tensors and "
+                        "say why it fits or not: each phase's peak and the buffers that make it, "
+                        "against the GPU's memory, beside the closed-form estimates")
+    p.add_argument("--seq", type=T.positive_int, default=None,
+                   help="with --explain: tokens per sequence (default and maximum: the preset's context)")
+    p.add_argument("--micro-batch", type=T.positive_int, default=1,
+                   help="with --explain: sequences per GPU (default 1)")
+    p.add_argument("--checkpoint-activations", type=T.positive_int, default=None, metavar="K",
+                   help="with --explain: a checkpoint every K blocks (default: none)")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
     p.add_argument("--table2", action="store_true", help="print the paper's Table 2 layout (C17)")
     p.add_argument("--mp", type=T.list_of(T.plan.parse_mp, "MP degree"), default=None,
@@ -72,6 +82,16 @@ def run(args: argparse.Namespace) -> int:
     tables = []
     largest = args.largest_layer
     machine = _resolve_machine(args)
+    if args.explain:
+        tables = explain_tables(args, machine)
+        sys.stdout.write(render(tables, args.format))
+        return 0
+    step_only = [f for f, v in (("--seq", args.seq), ("--micro-batch", args.micro_batch != 1),
+                                ("--checkpoint-activations", args.checkpoint_activations)) if v]
+    if step_only:
+        raise ValueError(f"{', '.join(step_only)} set(s) the step --explain runs; add --explain "
+                         f"and --preset")
+    args.stage = args.stage or [0, 1, 2, 3]
     if args.table1:
         psis = args.params or list(theory.TABLE1_PSI.values())
         tables.append(machine.annotate(plan.table1(psis, args.gpus or list(theory.TABLE1_ND),
@@ -107,6 +127,40 @@ def run(args: argparse.Namespace) -> int:
                                                    largest, args.estimator))
     sys.stdout.write(render(tables, args.format))
     return 0
+
+
+def _one(values, flag: str, default=None):
+    """The single value of a comma-list option (--explain runs one step)."""
+    if values is None:
+        if default is None:
+            raise ValueError(f"--explain needs {flag} (one value)")
+        return default
+    if len(values) != 1:
+        raise ValueError(f"--explain runs one step: give one {flag}, got {len(values)}")
+    return values[0]
+
+
+def explain_tables(args: argparse.Namespace, machine: "_Sizes") -> list:
+    """`plan --explain`: one meta step of --preset, explained against the GPU's memory."""
+    from ..plan.explain import explain, tables
+    if args.preset is None:
+        raise ValueError("--explain needs --preset NAME (the model to run one step of; "
+                         "`zerospec scale --list` lists them), one --gpus and one --stage")
+    other = [f for f, v in (("--deepspeed-config", args.deepspeed_config), ("--table1", args.table1),
+                            ("--table2", args.table2), ("--max-model", args.max_model),
+                            ("--params", args.params)) if v]
+    if other:
+        raise ValueError(f"--explain runs one step of --preset; it does not take {', '.join(other)}")
+    stage, gpus = _one(args.stage, "--stage"), _one(args.gpus, "--gpus", 64)
+    n_m = _one(args.mp, "--mp", 1)
+    if machine.m is not None and not args.gpu_mem_given:
+        where = machine.key
+    else:
+        where = "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)"
+    ex = explain(args.preset, stage, gpus, args.gpu_mem, where, seq=args.seq,
+                 micro_batch=args.micro_batch, checkpoint_activations=args.checkpoint_activations or 0,
+                 n_m=n_m)
+    return tables(ex, args.units, args.largest_layer or None)
 
 
 class _Sizes:

@@ -140,3 +140,40 @@ def test_console_entry_point_fails_cleanly_as_a_process():
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "'lots'" in bad.stderr
     assert bad.stdout == ""
+
+
+EXPLAIN = ("plan", "--preset", "llama-3-8b", "--gpus", "8", "--stage", "1", "--seq", "1024",
+           "--explain")
+
+
+def test_explain_fits_on_dgx_a100_80gb_but_not_on_40gb(capsys):
+    """`plan --explain`: Llama-3-8B at ZeRO-1 on 8 GPUs (4Ψ + 12Ψ/8 ≈ 44 GB of model states) fits
+    an 80 GB A100 and not a 40 GB one, the highest phase marked."""
+    rc, out, _ = run_cli(capsys, *EXPLAIN, "--machine", "dgx-a100-80gb")
+    assert rc == 0 and "fits, with" in out and "(highest)" in out
+    rc, out, _ = run_cli(capsys, *EXPLAIN, "--machine", "dgx-a100-40gb")
+    assert rc == 0 and "does NOT fit: over by" in out
+
+
+def test_explain_json_has_the_three_tables(capsys):
+    """`--format json`: the phases, the buffers and the estimates, with raw bytes."""
+    rc, out, _ = run_cli(capsys, *EXPLAIN, "--format", "json")
+    assert rc == 0
+    for name in ("explain_phases", "explain_buffers", "explain_estimates"):
+        assert name in out
+
+
+@pytest.mark.parametrize("argv,named", [
+    (("plan", "--explain", "--gpus", "8", "--stage", "3"), "--explain needs --preset"),
+    (("plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8"), "--explain needs --stage"),
+    (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "1,3"), "give one --stage"),
+    (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--seq", "9000"),
+     "--seq 9000 is outside 1..8192, llama-3-8b's context"),
+    (("plan", "--seq", "1024"), "add --explain"),
+    (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--table1"),
+     "does not take --table1"),
+], ids=["no-preset", "no-stage", "two-stages", "seq-past-context", "seq-without-explain",
+        "with-table1"])
+def test_explain_bad_input_is_one_line_exit_2(capsys, argv, named):
+    """Bad --explain input: exit 2, one line naming what is wrong."""
+    assert_usage_error(capsys, *argv, named=named)

@@ -1,0 +1,82 @@
+"""plan/explain.py: each phase's peak and the buffers that make it, read from one meta step."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerospec.model.presets import preset
+from zerospec.paper import theory
+from zerospec.paper.estimators import deepspeed_bytes
+from zerospec.plan.explain import explain, estimate_table
+from zerospec.runtime.memory import MODEL_STATES
+from zerospec.training.scale import measure
+
+NAME, STAGE, GPUS, SEQ = "llama-3-8b", 3, 8, 1024
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return explain(NAME, STAGE, GPUS, 80 * 10**9, "dgx-a100-80gb", seq=SEQ, checkpoint_activations=1)
+
+
+@pytest.fixture(scope="module")
+def ledger():
+    """The same step's ledger, measured here without the explainer."""
+    model = dataclasses.replace(preset(NAME).model, block_size=SEQ)
+    return measure(model, STAGE, GPUS, checkpoint_activations=1).memory(0)
+
+
+def test_each_phase_breakdown_sums_to_its_peak_exactly(ex):
+    """Every phase's buffers add up to that phase's peak, byte for byte."""
+    assert [p.phase for p in ex.phases] == ["setup", "forward", "backward", "grad_sync", "step",
+                                            "param_sync"]
+    for p in ex.phases:
+        assert sum(p.buffers.values()) == p.peak, p.phase
+
+
+def test_the_highest_phase_peak_is_the_measured_ledger_peak(ex, ledger):
+    """The highest phase's peak is the ledger's own peak_total, and the highest phase is the one
+    whose end-of-phase snapshot first shows that peak."""
+    assert ex.peak == ledger.peak_total
+    first = next(s for s in ledger.snapshots if s.peak_total == ledger.peak_total)
+    assert ex.highest.phase == first.label.partition("@")[0]
+
+
+def test_phase_peaks_agree_with_the_ledger_snapshots(ex, ledger):
+    """Where the ledger's running peak rose during a phase, that phase's peak is the new peak;
+    every phase's peak is at least what is held at its start and its end; model states at every
+    phase's peak are what the ledger held after setup."""
+    before = 0
+    held = 0
+    for p, s in zip(ex.phases, ledger.snapshots, strict=True):
+        if s.peak_total > before:
+            assert p.peak == s.peak_total, p.phase
+        assert p.peak >= max(held, s.total)
+        before, held = s.peak_total, s.total
+        for c in MODEL_STATES:
+            assert p.buffers[c] == ledger.snapshots[0].current[c]
+    for c, b in ex.highest.buffers.items():
+        assert b <= ledger.peak[c], c
+
+
+def test_fits_flips_at_the_capacity(ex):
+    """The step fits a GPU of exactly its peak and not one byte less."""
+    assert dataclasses.replace(ex, capacity=ex.peak).fits
+    assert not dataclasses.replace(ex, capacity=ex.peak - 1).fits
+
+
+def test_closed_form_rows_are_the_papers_and_deepspeeds_formulas(ex):
+    """The estimate rows equal theory's 16Ψ/N_d and DeepSpeed's 4L + 18Ψ/N_d for the preset's Ψ."""
+    psi = preset(NAME).psi
+    rows = {r[0]: r for r in estimate_table(ex, largest_layer=1000).rows}
+    assert rows["paper (model states)"][2] == theory.model_state_bytes(STAGE, psi, GPUS)
+    assert rows["deepspeed (model states)"][2] == 4 * 1000 + (18 * psi) // GPUS
+    assert rows["deepspeed (model states)"][2] == deepspeed_bytes(STAGE, psi, GPUS, 1000)
+    assert rows["measured: step peak"][2] == ex.peak
+
+
+def test_seq_beyond_the_context_names_both():
+    """--seq past the preset's context is refused, naming the value and the context."""
+    with pytest.raises(ValueError, match=r"--seq 9000 is outside 1\.\.8192, llama-3-8b's context"):
+        explain(NAME, STAGE, GPUS, 10**9, "x", seq=9000)
