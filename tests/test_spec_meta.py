@@ -109,6 +109,17 @@ def test_claim_option_runs_exactly_the_tests_marked_with_that_id(pytester, ids, 
     assert sorted(passed) == sorted(ran)
 
 
+def test_claim_option_makes_the_deselected_tests_snapshots_a_warning():
+    """With `--claim`, syrupy reports the snapshots of the tests it left out as unused, which
+    fails the run and hints at deleting them (`pytest --claim C9 -m "not deepspeed"` exited 1 with
+    every test passed): the plugin makes unused snapshots a warning then, and only then."""
+    for given, warned in ((["C9"], True), ([], False)):
+        option = SimpleNamespace(warn_unused_snapshots=False)
+        config = SimpleNamespace(option=option, getoption=lambda name, default=None: given)
+        claims.pytest_configure(config)
+        assert option.warn_unused_snapshots is warned
+
+
 def test_claim_option_refuses_what_is_not_a_claim_id(pytester):
     """`--claim 8` is a usage error naming the value and the accepted families."""
     result = pytester.runpytest("-p", "tests.support.claims", "--claim", "8")

@@ -74,7 +74,7 @@ def headline() -> list[tuple[str, str, str, str]]:
         ("C32", "100B, MP 16: checkpoints on each GPU, without → with P_a (meta)",
          f"{p_a['checkpoints']['checkpoints on the GPU (B)']} → "
          f"{p_a['P_a']['checkpoints on the GPU (B)']} B", "about 33 GB → 2 GB"),
-        ("C47", "largest model with P_os+g + P_a (C4) on 400 GPUs, by memory fit (meta)",
+        ("C47", "largest model with P_os+g + P_a (Table 3's C4), 400 GPUs, memory fit (meta)",
          f"{int(fig6['C4']['Ψ'].replace(',', '')) / 1e9:.0f}B", fig6["C4"]["paper"]),
     ]
 
@@ -87,7 +87,10 @@ def render() -> str:
     lines = [f"The paper's {sum(counts.values())} claims (C1–C57) by what their tests are worth, "
              f"slow cases included: " + "; ".join(f"{counts[s]} {s}" for s in order) + ". "
              f"And {sum(props.values())} properties the paper relies on unnumbered (P1–P12): "
-             + "; ".join(f"{props[s]} {s}" for s in sorted(props)) + ".", "",
+             + "; ".join(f"{props[s]} {s}" for s in sorted(props)) + ". *measured*: the stage code ran "
+             "(threads, processes or meta); *modelled*: timed on a spec-sheet machine; *closed form "
+             "only*: the paper's arithmetic; ≠: the page says why. The cells below are pinned tables, "
+             "most from the slow cases (`pytest -m slow`).", "",
              "| claim | what | measured here | paper | status |", "|---|---|---|---|---|"]
     for cid, what, measured, paper in headline():
         lines.append(f"| {cid} | {what} | {measured} | {paper} | {statuses[cid][0]} |")
