@@ -11,21 +11,11 @@ from fractions import Fraction
 import pytest
 
 from tests.support.cli import run_cli
-from tests.support.report import N, SMALL_RUN, column, measured_calls, measurement
+from tests.support.report import N, SMALL_RUN, column, m, measured_calls, tables  # noqa: F401 (fixtures)
 from zerospec.paper import theory
 from zerospec.report.measure import VARIANTS
-from zerospec.report.tables import build_tables
 from tools import specfigures
 
-
-@pytest.fixture(scope="module")
-def m():
-    return measurement()
-
-
-@pytest.fixture(scope="module")
-def tables(m):
-    return {t.name: t for t in build_tables(m)}
 
 
 def stage_claims(claim):

@@ -3,8 +3,11 @@ tests/unit/cli/test_report.py, tests/claims/test_memory_report.py): one small me
 per process, a table's column, and a look at the measurements the CLI makes."""
 from __future__ import annotations
 
+import pytest
+
 from tests.support.runs import cached
 from zerospec.report.measure import ReportConfig, measure
+from zerospec.report.tables import build_tables
 
 N = 4
 SMALL_RUN = ["report", "--ranks", "2", "--steps", "1"]   # the CLI's small runs: 2 virtual GPUs, 1 step
@@ -15,6 +18,18 @@ def measurement():
     CPU), made once per process (tests/support/runs.py's cache). One step is enough for every claim
     here: the step's update is what the master-weight comparison sees."""
     return cached(("report", N, 1), lambda: measure(ReportConfig(ranks=N, steps=1), quiet=True))
+
+
+@pytest.fixture(scope="module")
+def m():
+    """The small measurement (:func:`measurement`), for a test module that imports this fixture."""
+    return measurement()
+
+
+@pytest.fixture(scope="module")
+def tables(m):
+    """Its tables by name."""
+    return {t.name: t for t in build_tables(m)}
 
 
 def column(table, name):

@@ -6,19 +6,10 @@ from fractions import Fraction
 
 import pytest
 
-from tests.support.report import N, column, measurement
+from tests.support.report import N, column, m, tables  # noqa: F401 (fixtures)
 from zerospec.report.measure import VARIANTS, ReportConfig, setup_model_states
-from zerospec.report.tables import TABLES, build_tables
+from zerospec.report.tables import TABLES
 
-
-@pytest.fixture(scope="module")
-def m():
-    return measurement()
-
-
-@pytest.fixture(scope="module")
-def tables(m):
-    return {t.name: t for t in build_tables(m)}
 
 
 def test_every_variant_runs_and_every_table_is_built(m, tables):
