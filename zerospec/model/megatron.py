@@ -40,6 +40,14 @@ SPLIT = {"attn.c_attn.weight": (0, 3), "attn.c_attn.bias": (0, 3),
          "mlp.c_proj.weight": (1, 1)}
 
 
+def replicated(unit: str, param: str) -> bool:
+    """Whether parameter ``param`` of unit ``unit`` is whole on every rank of an MP group (so
+    the group holds N_m identical copies of it and of its gradient), rather than sliced: the one
+    answer every consumer asks — the global gradient norm counts such a parameter once, not N_m
+    times (zerospec/optim/clip.py), as Megatron-LM's clipping skips tensor-parallel duplicates."""
+    return not (unit.startswith("h.") and param in SPLIT)
+
+
 def psi_per_rank(cfg: GPTConfig, n_m: int) -> int:
     """Parameters one MP rank holds, exact: per block, the sliced weights and biases over N_m
     plus the replicated norms and row-parallel biases; then the replicated embeddings, LM head

@@ -34,8 +34,8 @@ def poison_last(grad: torch.Tensor) -> None:
 
 @contextlib.contextmanager
 def inject_overflow(step: int, rank: int, unit: int = 0):
-    """Inside the block, rank ``rank``'s gradient of unit ``unit`` gets an inf at step ``step``
-    (in its first micro-batch), in every run. Raises ValueError on exit if no run reached that
+    """Inside the block, rank ``rank``'s (global, on the N_d × N_m grid) gradient of unit ``unit``
+    gets an inf at step ``step`` (in its first micro-batch), in every run. Raises ValueError on exit if no run reached that
     (step, rank, unit): a hook that never fires would make its test vacuous."""
     for name, value, low in (("step", step, 1), ("rank", rank, 0), ("unit", unit, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -45,10 +45,11 @@ def inject_overflow(step: int, rank: int, unit: int = 0):
 
     def grad_written(fetcher, i: int, grad16: torch.Tensor) -> None:
         ctx = fetcher.stage.ctx
-        seen.update(step=max(seen["step"], ctx.step), rank=max(seen["rank"], ctx.rank),
+        me = getattr(ctx, "global_rank", ctx.rank)   # with N_m > 1 the stage sees its DP group
+        seen.update(step=max(seen["step"], ctx.step), rank=max(seen["rank"], me),
                     unit=max(seen["unit"], i))
         # once per run and step: a later micro-batch of the same step stays clean (G > 1)
-        if (ctx.step, ctx.rank, i) == (step, rank, unit) and done.get(fetcher) != step:
+        if (ctx.step, me, i) == (step, rank, unit) and done.get(fetcher) != step:
             done[fetcher] = step
             seen["fired"] += 1
             poison_last(grad16)

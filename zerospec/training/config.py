@@ -151,7 +151,3 @@ def check_zero_r(cfg) -> None:
     if cfg.cpu_checkpointing and not cfg.partition_activations:
         raise ValueError("cpu_checkpointing (P_a+cpu) moves the partitioned checkpoints to host "
                          "memory: it needs partition_activations=True")
-    if cfg.n_m > 1 and (cfg.loss_scale is not None or cfg.clip_grad_norm is not None):
-        raise ValueError(f"loss scaling and clipping are not supported with model parallelism yet "
-                         f"(n_m={cfg.n_m}): their overflow vote and global norm would need the "
-                         f"MP group too; use n_m=1")

@@ -59,7 +59,6 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     if cluster.n_ranks != cfg.n_ranks:
         raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says "
                          f"n_d × n_m = {cfg.n_d} × {cfg.n_m} = {cfg.n_ranks}")
-    check_mp_state(cfg, resume, save, keep_state)
     if resume is not None:
         resume_check(cfg, resume)
     init, batches = initial_weights(cfg, units), make_batches(cfg)
@@ -113,7 +112,6 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
     if not cfgs or len({c.n_ranks for c in cfgs}) != 1:
         raise ValueError(f"configs must share one number of ranks n_d × n_m, got "
                          f"{[c.n_ranks for c in cfgs]}")
-    check_mp_state(cfgs[0], resume, save, False)
     if (resume is not None or save) and len(cfgs) != 1:
         raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
     if resume is not None:
@@ -128,9 +126,3 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
                for k, cfg in enumerate(cfgs)]
     return results[0] if single else results
 
-
-def check_mp_state(cfg: TrainConfig, resume, save, keep_state) -> None:
-    """Checkpoints hold one model replica's units: not yet written or read with N_m > 1."""
-    if cfg.n_m > 1 and (resume is not None or save or keep_state):
-        raise ValueError(f"checkpoints (resume, save, keep_state) are not supported with model "
-                         f"parallelism yet (n_m={cfg.n_m}); use n_m=1")

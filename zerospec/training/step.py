@@ -23,11 +23,12 @@ from . import checkpoint
 from ..model import gpt
 from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
-from ..optim.update import Updater
+from ..optim.update import Reach, Updater
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.fetch import ParamFetcher
 from ..comm.groups import Grid
+from ..model import megatron
 from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
 from ..runtime.opcount import OpCounter
@@ -106,10 +107,11 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
             kwargs["grad_buffer"] = GradientSlot(ctx.memory, units, cfg.policy.dtype)
         stage = cls(dp_ctx, units, init, cfg.adam, cfg.policy, **kwargs)
         if resume is not None:
-            resume.restore(stage)
+            resume.restore(stage, mp.index if mp is not None else 0)   # this MP index's slices
     meta = resume.meta if resume is not None else {}
     scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
-    updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0))
+    reach = mp and Reach.model_parallel(stage, ctx.comm, mp.comm, mp.index, megatron.replicated)
+    updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0), reach)
     master, model_states = stage.owned_master(), ctx.memory.model_states()
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
     blocks = block_runner(cfg.checkpoint_activations, fetcher, mp, keep)   # zero_r/
@@ -172,12 +174,14 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         idx, tgt = (b.to(ctx.device) for b in batches[step - 1])
         train_step(rank, cfg, idx, tgt, out)
         if save and step in save:
-            checkpoint.save_from_rank(ctx, rank.stage, save[step], cfg.model.unit_spec(),
-                                      resume_meta(cfg, step, rank.updater))
+            checkpoint.save_from_rank(ctx, rank.stage, save[step],
+                                      checkpoint.unit_spec(cfg.model, cfg.n_m),
+                                      resume_meta(cfg, step, rank.updater), cfg.n_m)
         if on_step is not None:
             on_step(step, rank.stage)
     if keep_state:
-        out.state = {"pieces": checkpoint.rank_pieces(rank.stage),
+        out.state = {"pieces": checkpoint.rank_pieces(rank.stage, checkpoint.mp_prefix(
+                         cfg.n_m, Grid(cfg.n_d, cfg.n_m).mp_index(ctx.rank))),
                      "meta": resume_meta(cfg, ctx.step, rank.updater)}
     return out
 
