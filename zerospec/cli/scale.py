@@ -44,6 +44,12 @@ def add_parser(sub) -> None:
                    help=T.machine_help("adds each stage's peak bytes per GPU and whether they fit "
                                        "its GPU's memory"))
     p.add_argument("--list", action="store_true", help="list the presets with their exact Ψ")
+    p.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
+                   help="GPUs per node (rank r on node r // G): adds what leaves node 0 per step "
+                        "(spec/nodes.md); default: one node")
+    p.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
+                   help="ZeRO++'s hpZ for stage 3 (zero_hpz_partition_size; H must divide G), "
+                        "default 1: off")
 
 
 def _stages(text: str) -> tuple[int, ...]:
@@ -82,7 +88,7 @@ def run(args) -> int:
     from ..model.presets import PRESETS
     from ..render.format import markdown
     from ..render.spec_tables import scale_table
-    from ..training.scale import measure_stages
+    from ..training.scale import measure
     if args.list:
         print(markdown(["preset", "layers", "hidden", "heads", "Ψ", "source"],
                        [[p.name, p.model.n_layer, p.model.n_embd, p.model.n_head, f"{p.psi:,}", p.source]
@@ -93,11 +99,11 @@ def run(args) -> int:
     if args.gpus % args.mp:
         raise _usage(f"--gpus {args.gpus} must be a multiple of --mp {args.mp} (N = N_d × N_m)")
     n_d = args.gpus // args.mp
-    results = measure_stages(model, n_d, stages, micro_batch=args.micro_batch,
-                             zero1_comm=args.zero1_comm, n_m=args.mp,
-                             checkpoint_activations=args.checkpoint_activations,
-                             partition_activations=args.partition_activations,
-                             cpu_checkpointing=args.cpu_checkpointing)
+    kw = dict(micro_batch=args.micro_batch, zero1_comm=args.zero1_comm, n_m=args.mp,
+              checkpoint_activations=args.checkpoint_activations,
+              partition_activations=args.partition_activations,
+              cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
+    results = {s: measure(model, s, n_d, hpz=args.hpz if s == 3 else 1, **kw) for s in stages}
     grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below)" if args.mp > 1 else "")
     print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
           f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "
@@ -105,6 +111,7 @@ def run(args) -> int:
           f"({sum(r.seconds for r in results.values()):.1f} s)\n")
     if args.machine is None:
         print(scale_table(results), end="")
+        _crossing(results, args)
         return 0
     from ..paper.hardware import MACHINES
     m = MACHINES[args.machine]
@@ -112,4 +119,20 @@ def run(args) -> int:
     print(f"\nFits: the highest peak of any rank (its device ledger: model states, activations, "
           f"buffers; no allocator fragmentation) against {m.memory_bytes / 1e9:g} GB per GPU of "
           f"--machine {args.machine}, {m.name}.")
+    _crossing(results, args)
     return 0
+
+
+def _crossing(results, args) -> None:
+    """With --gpus-per-node: what leaves node 0 per step (its last GPU's sends, a flat ring)."""
+    g = args.gpus_per_node
+    if g is None:
+        return
+    print(f"\nAcross nodes ({args.gpus // g} nodes × {g} GPUs, a flat ring in rank order; "
+          f"spec/nodes.md): elements leaving node 0 per step")
+    for s, r in results.items():
+        led = r.comm_ledger([g - 1])     # node 0's sends across leave from its last GPU
+        psi = r.psi_padded
+        hpz = f", hpZ h = {args.hpz}: secondary shards {r.memory(g - 1).peak['secondary16']:,} B " \
+              f"per GPU" if s == 3 and args.hpz > 1 else ""
+        print(f"  stage {s}: {led.crossing(0):,} ({float(led.crossing(0) / psi):.4f}Ψ){hpz}")

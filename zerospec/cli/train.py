@@ -46,6 +46,12 @@ def add_parser(sub) -> None:
                    help="stage 1 gradient sync (default reduce_scatter)")
     p.add_argument("--timeout", type=T.positive_float, default=120.0,
                    help="seconds a collective may wait before every rank fails, default 120")
+    nodes = p.add_argument_group("nodes and ZeRO++'s hpZ (spec/nodes.md)")
+    nodes.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
+                       help="ranks sit on nodes of G GPUs (rank r on node r // G); default: one node")
+    nodes.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
+                       help="zero_hpz_partition_size: stage 3's backward all-gather inside H ranks "
+                            "of a node (H must divide G); default 1, off")
     r = p.add_argument_group("surviving real conditions (spec/loss_scaling.md, clipping.md, "
                              "accumulation.md)")
     r.add_argument("--loss-scale", type=T.positive_float, default=None, metavar="INIT",
@@ -109,7 +115,8 @@ def _config(args, n_ranks: int):
                        precision=args.precision, timeout=args.timeout, loss_scale=scale,
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
                        checkpoint_activations=args.checkpoint_activations,
-                       bucket_elements=args.bucket_size)
+                       bucket_elements=args.bucket_size,
+                       gpus_per_node=args.gpus_per_node, hpz=args.hpz)
 
 
 def summary(result, backend: str) -> str:
@@ -121,6 +128,8 @@ def summary(result, backend: str) -> str:
                   ("skipped", lambda s: "yes" if result.skipped[s] else "no")]
     if cfg.clip_grad_norm is not None:
         extra += [("grad norm", lambda s: f"{result.grad_norms[s]:.6g}")]
+    if cfg.gpus_per_node:   # what crosses the network (spec/nodes.md)
+        extra += [("elements leaving node 0", lambda s: f"{comm.crossing(0, step=s + 1):,}")]
     if cfg.n_m > 1:   # each group's traffic on its own (MP inside a node, DP across)
         extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
                  ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
@@ -135,7 +144,9 @@ def summary(result, backend: str) -> str:
              + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else "")
              + (f", activation checkpoint every {cfg.checkpoint_activations} block(s)"
                 if cfg.checkpoint_activations else "")
-             + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else ""),
+             + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
+             + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
+                if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else ""),
              f"model states on rank 0: {result.model_states(0):,} B"
              + (f"; activation checkpoints: {result.memory[0].peak['checkpoints']:,} B on the "
                 f"device at the peak" if cfg.checkpoint_activations else ""), "",

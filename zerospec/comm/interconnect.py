@@ -134,7 +134,16 @@ class Interconnect:
         self.ledger.book(self.ctx.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
                          src=call.src, wire_factor=self.backend.wire_factor(call.op),
                          group=self.group_name, n=self.n_ranks, index=self.rank,
-                         sent_as=call.op if call.sent_as is None else call.sent_as)
+                         sent_as=call.op if call.sent_as is None else call.sent_as,
+                         peer=self.successor)
+
+    @property
+    def successor(self) -> int:
+        """The global rank this rank sends to in the group's ring (its link: ledger.py)."""
+        if self.group is None:
+            return (self.ctx.rank + 1) % self.ctx.n_ranks
+        ranks = self.group.ranks
+        return ranks[(ranks.index(self.ctx.rank) + 1) % len(ranks)]
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of ``tensor`` in host memory (ZeRO-R's P_a+cpu), booked on this rank's own

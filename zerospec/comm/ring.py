@@ -33,6 +33,7 @@ from collections import Counter
 import torch
 
 from .checks import accumulator_dtype
+from .groups import Nodes
 from .interconnect import Call
 from .ledger import chunk_size
 
@@ -53,9 +54,25 @@ class Wire:
     """The per-link counter: one :class:`WireRecord` per collective, in issue order (so record k
     is every rank's k-th ledger record). Owned by the cluster: it outlives one ``run``."""
 
-    def __init__(self, n_ranks: int):
+    def __init__(self, n_ranks: int, gpus_per_node: int | None = None):
         self.n_ranks = n_ranks
+        self.nodes = Nodes(n_ranks, gpus_per_node)   # which hops leave a node (spec/nodes.md)
         self.records: list[WireRecord] = []
+
+    def by_link(self, records=None) -> Counter:
+        """Elements carried per link class ("intra", "inter") over ``records`` (default: all), each
+        directed hop classed by the nodes of its two ends."""
+        out: Counter = Counter()
+        for rec in self.records if records is None else records:
+            for (src, dst), e in rec.elements.items():
+                out[self.nodes.link(src, dst)] += e
+        return out
+
+    def leaving(self, node: int, records=None) -> int:
+        """Elements that left ``node`` over ``records`` (default: all): its hops to other nodes."""
+        return sum(e for rec in (self.records if records is None else records)
+                   for (src, dst), e in rec.elements.items()
+                   if self.nodes.node(src) == node != self.nodes.node(dst))
 
     def open(self, op: str, dtype, numel: int) -> WireRecord:
         rec = WireRecord(op, dtype, numel)

@@ -204,3 +204,21 @@ def bucket_collectives(columns: int, bucket_elements: int, rows: int = 1) -> int
     if width < 1:
         raise ValueError(f"a bucket of {bucket_elements} elements holds no column of {rows} rows")
     return -(-columns // width)
+
+
+# -- ZeRO++ (arXiv:2306.10209): what crosses nodes, and hpZ's memory (spec/nodes.md) --------------
+def stage3_node_crossing(psi, n_d: int, hpz: bool = False) -> dict[str, Fraction]:
+    """Elements that leave one node per step in stage 3, per collective, for a flat ring over
+    nodes in rank order (each node's last GPU sends its whole share to the next node).
+
+    D1: forward all-gather M + backward all-gather M + gradient reduce-scatter M = 3M, each times
+    the ring factor (N−1)/N. D2's hpZ row: the backward all-gather stays inside the node: 0."""
+    m = psi * ring_factor(n_d)
+    return {"forward all-gather": m, "backward all-gather": Fraction(0) if hpz else m,
+            "reduce-scatter": m}
+
+
+def hpz_secondary_bytes(psi, h: int) -> Fraction:
+    """D6: hpZ's fp16 secondary shard, 1/h of every unit per GPU, held from forward to backward:
+    2Ψ/h bytes (2M/(GPUs per node) when h is the GPUs per node)."""
+    return Fraction(2 * psi, h)

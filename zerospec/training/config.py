@@ -14,6 +14,7 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision, policy
 from ..zero import STAGES, ZERO1_COMM
+from ..zero import hpz
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 
@@ -50,6 +51,9 @@ class TrainConfig:
     # DeepSpeed's ZeRO-3 settings (zero/ds3.py); 0, 0: the paper's P_os+g+p
     stage3_persistence_threshold: int = 0     # units of at most this many elements stay whole
     stage3_max_reuse_distance: int = 0        # keep gathered from forward to backward within this
+    # nodes and ZeRO++'s hpZ (spec/nodes.md, zero/hpz.py): None = one node; hpz 1 = off
+    gpus_per_node: int | None = None          # rank r sits on node r // gpus_per_node
+    hpz: int = 1                              # zero_hpz_partition_size h: backward gathers in-node
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -77,6 +81,7 @@ class TrainConfig:
         gpt.check_mp(self.model, self.n_m)
         check_config(self)
         check_zero_r(self)
+        hpz.check(self)
 
     @property
     def n_ranks(self) -> int:

@@ -10,6 +10,7 @@ import torch
 
 from ..cluster.processes import launch, new_context
 from ..cluster.threads import VirtualCluster
+from ..comm.groups import Nodes
 from ..comm.ledger import CommLedger
 from ..model import gpt, megatron
 from ..model.data import BigramData
@@ -55,10 +56,14 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     cfg.steps``; ``save={step: dir}`` writes a sharded checkpoint after those steps;
     ``keep_state`` keeps the final state for ``Result.state()``."""
     units = cfg.units()
-    cluster = cluster or VirtualCluster(cfg.n_ranks, device=cfg.device, timeout=cfg.timeout)
+    cluster = cluster or VirtualCluster(cfg.n_ranks, device=cfg.device, timeout=cfg.timeout,
+                                        gpus_per_node=cfg.gpus_per_node)
     if cluster.n_ranks != cfg.n_ranks:
         raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says "
                          f"n_d × n_m = {cfg.n_d} × {cfg.n_m} = {cfg.n_ranks}")
+    if cluster.gpus_per_node != cfg.gpus_per_node:
+        raise ValueError(f"cluster has gpus_per_node={cluster.gpus_per_node} but config says "
+                         f"gpus_per_node={cfg.gpus_per_node}")
     if resume is not None:
         resume_check(cfg, resume)
     init, batches = initial_weights(cfg, units), make_batches(cfg)
@@ -80,6 +85,7 @@ def train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
             raise ValueError(f"config n_d × n_m = {cfg.n_d} × {cfg.n_m} but the process group has "
                              f"{ctx.n_ranks} ranks")
         ctx = ctx if k == 0 else new_context()
+        ctx.comm.ledger.nodes = Nodes(cfg.n_ranks, cfg.gpus_per_node)   # links of its bookings
         units = cfg.units()
         t0 = time.perf_counter()
         out = rank_main(ctx, cfg, units, initial_weights(cfg, units), make_batches(cfg),
@@ -92,7 +98,7 @@ def train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
 
 def assemble(cfg: TrainConfig, per_rank: list[dict]) -> Result:
     """The Result of a run on processes, from what each rank's :func:`train_rank` returned."""
-    comm = CommLedger(cfg.n_ranks)
+    comm = CommLedger(cfg.n_ranks, cfg.gpus_per_node)
     for r, x in enumerate(per_rank):   # each process booked only its own rank's records
         comm.adopt(r, x["records"])
     result = build_result(cfg, [x["out"] for x in per_rank], [x["memory"] for x in per_rank], comm,

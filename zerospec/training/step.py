@@ -26,6 +26,7 @@ from .resume import meta as resume_meta
 from ..optim.update import Reach, Updater
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
+from ..zero.hpz import with_hpz
 from ..zero.fetch import ParamFetcher
 from ..comm.groups import Grid
 from ..model import megatron
@@ -152,6 +153,8 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                   if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
+    if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
+        cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
     return cls, kwargs
 
 

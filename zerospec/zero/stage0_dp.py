@@ -102,6 +102,9 @@ class DataParallel:
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         """Unit i's local gradient is complete: kept until the synchronisation after backward."""
 
+    def end_backward(self) -> None:
+        """Backward is over: free what was held for it alone (hpZ's secondary shards, zero/hpz.py)."""
+
     def zero_grad(self) -> None:
         """Start a step: nothing to clear while each backward overwrites the gradient buffers
         (accumulating stages, zerospec/zero/exact.py, zero their sums here)."""
