@@ -164,7 +164,7 @@ def test_explain_json_has_the_three_tables(capsys):
 
 
 @pytest.mark.parametrize("argv,named", [
-    (("plan", "--explain", "--gpus", "8", "--stage", "3"), "--explain needs --preset"),
+    (("plan", "--explain", "--gpus", "8", "--stage", "3"), "--explain needs one model: --preset NAME"),
     (("plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8"), "--explain needs --stage"),
     (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "1,3"), "give one --stage"),
     (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--seq", "9000"),
