@@ -121,3 +121,13 @@ def test_the_figure_is_the_same_bytes_twice(ex, tmp_path):
     from zerospec.plan.explain_figure import save
     a, b = save(ex, tmp_path / "a"), save(ex, tmp_path / "b")
     assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.slow   # one meta step per preset at seq 128: ~70 s in all
+@pytest.mark.parametrize("name", sorted(__import__("zerospec.model.presets", fromlist=["PRESETS"]).PRESETS))
+def test_explain_answers_for_every_preset(name):
+    """--explain runs for every preset (ZeRO-3, 64 GPUs): its phases' buffers sum to their peaks
+    and its highest is the ledger's peak of the explained rank class."""
+    e = explain(name, 3, 64, 80 * 10**9, "x", seq=128)
+    assert all(sum(p.buffers.values()) == p.peak for p in e.phases)
+    assert e.peak == max(c.memory.peak_total for c in e.result.classes)
