@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                                                                 largest, args.estimator)))
     if args.deepspeed_config is not None:
         ds = args.deepspeed_config
+        from ..plan.deepspeed import deepspeed_measured_table, deepspeed_table
         if args.preset is not None and args.params is not None:
             raise ValueError("--preset sets Ψ (the model measured); drop --params, or drop --preset "
                              "for the closed forms of --params")
@@ -125,7 +126,6 @@ def run(args: argparse.Namespace) -> int:
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds.stage], args.units,
                                                    largest, args.estimator))
         if args.preset is not None:   # the same settings on a real shape, measured on meta
-            from ..plan.deepspeed import deepspeed_measured_table
             tables += [deepspeed_measured_table(ds, args.preset, n) for n in args.gpus or [64]]
     elif args.preset is not None:
         raise ValueError("--preset is used with --deepspeed-config or --explain (the model a step "
@@ -253,60 +253,3 @@ def _resolve_machine(args: argparse.Namespace) -> _Sizes:
     if args.gpu_mem is None:
         args.gpu_mem = DEFAULT_GPU_MEM if sizes.m is None else sizes.m.memory_bytes
     return sizes
-
-
-def deepspeed_table(ds, psi: int, n_d: int):
-    """What a DeepSpeed config's ZeRO settings imply for Ψ on N_d GPUs, from the closed forms
-    (spec/deepspeed.md measures each on a real DeepSpeed). Per-tensor effects (which tensors stay
-    whole) need the model's tensor sizes: a meta-tensor prediction is a follow-up."""
-    from fractions import Fraction
-
-    from ..paper import theory
-    from ..render.format import Table, fmt_count, fmt_psi
-    s = ds.stage
-    t = Table("deepspeed_config", f"DeepSpeed ZeRO-{s} config for Ψ = {fmt_count(psi)} on N_d = {n_d} "
-              f"GPUs (closed form)", ["Setting", "Value", "What it implies (closed form)"])
-
-    def row(key: str, effect: str) -> None:
-        given = "" if key in ds.given else " (default)"
-        v = getattr(ds, key)
-        t.add(key, f"{v:,}{given}" if not isinstance(v, bool) else f"{v}{given}", effect)
-
-    buckets = lambda size: theory.bucket_collectives(psi, size) if size else None   # noqa: E731
-    row("stage", f"{theory.stage(s).name}: partitions {theory.stage(s).partitioned}")
-    if s in (1, 2):
-        multi = ds.use_multi_rank_bucket_allreduce
-        row("use_multi_rank_bucket_allreduce", "each gradient bucket all-reduced (2Ψ), then the "
-            "updated partitions all-gathered (Ψ): 3Ψ" if multi else
-            "each bucket's partition reduced to its owner (Ψ), then all-gathered (Ψ): the paper's 2Ψ")
-        row("reduce_bucket_size", f"{buckets(ds.reduce_bucket_size) or '—'} gradient buckets per step")
-        row("allgather_bucket_size", f"{buckets(ds.allgather_bucket_size) or '—'} all-gathers per step")
-        k, elems = (3, theory.comm_elements(1, psi, n_d, "all_reduce")) if multi else \
-            (2, theory.comm_elements(s, psi, n_d))
-    elif s == 3:
-        T_, R = ds.stage3_param_persistence_threshold, ds.stage3_max_reuse_distance
-        row("stage3_param_persistence_threshold", "nothing kept whole" if T_ == 0 else
-            f"tensors of <= {T_:,} elements are not partitioned: whole on every GPU, all-gathered "
-            f"again after each step")
-        row("stage3_max_reuse_distance", "parameters released after each use: gathered again in "
-            "backward" if R == 0 else f"parameters reused within {R:,} elements stay gathered from "
-            f"forward to backward" + (" (all of them: R >= 2Ψ)" if R >= 2 * psi else ""))
-        row("stage3_prefetch_bucket_size", "elements gathered ahead of use: when, not how much")
-        # between a tensor's forward and backward use every other one is fetched at most twice
-        if R >= 2 * psi:
-            k, elems = 2, theory.comm_elements(2, psi, n_d)      # RS + one gather of each tensor
-        elif T_ == 0 and R == 0:
-            k, elems = 3, theory.comm_elements(3, psi, n_d)      # the paper's P_os+g+p
-        else:
-            k, elems = None, None
-    else:
-        k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
-    volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
-              if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
-                        "prediction is a follow-up)")
-    paper = theory.comm_in_psi(s)
-    t.add("traffic per step (closed form)", "—", volume + (f"; the paper's stage moves {paper}Ψ"
-                                                           if k != paper else "; the paper's volume"))
-    t.notes.append("Closed form from the settings and Ψ only (paper.theory); measured against a "
-                   "real DeepSpeed in spec/deepspeed.md. Memory per GPU below, by estimator.")
-    return t

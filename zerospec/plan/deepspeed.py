@@ -22,7 +22,6 @@ from fractions import Fraction
 
 from ..model.presets import preset
 from ..render.format import Table, fmt_bytes, fmt_count, fmt_psi
-from ..training.scale import measure
 from .ds_config import DeepSpeedConfig
 
 
@@ -76,6 +75,7 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1,
 
 def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int) -> Table:
     """One meta step of preset ``name`` on ``n_d`` GPUs under the config's settings."""
+    from ..training.scale import measure       # torch: only when a step is measured
     model = preset(name).model
     kw, left = config_kwargs(ds, n_d)
     r = measure(model, ds.stage, n_d, **kw)
@@ -95,4 +95,58 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int) -> Table:
                                                      for k, v in kw.items()) or "none")
                    + ".")
     t.notes.append("Not modelled: " + ("; ".join(left) if left else "nothing") + ".")
+    return t
+
+
+def deepspeed_table(ds, psi: int, n_d: int):
+    """What a DeepSpeed config's ZeRO settings imply for Ψ on N_d GPUs, from the closed forms
+    (spec/deepspeed.md measures each on a real DeepSpeed). Per-tensor effects (which tensors stay
+    whole) need the model's tensor sizes: a meta-tensor prediction is a follow-up."""
+    from ..paper import theory
+    s = ds.stage
+    t = Table("deepspeed_config", f"DeepSpeed ZeRO-{s} config for Ψ = {fmt_count(psi)} on N_d = {n_d} "
+              f"GPUs (closed form)", ["Setting", "Value", "What it implies (closed form)"])
+
+    def row(key: str, effect: str) -> None:
+        given = "" if key in ds.given else " (default)"
+        v = getattr(ds, key)
+        t.add(key, f"{v:,}{given}" if not isinstance(v, bool) else f"{v}{given}", effect)
+
+    buckets = lambda size: theory.bucket_collectives(psi, size) if size else None   # noqa: E731
+    row("stage", f"{theory.stage(s).name}: partitions {theory.stage(s).partitioned}")
+    if s in (1, 2):
+        multi = ds.use_multi_rank_bucket_allreduce
+        row("use_multi_rank_bucket_allreduce", "each gradient bucket all-reduced (2Ψ), then the "
+            "updated partitions all-gathered (Ψ): 3Ψ" if multi else
+            "each bucket's partition reduced to its owner (Ψ), then all-gathered (Ψ): the paper's 2Ψ")
+        row("reduce_bucket_size", f"{buckets(ds.reduce_bucket_size) or '—'} gradient buckets per step")
+        row("allgather_bucket_size", f"{buckets(ds.allgather_bucket_size) or '—'} all-gathers per step")
+        k, elems = (3, theory.comm_elements(1, psi, n_d, "all_reduce")) if multi else \
+            (2, theory.comm_elements(s, psi, n_d))
+    elif s == 3:
+        T_, R = ds.stage3_param_persistence_threshold, ds.stage3_max_reuse_distance
+        row("stage3_param_persistence_threshold", "nothing kept whole" if T_ == 0 else
+            f"tensors of <= {T_:,} elements are not partitioned: whole on every GPU, all-gathered "
+            f"again after each step")
+        row("stage3_max_reuse_distance", "parameters released after each use: gathered again in "
+            "backward" if R == 0 else f"parameters reused within {R:,} elements stay gathered from "
+            f"forward to backward" + (" (all of them: R >= 2Ψ)" if R >= 2 * psi else ""))
+        row("stage3_prefetch_bucket_size", "elements gathered ahead of use: when, not how much")
+        # between a tensor's forward and backward use every other one is fetched at most twice
+        if R >= 2 * psi:
+            k, elems = 2, theory.comm_elements(2, psi, n_d)      # RS + one gather of each tensor
+        elif T_ == 0 and R == 0:
+            k, elems = 3, theory.comm_elements(3, psi, n_d)      # the paper's P_os+g+p
+        else:
+            k, elems = None, None
+    else:
+        k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
+    volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
+              if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
+                        "prediction is a follow-up)")
+    paper = theory.comm_in_psi(s)
+    t.add("traffic per step (closed form)", "—", volume + (f"; the paper's stage moves {paper}Ψ"
+                                                           if k != paper else "; the paper's volume"))
+    t.notes.append("Closed form from the settings and Ψ only (paper.theory); measured against a "
+                   "real DeepSpeed in spec/deepspeed.md. Memory per GPU below, by estimator.")
     return t
