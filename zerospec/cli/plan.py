@@ -42,7 +42,9 @@ def add_parser(sub) -> None:
                         "(default 0: not counted)")
     p.add_argument("--deepspeed-config", type=T.deepspeed_config, default=None, metavar="DS.JSON",
                    help="a DeepSpeed config: what its ZeRO settings imply (closed form: traffic per "
-                        "step, what stays whole) and its stage's memory, for --params and --gpus")
+                        "step, what stays whole) and its stage's memory, for --params (or --preset's "
+                        "Ψ) and --gpus; with --explain, the step's stage, micro-batch, precision and "
+                        "buffers; every key not modelled is listed")
     p.add_argument("--preset", choices=_presets(), default=None, metavar="NAME",
                    help="with --explain: the model to explain; with --deepspeed-config: also run one step of this model (e.g. 1.5B, 7.5B, "
                         "t4-100B-125x8192) on meta tensors under the config's settings and print "

@@ -149,4 +149,7 @@ def deepspeed_table(ds, psi: int, n_d: int):
                                                            if k != paper else "; the paper's volume"))
     t.notes.append("Closed form from the settings and Ψ only (paper.theory); measured against a "
                    "real DeepSpeed in spec/deepspeed.md. Memory per GPU below, by estimator.")
+    if ds.not_modelled:    # every key the closed forms do not read, said
+        t.notes.append("Not modelled: " + "; ".join(f"{k} ({why})" for k, why in ds.not_modelled)
+                       + ".")
     return t

@@ -154,3 +154,12 @@ def test_a_stage_or_micro_batch_contradicting_the_config_is_refused(capsys, tmp_
     base = ("plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8", "--deepspeed-config", cfg)
     assert_usage_error(capsys, *base, "--stage", "2", named="--stage 2 contradicts")
     assert_usage_error(capsys, *base, "--micro-batch", "1", named="--micro-batch 1 contradicts")
+
+
+def test_the_closed_form_section_lists_the_keys_it_does_not_model(capsys, tmp_path):
+    """`plan --deepspeed-config` without a preset still names every key it does not read."""
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "cpu"}}})
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", cfg, "--gpus", "8", "--format", "json")
+    notes = json.loads(out)["tables"][0]["notes"]
+    assert rc == 0 and any("zero_optimization.offload_optimizer (ZeRO-Offload" in n for n in notes)
