@@ -152,7 +152,8 @@ def _whole(v) -> str:
 
 def _setting(ex: Explanation) -> str:
     grid = f"N_d = {ex.n_d}" + (f" × N_m = {ex.n_m}" if ex.n_m > 1 else "")
-    ckpt = f", a checkpoint every {ex.checkpoint_activations} blocks" if ex.checkpoint_activations else ""
+    k = ex.checkpoint_activations
+    ckpt = "" if not k else ", a checkpoint every block" if k == 1 else f", a checkpoint every {k} blocks"
     prec = "" if ex.precision == "fp16" else f", {ex.precision}"
     return (f"{ex.name}, {theory.stage(ex.stage).name}, {grid}, seq {ex.seq}, "
             f"micro-batch {ex.micro_batch}{ckpt}{prec}")

@@ -77,14 +77,14 @@ def save(ex, out: str | Path) -> Path:
     groups: list[tuple[int, list[str]]] = []      # phases a few events long share one label
     for name, a, _ in curve.phases:
         ax.axvline(a, color="grey", linewidth=0.5)
-        if groups and a - groups[-1][0] < 0.04 * last:
+        if groups and a - groups[-1][0] < 0.02 * last:
             groups[-1][1].append(name)
         else:
             groups.append((a, [name]))
     for a, names in groups:
-        end = a > 0.9 * last
+        end = a > 0.9 * last          # vertical, beside its line: short phases stay legible
         ax.text(a, top * 0.98, " " + ", ".join(names) + " ", ha="right" if end else "left",
-                va="top", fontsize=8, rotation=90 if len(names) > 1 else 0)
+                va="top", fontsize=8, rotation=90)
     ax.set_ylim(0, top)
     ax.set_xlim(0, last)
     ax.set_xlabel("ledger events of the step, in order")
