@@ -33,8 +33,9 @@ def memory_over_step(trace: list[TraceEvent]) -> Curve:
     phases, start = [], 0
     for e in trace:
         if e.op == "phase":        # the marker closes the phase it names
-            n = len(held[CATEGORIES[0]])
-            phases.append((e.label.partition("@")[0], start, max(n - 1, start)))
+            n = len(held[CATEGORIES[0]])   # a phase without events sits at the last event
+            first = min(start, max(n - 1, 0))
+            phases.append((e.label.partition("@")[0], first, max(n - 1, first)))
             start = n
             continue
         current[e.category] += e.nbytes if e.op == "alloc" else -e.nbytes
