@@ -155,6 +155,9 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
             dotted = f"zero_optimization.{key}"
             left.append((dotted, LATER.get(dotted, "not read by zerospec") +
                          (": not modelled yet" if dotted in LATER else "")))
+    for sec in ("fp16", "bf16", "bfloat16"):   # loss scaling and the like: no byte of the step
+        left += [(f"{sec}.{k}", "changes no byte of the step") for k in doc.get(sec, {})
+                 if k != "enabled"]
     for key in act:
         if key not in ACTIVATION_DEFAULTS:
             left.append((f"activation_checkpointing.{key}", "not read by zerospec"))

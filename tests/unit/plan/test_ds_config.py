@@ -61,6 +61,7 @@ def test_every_key_it_does_not_model_is_listed_with_why():
     at all are listed too; the modelled ones are not."""
     ds = ds_config.parse({
         "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}, "foo": 1,
+        "fp16": {"enabled": True, "loss_scale": 0},
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                               "offload_param": {"device": "cpu"}, "zero_hpz_partition_size": 8,
                               "zero_quantized_weights": True, "zero_quantized_gradients": True,
@@ -77,7 +78,7 @@ def test_every_key_it_does_not_model_is_listed_with_why():
                          "zero_optimization.zero_quantized_weights",
                          "zero_optimization.zero_quantized_gradients",
                          "zero_optimization.mics_shard_size", "zero_optimization.sub_group_size",
-                         "activation_checkpointing.number_checkpoints"}
+                         "activation_checkpointing.number_checkpoints", "fp16.loss_scale"}
     assert ds.given == {"stage", "reduce_bucket_size", "partition_activations"}
     _, notes = config_kwargs(ds, 8)
     assert sum("offload_optimizer" in n for n in notes) == 1
