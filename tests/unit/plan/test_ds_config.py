@@ -108,6 +108,9 @@ def test_the_configs_settings_reach_the_meta_step():
                   "contiguous_gradients": True}
     assert any(n.startswith("gradient_accumulation_steps 2") for n in left)
     assert any(n.startswith("partition_activations") and "N_m = 1" in n for n in left)
+    kw, left = config_kwargs(ds, 8, n_m=2, checkpoint_activations=1)   # P_a where it applies
+    assert kw["partition_activations"] and not kw["cpu_checkpointing"]
+    assert not any(n.startswith("partition_activations") for n in left)
 
 
 def _write(tmp_path, doc) -> str:
@@ -118,19 +121,22 @@ def _write(tmp_path, doc) -> str:
 
 def test_explain_with_a_deepspeed_config_steps_its_micro_batch_and_precision(capsys, tmp_path):
     """`plan --explain --deepspeed-config`: the step explained is the config's (micro-batch 2 per
-    GPU from train_batch_size 16 on 8 GPUs, bf16), the same peak as the explainer given them."""
+    GPU from train_batch_size 16 on 8 GPUs, bf16), the same peak as the explainer given them, and
+    not the peak of one sequence."""
     from zerospec.plan.explain import explain
     cfg = _write(tmp_path, {"train_batch_size": 16, "bf16": {"enabled": True},
                             "zero_optimization": {"stage": 3}})
-    rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8",
-                         "--seq", "256", "--deepspeed-config", cfg, "--format", "json")
+    rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "t4-1.16B-24x1920", "--gpus", "8",
+                         "--seq", "64", "--deepspeed-config", cfg, "--format", "json")
     assert rc == 0
     t = {t["name"]: t for t in json.loads(out)["tables"]}["explain_phases"]
     assert "micro-batch 2" in t["title"] and "bf16" in t["title"]
     kw, _ = config_kwargs(ds_config.read(cfg), 8)
     kw.pop("micro_batch")
-    ex = explain("llama-3-8b", 3, 8, 32 * 10**9, "x", seq=256, micro_batch=2, settings=kw)
+    ex = explain("t4-1.16B-24x1920", 3, 8, 32 * 10**9, "x", seq=64, micro_batch=2, settings=kw)
     assert max(r[1] for r in t["rows"]) == ex.peak
+    one = explain("t4-1.16B-24x1920", 3, 8, 32 * 10**9, "x", seq=64, micro_batch=1, settings=kw)
+    assert one.peak < ex.peak
     assert any(n.startswith("Not modelled:") for n in t["notes"])
 
 
