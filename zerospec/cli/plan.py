@@ -46,9 +46,10 @@ def add_parser(sub) -> None:
                         "Ψ) and --gpus; with --explain, the step's stage, micro-batch, precision and "
                         "buffers; every key not modelled is listed")
     p.add_argument("--preset", choices=_presets(), default=None, metavar="NAME",
-                   help="with --explain: the model to explain; with --deepspeed-config: also run one step of this model (e.g. 1.5B, 7.5B, "
-                        "t4-100B-125x8192) on meta tensors under the config's settings and print "
-                        "the measured memory and traffic")
+                   help="with --explain: the model to explain; with --deepspeed-config: also run "
+                        "one step of this model (e.g. 1.5B, llama-3-8b, t4-100B-125x8192) on meta "
+                        "tensors under the config's settings and print the measured memory and "
+                        "traffic; the closed forms are then for its Ψ")
     p.add_argument("--explain", action="store_true",
                    help="with --preset, one --gpus and one --stage: run one step on meta tensors and "
                         "say why it fits or not: each phase's peak and the buffers that make it, "

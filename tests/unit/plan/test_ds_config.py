@@ -86,7 +86,8 @@ def test_every_key_it_does_not_model_is_listed_with_why():
 
 @pytest.mark.parametrize("doc,named", [
     ({"zero_optimization": {"stage": True}}, "zero_optimization.stage = True"),
-    ({"zero_optimization": {"overlap_comm": 1}}, "zero_optimization.overlap_comm = 1; accepted: true or false"),
+    ({"zero_optimization": {"overlap_comm": 1}},
+     "zero_optimization.overlap_comm = 1; accepted: true or false"),
     ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu = 0; accepted: an integer >= 1"),
     ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16 and bf16 are both enabled"),
     ({"activation_checkpointing": {"cpu_checkpointing": "yes"}}, "cpu_checkpointing = 'yes'"),
