@@ -33,15 +33,15 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1,
     s, b = ds.stage, ds.batch(n_d)
     kw, left = {"precision": ds.precision, "micro_batch": b.micro}, []
     if b.gas > 1:
-        left.append(f"gradient_accumulation_steps {b.gas}: one micro-step is measured (the "
-                    f"accumulated gradients are the buffers it already holds)")
+        left.append(f"gradient_accumulation_steps {b.gas}: one micro-step is measured, not "
+                    f"what accumulating across micro-steps holds")
     if s >= 1 and ds.reduce_bucket_size:
         kw["bucket_elements"] = ds.reduce_bucket_size
     if s == 1 and ds.use_multi_rank_bucket_allreduce:
         kw["zero1_comm"] = "all_reduce"
     if s == 2 and ds.use_multi_rank_bucket_allreduce:
         left.append("use_multi_rank_bucket_allreduce at stage 2 (all-reduced buckets, 3Ψ): the "
-                    "reduce-scatter path is measured; the closed form above gives its volume")
+                    "reduce-scatter path is measured; the closed-form table gives its volume")
     if s >= 2 and ds.contiguous_gradients:
         kw["contiguous_gradients"] = True
     if s in (1, 2):
