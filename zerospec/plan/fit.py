@@ -91,18 +91,20 @@ def fit_table(ex, units: str = "GB"):
     (at the explained micro-batch) whose step peak fits the GPU, each found by meta steps."""
     from ..render.format import Table, fmt_bytes
     t = Table("explain_fit", f"What fits {ex.where} ({fmt_bytes(ex.capacity, units)} per GPU)",
-              ["Largest", "Value", "Peak there (bytes)", "Next value's peak (bytes)", "Meta steps"])
-    known = {ex.micro_batch: ex.peak}
-    mb = largest(lambda m: known.get(m) or step_peak(ex, m, ex.seq), ex.capacity)
-    known = {ex.seq: ex.peak}
-    sq = largest(lambda s: known.get(s) or step_peak(ex, ex.micro_batch, s), ex.capacity,
-                 hi=ex.model.block_size)
-    for what, e in ((f"micro-batch at seq {ex.seq}", mb),
-                    (f"sequence length at micro-batch {ex.micro_batch}", sq)):
+              ["Largest", "Value", "Peak there (bytes)", "Next value's peak (bytes)",
+               "Meta steps (new)"])
+    # the explained step is one point of each search; where it fits, the search starts there
+    # (the peak does not fall as either grows, so every smaller value fits too)
+    mb = largest(lambda m: ex.peak if m == ex.micro_batch else step_peak(ex, m, ex.seq),
+                 ex.capacity, lo=ex.micro_batch if ex.fits else 1)
+    sq = largest(lambda s: ex.peak if s == ex.seq else step_peak(ex, ex.micro_batch, s),
+                 ex.capacity, lo=ex.seq if ex.fits else 1, hi=ex.model.block_size)
+    for what, e, mine in ((f"micro-batch at seq {ex.seq}", mb, ex.micro_batch),
+                          (f"sequence length at micro-batch {ex.micro_batch}", sq, ex.seq)):
         v = e.value
         nxt = "— (the bound)" if v == e.bound else (f"{e.peaks[v + 1 if v else 1]:,}")
         t.add(what, "none fits" if v is None else f"{v:,}",
-              "—" if v is None else f"{e.peaks[v]:,}", nxt, e.steps)
+              "—" if v is None else f"{e.peaks[v]:,}", nxt, e.steps - (mine in e.peaks))
     t.notes.append("Fits: the ledger's step peak <= the GPU's memory (the allocator model's "
                    "fragmentation comes on top). Sequence length up to the model's context "
                    f"{ex.model.block_size:,}; micro-batch up to {MAX_MICRO_BATCH:,}.")
