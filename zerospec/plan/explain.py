@@ -23,7 +23,8 @@ LABELS = {"param16": "parameters (fp16)", "grad16": "gradients (fp16)",
           "master32": "optimizer: fp32 master", "exp_avg": "optimizer: momentum",
           "exp_avg_sq": "optimizer: variance", "gathered": "gathered units (ZeRO-3)",
           "activations": "activations", "checkpoints": "checkpoints",
-          "recomputed": "recomputed activations", "buffer": "buffers", "bucket": "buckets"}
+          "recomputed": "recomputed activations", "buffer": "buffers", "bucket": "buckets",
+          "secondary16": "hpZ secondary shards (fp16)"}
 
 
 @dataclasses.dataclass(frozen=True)

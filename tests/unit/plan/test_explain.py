@@ -131,3 +131,11 @@ def test_explain_answers_for_every_preset(name):
     e = explain(name, 3, 64, 80 * 10**9, "x", seq=128)
     assert all(sum(p.buffers.values()) == p.peak for p in e.phases)
     assert e.peak == max(c.memory.peak_total for c in e.result.classes)
+
+
+def test_every_ledger_category_has_a_label():
+    """The explainer names every category the memory ledger books (a new one, e.g. hpZ's
+    secondary shards, would otherwise fail the breakdown table with a KeyError)."""
+    from zerospec.plan.explain import LABELS
+    from zerospec.runtime.memory import CATEGORIES
+    assert set(LABELS) == set(CATEGORIES)
