@@ -12,6 +12,7 @@ import functools
 from collections import Counter
 
 import pytest
+import torch
 
 from tests.support.runs import assert_same_training
 from zerospec.cluster.threads import VirtualCluster
@@ -19,6 +20,14 @@ from zerospec.model.gpt import ODD
 from zerospec.paper import theory
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
+from zerospec.zero import Parameters
+
+U16, U32 = 2.0 ** -11, 2.0 ** -24   # unit roundoff of fp16 and fp32
+FP16_SUBNORMAL_HALF_ULP = 2.0 ** -25
+
+
+def gamma(k: int, u: float) -> float:
+    return k * u / (1 - k * u)
 
 N, G = 4, 2          # 2 nodes × 2 GPUs
 BASE = TrainConfig(stage=3, n_d=N, model=ODD, steps=2, gpus_per_node=G)
@@ -105,6 +114,48 @@ def test_with_exact_sums_mics_trains_bit_identically_to_the_flat_stage(stage):
     for accum in (1, 2):
         assert_same_training(wired(stage, 2, accum=accum, exact=True)[1],
                              wired(stage, None, accum=accum, exact=True)[1])
+
+
+def reduced_gradients(cfg, monkeypatch):
+    """(each rank's fp16 unit gradients as backward handed them over, the reduced mean gradient
+    of each unit put together from the owners' shards) after one step of ``cfg``."""
+    raw, mean = {}, {}
+    handed = Parameters.grad_ready
+
+    def spy(self, i, slot):
+        raw[getattr(self.ctx, "global_rank", self.ctx.rank), i] = slot[:self.units[i].numel].clone()
+        handed(self, i, slot)
+
+    def on_step(step, stage):
+        for i, u in enumerate(stage.units):
+            flat = mean.setdefault(i, torch.zeros(u.padded, dtype=torch.float64))
+            flat[stage.owned_slice(u)] = stage.grad_for_step(i).double()
+
+    monkeypatch.setattr(Parameters, "grad_ready", spy)
+    train(cfg, on_step=on_step)
+    units = cfg.units()
+    return raw, {i: mean[i][:units[i].numel] for i in mean}
+
+
+@pytest.mark.claim("M5")
+def test_with_rounded_means_each_gradient_stays_within_its_derived_bound(monkeypatch):
+    """Without exact sums each hop rounds its mean to fp16: the reduced gradient of every element
+    lies within the two-hop bound of spec/mics.md around the exact mean of what backward handed
+    over (the flat stage within its one-rounding bound), and the two differ (M5)."""
+    cfg = dataclasses.replace(BASE, steps=1)
+    raw, mics = reduced_gradients(dataclasses.replace(cfg, shard_group=2), monkeypatch)
+    raw_flat, flat = reduced_gradients(cfg, monkeypatch)
+    assert raw.keys() == raw_flat.keys() and all(torch.equal(raw[k], raw_flat[k]) for k in raw)
+    p, r, h = 2, N // 2, FP16_SUBNORMAL_HALF_ULP
+    for i in mics:
+        xs = [raw[k, i].double() for k in range(N)]
+        exact, a = sum(xs) / N, sum(x.abs() for x in xs) / N
+        b = sum(sum(xs[j:j + p]).abs() for j in range(0, N, p)) / N
+        e1 = (1 + U16) * gamma(p, U32) * a + U16 * b + h
+        hop2 = gamma(r, U32) * (b + e1)
+        assert ((mics[i] - exact).abs() <= e1 + hop2 + U16 * (exact.abs() + e1 + hop2) + h).all()
+        assert ((flat[i] - exact).abs() <= (1 + U16) * gamma(N, U32) * a + U16 * exact.abs() + h).all()
+    assert any(not torch.equal(mics[i], flat[i]) for i in mics)
 
 
 @pytest.mark.claim("M5")
