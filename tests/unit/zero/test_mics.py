@@ -100,3 +100,13 @@ def test_mics_without_a_sharded_stage_or_beside_hpz_is_refused(kw):
     """Stage 0 shards nothing; hpZ's partition is another split of the same ranks."""
     with pytest.raises(ValueError, match="shard_group=2 shards the model states of stage 1, 2 or 3"):
         dataclasses.replace(BASE, shard_group=2, **kw)
+
+
+def test_checkpoints_of_a_mics_run_are_refused_before_any_rank_starts(tmp_path):
+    """Replicas hold the same shards, which the checkpoint layout does not model: save and
+    keep_state are refused, naming shard_group."""
+    cfg = dataclasses.replace(BASE, shard_group=2)
+    for kw in ({"save": {1: tmp_path / "ck"}}, {"keep_state": True}):
+        with pytest.raises(ValueError, match="shard_group=2: checkpoints of a MiCS run are not "
+                                             "modelled"):
+            train(cfg, **kw)
