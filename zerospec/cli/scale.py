@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
     p.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
                    help="ZeRO++'s hpZ for stage 3 (zero_hpz_partition_size; H must divide G), "
                         "default 1: off")
+    p.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
+                   help="MiCS / FSDP2's HSDP for stages 1-3 (spec/mics.md): shard over groups of P "
+                        "ranks (P must divide the data-parallel GPUs), replicate across them")
 
 
 def _stages(text: str) -> tuple[int, ...]:
@@ -103,7 +106,8 @@ def run(args) -> int:
               checkpoint_activations=args.checkpoint_activations,
               partition_activations=args.partition_activations,
               cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
-    results = {s: measure(model, s, n_d, hpz=args.hpz if s == 3 else 1, **kw) for s in stages}
+    results = {s: measure(model, s, n_d, hpz=args.hpz if s == 3 else 1,
+                          shard_group=args.shard_group if s else None, **kw) for s in stages}
     grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below)" if args.mp > 1 else "")
     print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
           f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "

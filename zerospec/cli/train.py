@@ -52,6 +52,10 @@ def add_parser(sub) -> None:
     nodes.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
                        help="zero_hpz_partition_size: stage 3's backward all-gather inside H ranks "
                             "of a node (H must divide G); default 1, off")
+    nodes.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
+                       help="MiCS / FSDP2's HSDP (spec/mics.md): shard stages 1-3 over groups of P "
+                            "consecutive ranks (P must divide the ranks), replicate across groups; "
+                            "default: shard over every rank")
     r = p.add_argument_group("surviving real conditions (spec/loss_scaling.md, clipping.md, "
                              "accumulation.md)")
     r.add_argument("--loss-scale", type=T.positive_float, default=None, metavar="INIT",
@@ -116,7 +120,8 @@ def _config(args, n_ranks: int):
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
                        checkpoint_activations=args.checkpoint_activations,
                        bucket_elements=args.bucket_size,
-                       gpus_per_node=args.gpus_per_node, hpz=args.hpz)
+                       gpus_per_node=args.gpus_per_node, hpz=args.hpz,
+                       shard_group=args.shard_group)
 
 
 def summary(result, backend: str) -> str:
@@ -146,7 +151,8 @@ def summary(result, backend: str) -> str:
                 if cfg.checkpoint_activations else "")
              + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
-                if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else ""),
+                if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
+             + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else ""),
              f"model states on rank 0: {result.model_states(0):,} B"
              + (f"; activation checkpoints: {result.memory[0].peak['checkpoints']:,} B on the "
                 f"device at the peak" if cfg.checkpoint_activations else ""), "",

@@ -222,3 +222,17 @@ def hpz_secondary_bytes(psi, h: int) -> Fraction:
     """D6: hpZ's fp16 secondary shard, 1/h of every unit per GPU, held from forward to backward:
     2Ψ/h bytes (2M/(GPUs per node) when h is the GPUs per node)."""
     return Fraction(2 * psi, h)
+
+
+# -- MiCS (arXiv:2205.00119): p GPUs shard, N/p groups replicate (spec/mics.md) --------------------
+def mics_model_state_bytes(stage: int, psi, p: int, k: int = K_ADAM) -> Fraction:
+    """M1: each GPU holds stage ``stage``'s model states at N_d = p, whatever N is: 16Ψ/p in
+    stage 3 (C9 with the partition group for N_d)."""
+    return model_state_bytes(stage, psi, p, k)
+
+
+def mics_replica_all_reduce(psi, n: int, p: int) -> Fraction:
+    """M2, M3: elements each GPU sends per step in the replication all-reduce of its Ψ/p
+    gradient shard, once per step whatever the number of micro-steps: 2(R − 1)/R · Ψ/p, R = N/p.
+    With the partition group inside a node, the only traffic that crosses nodes."""
+    return 2 * Fraction(psi, p) * ring_factor(n // p)

@@ -14,7 +14,7 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision, policy
 from ..zero import STAGES, ZERO1_COMM
-from ..zero import hpz
+from ..zero import hpz, mics
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 
@@ -54,6 +54,8 @@ class TrainConfig:
     # nodes and ZeRO++'s hpZ (spec/nodes.md, zero/hpz.py): None = one node; hpz 1 = off
     gpus_per_node: int | None = None          # rank r sits on node r // gpus_per_node
     hpz: int = 1                              # zero_hpz_partition_size h: backward gathers in-node
+    # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p
+    shard_group: int | None = None            # p; None: shard over all N_d ranks (p = N_d)
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -82,6 +84,7 @@ class TrainConfig:
         check_config(self)
         check_zero_r(self)
         hpz.check(self)
+        mics.check(self)
 
     @property
     def n_ranks(self) -> int:
@@ -110,8 +113,13 @@ class TrainConfig:
     def label(self) -> str:
         return STAGES[self.stage].label
 
+    @property
+    def shard_size(self) -> int:
+        """The ranks the model states are sharded over: p with MiCS, else N_d."""
+        return self.n_d if self.shard_group is None else self.shard_group
+
     def units(self) -> tuple[Unit, ...]:
-        return self.model.units(self.n_d, pad=STAGES[self.stage].pad, n_m=self.n_m)
+        return self.model.units(self.shard_size, pad=STAGES[self.stage].pad, n_m=self.n_m)
 
 
 def check_config(cfg) -> None:
