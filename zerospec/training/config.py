@@ -14,7 +14,7 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision, policy
 from ..zero import STAGES, ZERO1_COMM
-from ..zero import hpz
+from ..zero import hpz, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 
@@ -54,6 +54,10 @@ class TrainConfig:
     # nodes and ZeRO++'s hpZ (spec/nodes.md, zero/hpz.py): None = one node; hpz 1 = off
     gpus_per_node: int | None = None          # rank r sits on node r // gpus_per_node
     hpz: int = 1                              # zero_hpz_partition_size h: backward gathers in-node
+    # ZeRO++'s quantized collectives (zero/zeropp.py, spec/zeropp.md); off: stage 3 unchanged
+    qwz: bool = False                         # zero_quantized_weights: int8 weight all-gathers
+    qgz: bool = False                         # zero_quantized_gradients: int4 all-to-all reduce
+    quant_group_size: int | None = None       # elements per scale; None: DeepSpeed's choice
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -82,6 +86,7 @@ class TrainConfig:
         check_config(self)
         check_zero_r(self)
         hpz.check(self)
+        zeropp.check(self)
 
     @property
     def n_ranks(self) -> int:
