@@ -14,7 +14,7 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision, policy
 from ..zero import STAGES, ZERO1_COMM
-from ..zero import hpz, mics
+from ..zero import hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 
@@ -56,6 +56,10 @@ class TrainConfig:
     hpz: int = 1                              # zero_hpz_partition_size h: backward gathers in-node
     # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p
     shard_group: int | None = None            # p; None: shard over all N_d ranks (p = N_d)
+    # ZeRO++'s quantized collectives (zero/zeropp.py, spec/zeropp.md); off: stage 3 unchanged
+    qwz: bool = False                         # zero_quantized_weights: int8 weight all-gathers
+    qgz: bool = False                         # zero_quantized_gradients: int4 all-to-all reduce
+    quant_group_size: int | None = None       # elements per scale; None: DeepSpeed's choice
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -85,6 +89,7 @@ class TrainConfig:
         check_zero_r(self)
         hpz.check(self)
         mics.check(self)
+        zeropp.check(self)
 
     @property
     def n_ranks(self) -> int:

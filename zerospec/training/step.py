@@ -28,6 +28,7 @@ from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
+from ..zero.zeropp import with_zeropp
 from ..zero.fetch import ParamFetcher
 from ..comm.groups import Grid, mics_groups, replica_group, shard_group
 from ..model import megatron
@@ -166,6 +167,10 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                   if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
+    if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
+        cls = with_zeropp(cls)
+        kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
+                      gpus_per_node=cfg.gpus_per_node)
     if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
