@@ -36,10 +36,12 @@ def check(cfg) -> None:
         raise ValueError(f"shard_group (MiCS's partition group size p)={p!r} must be an integer "
                          f"that divides the {cfg.n_d} data-parallel ranks; accepted: "
                          f"{', '.join(map(str, divisors(cfg.n_d)))}")
-    if cfg.stage == 0 or cfg.n_m != 1 or cfg.hpz != 1:
+    qwz, qgz = getattr(cfg, "qwz", False), getattr(cfg, "qgz", False)
+    if cfg.stage == 0 or cfg.n_m != 1 or cfg.hpz != 1 or qwz or qgz:
         raise ValueError(f"shard_group={p} shards the model states of stage 1, 2 or 3 over p of "
-                         f"the data-parallel ranks: it needs stage >= 1, n_m=1 and hpz=1, got "
-                         f"stage={cfg.stage}, n_m={cfg.n_m}, hpz={cfg.hpz}")
+                         f"the data-parallel ranks: it needs stage >= 1, n_m=1, hpz=1 and neither "
+                         f"qwZ nor qgZ (their groups span the whole data-parallel world), got "
+                         f"stage={cfg.stage}, n_m={cfg.n_m}, hpz={cfg.hpz}, qwz={qwz}, qgz={qgz}")
 
 
 class ReplicatedShards:

@@ -95,9 +95,11 @@ def test_a_partition_group_that_does_not_divide_n_d_is_refused_naming_the_accept
         dataclasses.replace(BASE, shard_group=p)
 
 
-@pytest.mark.parametrize("kw", [{"stage": 0}, {"hpz": 2}])
-def test_mics_without_a_sharded_stage_or_beside_hpz_is_refused(kw):
-    """Stage 0 shards nothing; hpZ's partition is another split of the same ranks."""
+@pytest.mark.parametrize("kw", [{"stage": 0}, {"hpz": 2}, {"stage": 3, "qwz": True},
+                                {"stage": 3, "qgz": True}])
+def test_mics_without_a_sharded_stage_or_beside_hpz_or_quantized_collectives_is_refused(kw):
+    """Stage 0 shards nothing; hpZ's partition is another split of the same ranks; qwZ's and
+    qgZ's collectives run over the whole data-parallel world (a rank failed in setup before)."""
     with pytest.raises(ValueError, match="shard_group=2 shards the model states of stage 1, 2 or 3"):
         dataclasses.replace(BASE, shard_group=2, **kw)
 
