@@ -88,7 +88,7 @@ def test_the_summary_counts_the_latest_runs_targets_met_and_names_each_missed_ca
     met = {"datetime": "2026-12-05T05:00:00", "benchmarks": latest["benchmarks"][:1]}
     assert benchtable.summary(benchtable.table([met])).splitlines() == [
         "On ?, ? CPUs, torch ?, 2026-12-05: 1 of 1 benchmarks with a target met it (0 more only "
-        "measure).", ""]
+        "measure)."]
 
 
 def test_runs_on_several_machines_share_one_table_each_row_naming_its_own():
