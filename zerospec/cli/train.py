@@ -61,6 +61,21 @@ def add_parser(sub) -> None:
                    help="clip the global gradient norm to MAX (default off)")
     r.add_argument("--grad-accum", type=T.positive_int, default=1, metavar="G",
                    help="micro-batches per optimizer step, summed exactly (default 1)")
+    o = p.add_argument_group("ZeRO-Offload (spec/offload.md)")
+    o.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
+                   help="fp32 master, momentum, variance and Adam on the host (nvme: the states "
+                        "in swap files between steps); needs --stage 2 or 3; default off")
+    o.add_argument("--offload-mode", choices=("paper", "deepspeed"), default="paper",
+                   help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
+                        "deepspeed: fp32 gradients down (6); default paper")
+    o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
+                   help="ZeRO-Infinity's parameter offload (not built yet: refused)")
+    o.add_argument("--nvme-path", default=None, metavar="DIR",
+                   help="an existing directory for the NVMe tier's swap files (default: a "
+                        "temporary one)")
+    o.add_argument("--dpu", type=int, default=0, metavar="N",
+                   help="one-step delayed parameter update from step N (approximate, B8); "
+                        "default 0: off")
     z = p.add_argument_group("ZeRO-R (spec/activations.md)")
     z.add_argument("--checkpoint-activations", type=int, default=0, metavar="K",
                    help="activation checkpointing: keep the input of every K-th transformer block, "
@@ -116,7 +131,10 @@ def _config(args, n_ranks: int):
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
                        checkpoint_activations=args.checkpoint_activations,
                        bucket_elements=args.bucket_size,
-                       gpus_per_node=args.gpus_per_node, hpz=args.hpz)
+                       gpus_per_node=args.gpus_per_node, hpz=args.hpz,
+                       offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
+                       offload_params=args.offload_params, nvme_path=args.nvme_path,
+                       dpu=args.dpu)
 
 
 def summary(result, backend: str) -> str:
@@ -134,10 +152,14 @@ def summary(result, backend: str) -> str:
         extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
                  ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
                  *extra]
+    if cfg.offload_optimizer:   # ZeRO-Offload's PCIe (and NVMe) copies, apart from collectives
+        links = ("host", "nvme") if cfg.offload_optimizer == "nvme" else ("host",)
+        extra += [(f"{k} link bytes", lambda s, k=k: f"{comm.link_bytes(0, step=s + 1, group=k):,}")
+                  for k in links]
     sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
     head = ["step", "loss", "collectives", sent, "wire elements (rank 0)",
             *(name for name, _ in extra)]
-    own = "dp" if cfg.n_m > 1 else None
+    own = "dp" if cfg.n_m > 1 else "world" if cfg.offload_optimizer else None
     mp = f" × N_m = {cfg.n_m} (Ψ per MP rank)" if cfg.n_m > 1 else ""
     lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}{mp}, Ψ = {result.psi:,}, "
              f"{cfg.precision}, backend {backend}"

@@ -20,7 +20,7 @@ import dataclasses
 
 from ..paper.hardware import LINKS
 
-GROUP_NAMES = ("world", "dp", "mp", "host", "hpz")
+GROUP_NAMES = ("world", "dp", "mp", "host", "hpz", "nvme")
 
 
 @dataclasses.dataclass(frozen=True)

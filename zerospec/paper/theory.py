@@ -222,3 +222,13 @@ def hpz_secondary_bytes(psi, h: int) -> Fraction:
     """D6: hpZ's fp16 secondary shard, 1/h of every unit per GPU, held from forward to backward:
     2Ψ/h bytes (2M/(GPUs per node) when h is the GPUs per node)."""
     return Fraction(2 * psi, h)
+
+
+def offload_gpu_bytes(m, g16_on: str, update_on: str):
+    """B4 (ZeRO-Offload Table 1): GPU model-state bytes of a communication-minimal split of M
+    parameters; p16 and FWD-BWD stay on the GPU (2M), g16 adds 2M where it sits, the update's
+    fp32 master, momentum and variance 12M. ("cpu", "cpu"): 2M, the 8x row ([ZO-n]: not 4M)."""
+    for name, v in (("g16_on", g16_on), ("update_on", update_on)):
+        if v not in ("gpu", "cpu"):
+            raise ValueError(f"{name} must be 'gpu' or 'cpu', got {v!r}")
+    return (2 + (2 if g16_on == "gpu" else 0) + (12 if update_on == "gpu" else 0)) * m

@@ -132,7 +132,12 @@ class DataParallel:
         """Refresh the fp16 parameters from the updated masters."""
         if self.precision.master:
             for i in range(len(self.units)):
-                self._param_chunk(i).copy_(self.master[i])
+                self._param_up(i)
+
+    def _param_up(self, i: int) -> None:
+        """Unit i's fp16 chunk from its master (ZeRO-Offload copies it up from the host instead,
+        zerospec/offload/optimizer.py)."""
+        self._param_chunk(i).copy_(self.master[i])
 
     # -- results -------------------------------------------------------------------------------
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]:

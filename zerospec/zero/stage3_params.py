@@ -43,4 +43,4 @@ class Parameters(Gradients):
         """Refresh my fp16 chunk only; the next forward gathers what it needs."""
         if self.precision.master:
             for i in range(len(self.units)):
-                self.param16[i].copy_(self.master[i])
+                self._param_up(i)
