@@ -20,7 +20,9 @@ from zerospec.model.gpt import ODD
 from zerospec.paper import theory
 from zerospec.testing.stale import train_stale
 from zerospec.training.config import TrainConfig
-from zerospec.training.run import initial_weights, train
+from zerospec.runtime.observe import Observer
+from zerospec.training.run import initial_weights, make_batches, train
+from zerospec.training.step import rank_main
 
 N, STEPS = 4, 3
 STAGE_IDS = {2: "P_os+g", 3: "P_os+g+p"}
@@ -135,6 +137,42 @@ def test_the_observer_sees_no_optimizer_state_on_the_device(stage):
         assert {s.category for s in entry.live} <= {"param16", None}
 
 
+def _host_observed(stage: int, **kw):
+    """Every rank's host-side Observation (the storages made in host memory) and host ledger."""
+    c = cfg(stage, steps=2, offload_optimizer="cpu", **kw)
+    units, seen = c.units(), {}
+
+    def body(ctx, *args):
+        with Observer(ctx, side="host") as o:
+            out = rank_main(ctx, *args)
+        seen[ctx.rank] = (o.observation, ctx.host)
+        return out
+
+    VirtualCluster(N).run(body, c, units, initial_weights(c, units), make_batches(c))
+    return units, seen
+
+
+@pytest.mark.parametrize("mode", ["paper", "deepspeed"])
+@pytest.mark.claim("B6")
+def test_the_host_observer_sees_one_copy_of_the_optimizer_states_per_rank_share(mode):
+    """A second observer, of the storages each rank makes in host memory, agrees with the host
+    ledger byte for byte at every phase's entry: 12 bytes per owned element of fp32 states plus
+    the gradient buffer (2 or 4) — B6: the host holds one copy of the optimizer states, split
+    over the ranks. At the step's peak it sees beyond the ledger only the host Adam's scratch
+    (a kernel's temporaries, never ledgered on any side): one fp32 buffer of the unit being
+    updated, and in the paper's mode the fp16 gradient's fp32 copy (8 or 4 bytes per element of
+    the largest unit), or else the fp16 chunks going up (2 per element), whichever is more."""
+    units, seen = _host_observed(2, offload_mode=mode)
+    m, big = sum(u.chunk for u in units), max(u.chunk for u in units)
+    g, scratch = (4, 4) if mode == "deepspeed" else (2, 8)
+    for rank, (o, host) in seen.items():
+        for label, e in o.entries.items():
+            assert e.bytes == e.ledger_bytes, (label, e.describe())
+        assert o.entries["backward@2"].bytes == (12 + g) * m
+        assert o.peaks["step@2"].bytes == (12 + g) * m + max(2 * m, scratch * big)
+        assert o.peaks["backward@2"].bytes == o.peaks["backward@2"].ledger_bytes == (12 + g) * m
+
+
 # -- DPU (B8) ---------------------------------------------------------------------------------
 def _masters(store):
     def on_step(step, stage):
@@ -187,3 +225,29 @@ def test_dpu_is_synchronous_through_warm_up_then_parameters_one_step_stale(stage
                  f"max |Δloss| {loss_gap:.2e} after {steps} steps",
                  "first N−1 steps synchronous, then parameters one step stale (B8; N not given)",
                  f"N = {warmup}")
+
+
+# -- the spec's tables --------------------------------------------------------------------------
+def offload_table() -> str:
+    """Per rank 0, step 2 (ODD, N = 4): model-state bytes on the device and the host after setup,
+    and the PCIe bytes each way, for stages 2 and 3 with and without ZeRO-Offload's two modes."""
+    rows = []
+    for stage in (2, 3):
+        for label, kw in (("", {}), (", offload (paper)", {"offload_optimizer": "cpu"}),
+                          (", offload (DeepSpeed)", {"offload_optimizer": "cpu",
+                                                     "offload_mode": "deepspeed"})):
+            r = run(stage, **kw)
+            m = share(r)
+            host = sum(_states(r, r.host).values()) if kw else 0
+            down = r.comm.link_bytes(0, step=2, group="host", op="to_host")
+            up = r.comm.link_bytes(0, step=2, group="host", op="from_host")
+            rows.append([f"{STAGE_IDS[stage]}{label}", f"{r.model_states(0):,}", f"{host:,}",
+                         f"{down:,}", f"{up:,}", f"{(down + up) // m}M"])
+    from zerospec.render.format import markdown
+    return markdown(["run", "device model states (B)", "host model states (B)",
+                     "PCIe down /step (B)", "PCIe up /step (B)", "PCIe /step"], rows)
+
+
+def test_offload_table(md_snapshot):
+    """The spec's table: where the model states sit and what crosses PCIe per step."""
+    assert offload_table() == md_snapshot
