@@ -27,9 +27,14 @@ from zerospec.training.run import train
 N = 4
 
 
-def cfg(path, stage: int = 2, steps: int = 3, **kw) -> TrainConfig:
-    return TrainConfig(stage=stage, n_d=N, model=ODD, steps=steps, offload_optimizer="nvme",
+def cfg(path, stage: int = 2, steps: int = 3, n_d: int = N, **kw) -> TrainConfig:
+    return TrainConfig(stage=stage, n_d=n_d, model=ODD, steps=steps, offload_optimizer="nvme",
                        nvme_path=str(path), **kw)
+
+
+def on_host(c: TrainConfig) -> TrainConfig:
+    """``c`` on the cpu tier: the same bits (test_an_nvme_run_is_bit_identical…), no fsync."""
+    return dataclasses.replace(c, offload_optimizer="cpu", nvme_path=None)
 
 
 def test_a_tensor_written_is_read_back_bit_for_bit(tmp_path):
@@ -62,15 +67,15 @@ def test_a_file_of_the_wrong_size_is_refused_naming_it(tmp_path):
         swap.read("w", torch.empty(4))
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_an_nvme_run_is_bit_identical_and_its_files_hold_the_states(tmp_path, stage):
     """Offloading to NVMe changes no bit; after the run each rank's files hold its fp32 master,
     momentum and variance (read back by numpy, not by the tier), their sizes are the NVMe ledger's,
     and every step reads and writes 12 bytes per owned element over the nvme link."""
-    r = train(cfg(tmp_path, stage))
+    r = train(cfg(tmp_path, stage, n_d=2))
     assert_same_training(r, train(dataclasses.replace(r.config, offload_optimizer=None,
                                                       nvme_path=None)))
-    for rank in range(N):
+    for rank in range(r.config.n_d):
         d = tmp_path / f"rank{rank}"
         sizes = {p.name: p.stat().st_size for p in d.iterdir()}
         assert not [n for n in sizes if not n.endswith(".swap")]
@@ -96,7 +101,8 @@ def _read_states(d: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("code,word", [(errno.ENOSPC, "No space left on device"),
-                                       (errno.EROFS, "Read-only file system")],
+                                       pytest.param(errno.EROFS, "Read-only file system",
+                                                    marks=pytest.mark.slow)],
                          ids=["ENOSPC", "EROFS"])
 def test_a_failed_write_names_the_file_applies_no_step_and_the_run_resumes(tmp_path, code, word):
     """A full (ENOSPC) or read-only (EROFS) NVMe directory, injected half-way into the third
@@ -105,10 +111,11 @@ def test_a_failed_write_names_the_file_applies_no_step_and_the_run_resumes(tmp_p
     uninterrupted run's bits."""
     nv, ck = tmp_path / "nvme", tmp_path / "ckpt"
     nv.mkdir()
-    whole = train(dataclasses.replace(cfg(nv), nvme_path=None))
+    c = cfg(nv, n_d=2)
+    whole = train(on_host(c))
     after_1 = train(dataclasses.replace(whole.config, steps=1))
     with pytest.raises(ClusterError) as e, inject_nvme_fault(step=2, write=3, errno_=code) as seen:
-        train(cfg(nv), save={1: ck})
+        train(c, save={1: ck})
     assert seen["fired"] == 1
     failed = e.value.rank if hasattr(e.value, "rank") else 0
     d = nv / f"rank{failed}"
@@ -118,7 +125,7 @@ def test_a_failed_write_names_the_file_applies_no_step_and_the_run_resumes(tmp_p
                for (_, m), u in zip(after_1.ranks[failed].master, after_1.units)}
     on_disk = _read_states(d)
     assert all(np.array_equal(on_disk[k], v) for k, v in by_name.items())
-    resumed = train(cfg(nv), resume=checkpoint.load(ck, n_ranks=N))
+    resumed = train(c, resume=checkpoint.load(ck, n_ranks=2))
     _same_continuation(resumed, whole)
 
 
@@ -149,7 +156,7 @@ def test_a_process_killed_while_writing_a_shard_loses_nothing(tmp_path):
     assert p.returncode == -9, p.stderr
     partial = sorted(p.stat().st_size for p in nv.glob("rank*/*.partial"))   # step 2's two writes:
     assert len(partial) == 2 and 0 < partial[0] < partial[1]     # one whole, one cut half-way
-    whole = train(dataclasses.replace(cfg(nv), nvme_path=None))
+    whole = train(on_host(cfg(nv)))
     resumed = train(cfg(nv), resume=checkpoint.load(ck, n_ranks=N))
     assert not list(nv.glob("rank*/*.partial"))
     _same_continuation(resumed, whole)
