@@ -168,14 +168,17 @@ def summary(result, backend: str) -> str:
                 if cfg.checkpoint_activations else "")
              + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
-                if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else ""),
+                if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
+             + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
+                if cfg.offload_optimizer else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else ""),
              f"model states on rank 0: {result.model_states(0):,} B"
              + (f"; activation checkpoints: {result.memory[0].peak['checkpoints']:,} B on the "
                 f"device at the peak" if cfg.checkpoint_activations else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in range(1, cfg.steps + 1):
         recs = comm.records(0, step=s, group=own)
-        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(len(comm.records(0, step=s))),
+        n = len(recs) if cfg.offload_optimizer else len(comm.records(0, step=s))   # not copies
+        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(n),
                  f"{sum(r.elements_sent for r in recs):,}", f"{sum(r.wire_elements_sent for r in recs):,}",
                  *(cell(s - 1) for _, cell in extra)]
         lines.append("| " + " | ".join(cells) + " |")

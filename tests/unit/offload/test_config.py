@@ -42,3 +42,17 @@ def test_a_dpu_run_refuses_a_checkpoint_it_could_not_resume_from():
     with pytest.raises(Exception, match=r"save=\[2\].*dpu=2"):
         train(TrainConfig(stage=2, n_d=2, model=ODD, steps=3, offload_optimizer="cpu", dpu=2),
               save={2: "/tmp/never"})
+
+
+def test_the_cli_flags_reach_the_run_and_its_table(capsys):
+    """``--offload-optimizer cpu`` trains the same losses as the plain stage and adds the host
+    link's bytes per step to the table: 4M in the paper's mode (ODD, N = 4: M = 1,640)."""
+    from tests.support.cli import run_cli
+    base = ["train", "--stage", "2", "--steps", "2", "--model", "odd"]
+    rc, plain, _ = run_cli(capsys, *base)
+    rc2, off, _ = run_cli(capsys, *base, "--offload-optimizer", "cpu")
+    assert rc == rc2 == 0 and "optimizer offloaded to cpu (paper)" in off
+    rows = [line.split(" | ") for line in off.splitlines() if line.startswith("| 2 ")]
+    assert rows[0][-1].rstrip(" |") == "6,560"
+    loss = [line.split(" | ")[1] for line in plain.splitlines() if line.startswith("| ")][1:]
+    assert loss == [line.split(" | ")[1] for line in off.splitlines() if line.startswith("| ")][1:]
