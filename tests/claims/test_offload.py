@@ -133,9 +133,11 @@ def test_b4s_middle_rows_follow_from_the_edge_weights():
 
 @pytest.mark.parametrize("stage", [2, 3], ids=STAGE_IDS.get)
 @pytest.mark.claim("B6")
+@pytest.mark.claim("B5")
 def test_the_observer_sees_no_optimizer_state_on_the_device(stage):
     """With the optimizer offloaded, what the device observer sees live when step 2's forward
-    starts is the fp16 parameters (and the returned losses), nothing of the 12M fp32 states."""
+    starts is the fp16 parameters (and the returned losses), nothing of the 12M fp32 states; and
+    the only parameters param_sync writes are the rank's M elements that came up (B5's 2M up)."""
     cluster = VirtualCluster(N, observe=True)
     r = train(cfg(stage, steps=2, offload_optimizer="cpu", offload_mode="deepspeed"), cluster=cluster)
     params = sum(u.padded if stage == 2 else u.chunk for u in r.units) * 2
@@ -143,6 +145,9 @@ def test_the_observer_sees_no_optimizer_state_on_the_device(stage):
         entry = o.entries["forward@2"]
         assert entry.bytes - persistent_extras(r, "forward@2") == params == entry.ledger_bytes
         assert {s.category for s in entry.live} <= {"param16", None}
+        # B5's way up, seen by the device: param_sync writes the fp16 chunk and nothing else
+        assert 2 * o.written["param_sync@2"]["param16"] == \
+            r.comm.link_bytes(rank, step=2, op="from_host") == 2 * share(r)
 
 
 def _host_observed(stage: int, **kw):
@@ -156,12 +161,14 @@ def _host_observed(stage: int, **kw):
         seen[ctx.rank] = (o.observation, ctx.host)
         return out
 
-    VirtualCluster(N).run(body, c, units, initial_weights(c, units), make_batches(c))
-    return units, seen
+    cluster = VirtualCluster(N)
+    cluster.run(body, c, units, initial_weights(c, units), make_batches(c))
+    return units, seen, cluster.comm_ledger
 
 
 @pytest.mark.parametrize("mode", ["paper", "deepspeed"])
 @pytest.mark.claim("B6")
+@pytest.mark.claim("B5")
 def test_the_host_observer_sees_one_copy_of_the_optimizer_states_per_rank_share(mode):
     """A second observer, of the storages each rank makes in host memory, agrees with the host
     ledger byte for byte at every phase's entry: 12 bytes per owned element of fp32 states plus
@@ -169,8 +176,10 @@ def test_the_host_observer_sees_one_copy_of_the_optimizer_states_per_rank_share(
     over the ranks. At the step's peak it sees beyond the ledger only the host Adam's scratch
     (a kernel's temporaries, never ledgered on any side): one fp32 buffer of the unit being
     updated, and in the paper's mode the fp16 gradient's fp32 copy (8 or 4 bytes per element of
-    the largest unit), or else the fp16 chunks going up (2 per element), whichever is more."""
-    units, seen = _host_observed(2, offload_mode=mode)
+    the largest unit), or else the fp16 chunks going up (2 per element), whichever is more. What
+    backward writes into the host gradient buffer is what the ledger booked down (B5's 2M)."""
+    units, seen, comm = _host_observed(2, offload_mode=mode)
+    host_bytes = functools.partial(comm.link_bytes, step=2, op="to_host")
     m, big = sum(u.chunk for u in units), max(u.chunk for u in units)
     g, scratch = (4, 4) if mode == "deepspeed" else (2, 8)
     for rank, (o, host) in seen.items():
@@ -179,6 +188,9 @@ def test_the_host_observer_sees_one_copy_of_the_optimizer_states_per_rank_share(
         assert o.entries["backward@2"].bytes == (12 + g) * m
         assert o.peaks["step@2"].bytes == (12 + g) * m + max(2 * m, scratch * big)
         assert o.peaks["backward@2"].bytes == o.peaks["backward@2"].ledger_bytes == (12 + g) * m
+        # B5's way down, seen by the host: what backward wrote into its gradient buffer
+        arrived = o.written["backward@2"]["grad32" if g == 4 else "grad16"] * g
+        assert arrived == host_bytes(rank) == g * m
 
 
 # -- DPU (B8) ---------------------------------------------------------------------------------
