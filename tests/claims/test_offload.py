@@ -271,3 +271,26 @@ def offload_table() -> str:
 def test_offload_table(md_snapshot):
     """The spec's table: where the model states sit and what crosses PCIe per step."""
     assert offload_table() == md_snapshot
+
+
+# -- ZeRO-Infinity's parameter offload to the host (C-I8) ------------------------------------------
+@pytest.mark.claim("C-I8")
+def test_each_fetch_brings_one_nth_of_the_unit_over_every_ranks_pcie(claim_values):
+    """Bandwidth-centric partitioning (C-I8): with stage 3's parameters on the host, every
+    all-gather of a unit follows this rank's own host→device copy of 1/N of it, so each PCIe link
+    carries 1/N per fetch; the parameters never go up after the step, the device holds no model
+    state between steps, and the training is stage 3's bit for bit."""
+    r = run(3, offload_optimizer="cpu", offload_params="cpu")
+    assert_same_training(r, run(3))
+    for rank in range(N):
+        recs = r.comm.records(rank, step=2)
+        gathers = [k for k, x in enumerate(recs) if x.op == "all_gather"]
+        assert gathers and all(recs[k - 1].op == "from_host" and recs[k - 1].link == "host"
+                                and recs[k - 1].numel * N == recs[k].numel for k in gathers)
+        assert sum(x.op == "from_host" for x in recs) == len(gathers)
+        assert not r.comm.records(rank, step=2, phase="param_sync")
+        assert r.model_states(rank) == 0
+    per_fetch = {recs[k - 1].numel / recs[k].numel for k in gathers}
+    claim_values(f"each fetch: {per_fetch.pop():.2f} of the unit over each rank's PCIe, then an "
+                 f"all-gather", "1/dp of each parameter per PCIe link (C-I8)", f"N = {N}; the "
+                 f"prefetcher is not built")

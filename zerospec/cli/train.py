@@ -69,7 +69,9 @@ def add_parser(sub) -> None:
                    help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
                         "deepspeed: fp32 gradients down (6); default paper")
     o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Infinity's parameter offload (not built yet: refused)")
+                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host, "
+                        "fetched over PCIe for each use (cpu; needs --offload-optimizer cpu; "
+                        "nvme is not built yet)")
     o.add_argument("--nvme-path", default=None, metavar="DIR",
                    help="an existing directory for the NVMe tier's swap files (default: a "
                         "temporary one)")

@@ -16,9 +16,14 @@ def check(cfg) -> None:
     o = cfg.offload_optimizer
     if o is not None and o not in TIERS:
         raise ValueError(f"offload_optimizer must be one of {', '.join(TIERS)} or None, got {o!r}")
-    if cfg.offload_params is not None:
-        raise ValueError(f"offload_params={cfg.offload_params!r} (ZeRO-Infinity's parameter "
-                         f"offload) is not built yet; accepted: None")
+    p = cfg.offload_params
+    if p is not None and p != "cpu":
+        raise ValueError(f"offload_params={p!r} (ZeRO-Infinity's parameter offload): accepted "
+                         f"'cpu' or None (the NVMe tier for parameters is not built yet)")
+    if p is not None and (cfg.stage != 3 or o != "cpu" or cfg.dpu):
+        raise ValueError(f"offload_params={p!r} fetches each stage-3 chunk from the host: it needs "
+                         f"stage 3 and offload_optimizer='cpu' without dpu, got stage={cfg.stage}, "
+                         f"offload_optimizer={o!r}, dpu={cfg.dpu}")
     if cfg.offload_mode not in MODES:
         raise ValueError(f"offload_mode must be one of {', '.join(MODES)}, got {cfg.offload_mode!r}")
     if cfg.nvme_path is not None:

@@ -191,6 +191,10 @@ class HostOptimizer:
 
 
 @functools.cache
-def with_offload(cls: type) -> type:
-    """``cls`` (stage 2 or 3) with ZeRO-Offload's host optimizer in front."""
+def with_offload(cls: type, params: bool = False) -> type:
+    """``cls`` (stage 2 or 3) with ZeRO-Offload's host optimizer in front; ``params``: and
+    ZeRO-Infinity's parameter offload to the host before it (stage 3, zerospec/offload/params.py)."""
+    if params:
+        from .params import HostParams
+        return type(f"OffloadParams{cls.__name__}", (HostParams, HostOptimizer, cls), {})
     return type(f"Offload{cls.__name__}", (HostOptimizer, cls), {})

@@ -58,7 +58,7 @@ class TrainConfig:
     # ZeRO-Offload (zerospec/offload/, spec/offload.md); None: everything on the device
     offload_optimizer: str | None = None      # "cpu" | "nvme": fp32 states and Adam on the host
     offload_mode: str = "paper"               # "paper": fp16 grads down; "deepspeed": fp32 down
-    offload_params: str | None = None         # ZeRO-Infinity's parameter offload: not built yet
+    offload_params: str | None = None         # "cpu": ZeRO-Infinity's fp16 parameters on the host
     nvme_path: str | None = None              # the NVMe tier's directory (None: a temporary one)
     dpu: int = 0                              # delayed parameter update from step N (0: off, B8)
 

@@ -157,7 +157,7 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
     if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
     if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
-        cls = with_offload(cls)
+        cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
                       nvme_path=cfg.nvme_path)
     return cls, kwargs
