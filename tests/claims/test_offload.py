@@ -54,12 +54,14 @@ def test_offload_trains_bit_identically_to_its_stage(stage, mode):
     assert_same_training(run(stage, offload_optimizer="cpu", offload_mode=mode), run(stage))
 
 
+@pytest.mark.parametrize("precision,moved", [("bf16", 6), ("fp32", 8)])
 @pytest.mark.claim("B6")
-def test_offload_in_bf16_is_bit_identical_too():
-    """bf16 storage: DeepSpeed's mode still sends 4 + 2 bytes per parameter and changes no bit."""
-    r = run(2, offload_optimizer="cpu", offload_mode="deepspeed", precision="bf16")
-    assert_same_training(r, run(2, precision="bf16"))
-    assert r.comm.link_bytes(0, step=2, group="host") == 6 * share(r)
+def test_offload_in_bf16_and_fp32_is_bit_identical_too(precision, moved):
+    """bf16 storage: DeepSpeed's mode still sends 4 + 2 bytes per parameter; fp32 (no master on
+    the device: the host keeps an fp32 copy as DeepSpeed does) 4 + 4. No bit changes."""
+    r = run(2, offload_optimizer="cpu", offload_mode="deepspeed", precision=precision)
+    assert_same_training(r, run(2, precision=precision))
+    assert r.comm.link_bytes(0, step=2, group="host") == moved * share(r)
 
 
 @pytest.mark.parametrize("mode", ["paper", "deepspeed"])

@@ -46,9 +46,6 @@ def check(cfg) -> None:
     if cfg.stage not in (2, 3):
         raise ValueError(f"offload_optimizer={o!r} (ZeRO-Offload) is built on ZeRO-2: it needs "
                          f"stage 2 or 3, got stage={cfg.stage}")
-    if cfg.precision == "fp32":
-        raise ValueError("offload_optimizer moves the fp32 master weights to the host: it needs "
-                         "precision 'fp16' or 'bf16' (fp32 has no master copy), got 'fp32'")
     refused = {"grad_accum_steps > 1 / exact_grads": cfg.exact,
                "bucket_elements": cfg.bucket_elements is not None,
                "contiguous_gradients": cfg.contiguous_gradients,

@@ -40,7 +40,11 @@ STATES = ("master32", "exp_avg", "exp_avg_sq")     # ledger categories, in file-
 
 class HostOptimizer:
     """The mixin (see the module doc); ``offload``: "cpu" or "nvme"; ``offload_mode``: "paper"
-    or "deepspeed"; ``nvme_path``: the NVMe tier's directory (None: a temporary one)."""
+    or "deepspeed"; ``nvme_path``: the NVMe tier's directory (None: a temporary one). In fp32
+    (no separate master on the device) the host keeps an fp32 copy of the rank's parameters as
+    the master, as DeepSpeed's offload does: 4 bytes down, 4 up."""
+
+    master_apart = True   # the host's masters, whatever the precision
 
     def __init__(self, ctx, *args, offload: str, offload_mode: str = "paper", nvme_path=None,
                  **kwargs):
