@@ -50,6 +50,13 @@ def add_parser(sub) -> None:
     p.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
                    help="ZeRO++'s hpZ for stage 3 (zero_hpz_partition_size; H must divide G), "
                         "default 1: off")
+    p.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
+                   help="MiCS / FSDP2's HSDP for stages 1-3 (spec/mics.md): shard over groups of P "
+                        "ranks (P must divide the data-parallel GPUs), replicate across them")
+    p.add_argument("--qwz", action="store_true",
+                   help="ZeRO++'s qwZ for stage 3: int8 weight all-gathers (spec/zeropp.md)")
+    p.add_argument("--qgz", action="store_true",
+                   help="ZeRO++'s qgZ for stage 3: an int4 all-to-all gradient reduction")
 
 
 def _stages(text: str) -> tuple[int, ...]:
@@ -103,7 +110,9 @@ def run(args) -> int:
               checkpoint_activations=args.checkpoint_activations,
               partition_activations=args.partition_activations,
               cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
-    results = {s: measure(model, s, n_d, hpz=args.hpz if s == 3 else 1, **kw) for s in stages}
+    zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz)
+    results = {s: measure(model, s, n_d, **(zpp if s == 3 else {}),
+                          shard_group=args.shard_group if s else None, **kw) for s in stages}
     grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below)" if args.mp > 1 else "")
     print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
           f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "
@@ -135,4 +144,9 @@ def _crossing(results, args) -> None:
         psi = r.psi_padded
         hpz = f", hpZ h = {args.hpz}: secondary shards {r.memory(g - 1).peak['secondary16']:,} B " \
               f"per GPU" if s == 3 and args.hpz > 1 else ""
+        quantized = s == 3 and (args.qwz or args.qgz)
+        if quantized:   # qgZ sends from every GPU of the node; bytes, as int8/int4 travel
+            led = r.comm_ledger(range(g))
+            hpz += f"; {led.crossing_bytes(0):,} B = " \
+                   f"{float(led.crossing_bytes(0) / (2 * psi)):.4f}Ψ in fp16 elements (bytes / 2)"
         print(f"  stage {s}: {led.crossing(0):,} ({float(led.crossing(0) / psi):.4f}Ψ){hpz}")

@@ -52,6 +52,18 @@ def add_parser(sub) -> None:
     nodes.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
                        help="zero_hpz_partition_size: stage 3's backward all-gather inside H ranks "
                             "of a node (H must divide G); default 1, off")
+    nodes.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
+                       help="MiCS / FSDP2's HSDP (spec/mics.md): shard stages 1-3 over groups of P "
+                            "consecutive ranks (P must divide the ranks), replicate across groups; "
+                            "default: shard over every rank")
+    nodes.add_argument("--qwz", action="store_true",
+                       help="zero_quantized_weights: stage 3's weight all-gathers as int8 "
+                            "(spec/zeropp.md; approximate)")
+    nodes.add_argument("--qgz", action="store_true",
+                       help="zero_quantized_gradients: stage 3's gradient reduce-scatter as an "
+                            "int4 all-to-all, inside the node then across (approximate)")
+    nodes.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
+                       help="elements per quantization scale; default DeepSpeed's (up to 8000)")
     r = p.add_argument_group("surviving real conditions (spec/loss_scaling.md, clipping.md, "
                              "accumulation.md)")
     r.add_argument("--loss-scale", type=T.positive_float, default=None, metavar="INIT",
@@ -136,7 +148,9 @@ def _config(args, n_ranks: int):
                        gpus_per_node=args.gpus_per_node, hpz=args.hpz,
                        offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
                        offload_params=args.offload_params, nvme_path=args.nvme_path,
-                       dpu=args.dpu)
+                       dpu=args.dpu,
+                       shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
+                       quant_group_size=args.quant_group_size)
 
 
 def summary(result, backend: str) -> str:
@@ -150,6 +164,8 @@ def summary(result, backend: str) -> str:
         extra += [("grad norm", lambda s: f"{result.grad_norms[s]:.6g}")]
     if cfg.gpus_per_node:   # what crosses the network (spec/nodes.md)
         extra += [("elements leaving node 0", lambda s: f"{comm.crossing(0, step=s + 1):,}")]
+        if cfg.qwz or cfg.qgz:   # int8, packed int4 and fp32 scales: bytes are the measure
+            extra += [("bytes leaving node 0", lambda s: f"{comm.crossing_bytes(0, step=s + 1):,}")]
     if cfg.n_m > 1:   # each group's traffic on its own (MP inside a node, DP across)
         extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
                  ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
@@ -172,7 +188,9 @@ def summary(result, backend: str) -> str:
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                 if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
              + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
-                if cfg.offload_optimizer else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else ""),
+                if cfg.offload_optimizer else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
+             + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else "")
+             + (", qwZ" if cfg.qwz else "") + (", qgZ" if cfg.qgz else ""),
              f"model states on rank 0: {result.model_states(0):,} B"
              + (f"; activation checkpoints: {result.memory[0].peak['checkpoints']:,} B on the "
                 f"device at the peak" if cfg.checkpoint_activations else ""), "",

@@ -8,7 +8,10 @@ holding the same slice in the other replicas). ZeRO's stages shard over the DP g
 
 A :class:`Group` is a name and its global ranks in ring order; a collective over it is a ring of
 ``len(ranks)`` ranks, booked in the ledger under the group's name (``"world"``, ``"dp"``, ``"mp"``,
-``"hpz"`` for hpZ's secondary partition inside a node, and ``"host"`` for a rank's own device↔host
+``"hpz"`` for hpZ's secondary partition inside a node, ``"shard"`` and ``"replica"`` for MiCS's
+partition and replication groups (FSDP2's HSDP mesh), ``"local"`` (a node's GPUs) and
+``"global"`` (the GPUs of one local index, one per node) for qgZ's two all-to-alls, and ``"host"``
+for a rank's own device↔host
 copies, which are no collective at all).
 
 :class:`Nodes` places the ranks on nodes of G GPUs, contiguously (rank r on node r // G, as
@@ -20,7 +23,8 @@ import dataclasses
 
 from ..paper.hardware import LINKS
 
-GROUP_NAMES = ("world", "dp", "mp", "host", "hpz", "nvme")
+GROUP_NAMES = ("world", "dp", "mp", "host", "hpz", "shard", "replica", "local", "global",
+               "nvme")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,3 +151,40 @@ def hpz_group(rank: int, h: int) -> Group:
 def hpz_groups(n_ranks: int, h: int) -> list[Group]:
     """Every secondary partition, in rank order (the order torch.distributed makes them in)."""
     return [hpz_group(r, h) for r in range(0, n_ranks, h)]
+
+
+def shard_group(rank: int, p: int) -> Group:
+    """MiCS's partition group of ``rank`` (FSDP2 HSDP's shard dimension): the p consecutive ranks
+    of ``rank // p``'s block, which hold one replica of the model states between them. With p the
+    GPUs per node, it is ``rank``'s node."""
+    first = rank // p * p
+    return Group("shard", tuple(range(first, first + p)))
+
+
+def replica_group(rank: int, p: int, n_ranks: int) -> Group:
+    """MiCS's replication group of ``rank`` (HSDP's replicate dimension): the N/p ranks at
+    ``rank``'s position in every partition group, which hold the same shard."""
+    return Group("replica", tuple(range(rank % p, n_ranks, p)))
+
+
+def mics_groups(n_ranks: int, p: int) -> list[Group]:
+    """Every partition group, then every replication group, in rank order (the order
+    torch.distributed makes them in)."""
+    return ([shard_group(r, p) for r in range(0, n_ranks, p)]
+            + [replica_group(r, p, n_ranks) for r in range(p)])
+def local_group(rank: int, g: int) -> Group:
+    """qgZ's first all-to-all (DeepSpeed's ``local_{node}`` group): the G GPUs of ``rank``'s node."""
+    first = rank // g * g
+    return Group("local", tuple(range(first, first + g)))
+
+
+def global_group(rank: int, g: int, n_ranks: int) -> Group:
+    """qgZ's second all-to-all (DeepSpeed's ``global_{local index}``): one GPU per node, those of
+    ``rank``'s local index."""
+    return Group("global", tuple(range(rank % g, n_ranks, g)))
+
+
+def qgz_groups(n_ranks: int, g: int) -> list[Group]:
+    """Every local group, then every global group (the order torch.distributed makes them in)."""
+    return ([local_group(r, g) for r in range(0, n_ranks, g)]
+            + [global_group(j, g, n_ranks) for j in range(g)])

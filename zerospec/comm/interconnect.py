@@ -254,6 +254,20 @@ class Interconnect:
         self._run(Call("all_gather", input, output), output.numel())
         return output
 
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        """``output``'s piece k is rank k's ``input`` piece r (this rank r; N equal pieces). Each
+        piece goes straight to its rank, so the ledger books the sends on one link class: the
+        group's peers must all sit on this rank's node, or all off it (qgZ's local and global
+        groups, comm/groups.py)."""
+        ranks = self.group.ranks if self.group is not None else tuple(range(self.ctx.n_ranks))
+        links = {self.ledger.nodes.link(self.ctx.rank, p) for p in ranks if p != self.ctx.rank}
+        if len(links) > 1:
+            raise ValueError(f"all_to_all over {self.group_name!r} {ranks}: rank "
+                             f"{self.ctx.rank}'s peers take both intra- and inter-node links; "
+                             f"accepted: a group inside one node or one GPU per node")
+        self._run(Call("all_to_all", input, output), input.numel())
+        return output
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         if not 0 <= src < self.n_ranks:
             raise ValueError(f"broadcast src must be in 0..{self.n_ranks - 1}, got {src}")

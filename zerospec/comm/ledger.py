@@ -32,7 +32,7 @@ import torch
 
 from .groups import Nodes
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all")
 HOST_OPS = ("to_host", "from_host",   # a rank's own device<->host copies (P_a+cpu, offload): "host"
             "to_nvme", "from_nvme")  # its host<->NVMe swap-file writes and reads: group "nvme"
 # one way, not a ring: a copy away from the device (to_host) or from the host (to_nvme) is sent,
@@ -81,7 +81,9 @@ def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple
     if op == "all_reduce":
         prev, own, succ = (chunk_size(numel, n, k % n) for k in (rank - 1, rank, rank + 1))
         return 2 * numel - own - succ, 2 * numel - prev - own
-    if op in ("reduce_scatter", "all_gather"):
+    if op in ("reduce_scatter", "all_gather", "all_to_all"):
+        # all_to_all (qgZ, zero/zeropp.py): S is each rank's input, n pieces, one to every rank
+        # straight (no ring): a rank keeps its own piece and sends the other n−1
         if numel % n:
             raise ValueError(f"{op} of {numel} elements does not split over {n} ranks")
         moved = (n - 1) * (numel // n)
@@ -164,6 +166,11 @@ class CommLedger:
     def crossing(self, node: int, **where) -> int:
         """Elements the GPUs of ``node`` sent over links that leave it (its cross-node volume)."""
         return sum(self.elements(r, link="inter", **where) for r in self.nodes.ranks_of(node))
+
+    def crossing_bytes(self, node: int, **where) -> int:
+        """Bytes the GPUs of ``node`` sent over links that leave it: what ZeRO++'s quantized
+        collectives shrink (int8, packed int4 and fp32 scales travel in one ledger)."""
+        return sum(self.bytes(r, link="inter", **where) for r in self.nodes.ranks_of(node))
 
     def count(self, rank: int, **where) -> int:
         """Number of collectives (barriers included) issued by ``rank``."""

@@ -157,6 +157,9 @@ def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0,
     leaving the node uses its InfiniBand ("node" or "link", module doc)."""
     if overlap not in OVERLAP:
         raise ValueError(f"overlap must be one of {OVERLAP}, got {overlap!r}")
+    if getattr(result.config, "qgz", False):
+        raise ValueError("step_time cannot time qgZ's all-to-alls (zero/zeropp.py): the time "
+                         "model has ring collectives only; accepted: a step with qgz=False")
     out = result.rank_class(rank).output
     if out is None or not out.ops or not (out.flops[0]["forward"] or out.flops[0]["backward"]):
         raise ValueError("step_time needs a whole step measured with count_flops=True "

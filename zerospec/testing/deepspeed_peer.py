@@ -67,6 +67,8 @@ def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) ->
     zero: dict = {"stage": stage}
     if stage == 3:
         zero["memory_efficient_linear"] = False   # same F.linear as zerospec (module docstring)
+        if getattr(cfg, "hpz", 1) > 1:   # ZeRO++'s hpZ (zerospec/zero/hpz.py, spec/mics.md)
+            zero["zero_hpz_partition_size"] = cfg.hpz
     if settings == "paper":
         if stage in (1, 2):
             zero["use_multi_rank_bucket_allreduce"] = False   # reduce-scatter, not all-reduce

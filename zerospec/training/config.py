@@ -14,7 +14,7 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision, policy
 from ..zero import STAGES, ZERO1_COMM
-from ..zero import hpz
+from ..zero import hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 from ..offload import check as check_offload
@@ -61,6 +61,12 @@ class TrainConfig:
     offload_params: str | None = None         # "cpu": ZeRO-Infinity's fp16 parameters on the host
     nvme_path: str | None = None              # the NVMe tier's directory (None: a temporary one)
     dpu: int = 0                              # delayed parameter update from step N (0: off, B8)
+    # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p
+    shard_group: int | None = None            # p; None: shard over all N_d ranks (p = N_d)
+    # ZeRO++'s quantized collectives (zero/zeropp.py, spec/zeropp.md); off: stage 3 unchanged
+    qwz: bool = False                         # zero_quantized_weights: int8 weight all-gathers
+    qgz: bool = False                         # zero_quantized_gradients: int4 all-to-all reduce
+    quant_group_size: int | None = None       # elements per scale; None: DeepSpeed's choice
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -90,6 +96,8 @@ class TrainConfig:
         check_zero_r(self)
         hpz.check(self)
         check_offload(self)
+        mics.check(self)
+        zeropp.check(self)
 
     @property
     def n_ranks(self) -> int:
@@ -118,8 +126,13 @@ class TrainConfig:
     def label(self) -> str:
         return STAGES[self.stage].label
 
+    @property
+    def shard_size(self) -> int:
+        """The ranks the model states are sharded over: p with MiCS, else N_d."""
+        return self.n_d if self.shard_group is None else self.shard_group
+
     def units(self) -> tuple[Unit, ...]:
-        return self.model.units(self.n_d, pad=STAGES[self.stage].pad, n_m=self.n_m)
+        return self.model.units(self.shard_size, pad=STAGES[self.stage].pad, n_m=self.n_m)
 
 
 def check_config(cfg) -> None:

@@ -64,6 +64,7 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     if cluster.gpus_per_node != cfg.gpus_per_node:
         raise ValueError(f"cluster has gpus_per_node={cluster.gpus_per_node} but config says "
                          f"gpus_per_node={cfg.gpus_per_node}")
+    _no_mics_checkpoints(cfg, resume, save, keep_state)
     if resume is not None:
         resume_check(cfg, resume)
     init, batches = initial_weights(cfg, units), make_batches(cfg)
@@ -75,6 +76,15 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     result.host = [ctx.host for ctx in cluster.contexts]
     result.nvme = [ctx.nvme for ctx in cluster.contexts]
     return result
+
+
+def _no_mics_checkpoints(cfg: TrainConfig, resume, save, keep_state: bool = False) -> None:
+    """MiCS's replicas hold the same shards, which the checkpoint layout (one owner per slice)
+    does not model: refused before any rank starts."""
+    if cfg.shard_group is not None and (resume is not None or save or keep_state):
+        raise ValueError(f"shard_group={cfg.shard_group}: checkpoints of a MiCS run are not "
+                         f"modelled (its replicas hold the same shards); save, resume and "
+                         f"keep_state need shard_group=None")
 
 
 # -- training on processes ------------------------------------------------------------------------
@@ -122,6 +132,7 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
                          f"{[c.n_ranks for c in cfgs]}")
     if (resume is not None or save) and len(cfgs) != 1:
         raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
+    _no_mics_checkpoints(cfgs[0], resume, save)
     if resume is not None:
         resume_check(cfgs[0], resume)     # here, not in every process: one clear error
     if any(c.device != "cpu" for c in cfgs):

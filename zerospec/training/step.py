@@ -28,8 +28,10 @@ from ..offload import with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.hpz import with_hpz
+from ..zero.mics import with_mics
+from ..zero.zeropp import with_zeropp
 from ..zero.fetch import ParamFetcher
-from ..comm.groups import Grid
+from ..comm.groups import Grid, mics_groups, replica_group, shard_group
 from ..model import megatron
 from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
@@ -124,11 +126,23 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
 def _groups(ctx, cfg: TrainConfig, init):
     """The context the stage sees (its DP group's view with N_m > 1), the MP group (None without
     MP) and this rank's initial weights (its MP index's); see :func:`rank_main`."""
+    if cfg.shard_group is not None:   # MiCS: the stage sees its partition group (zero/mics.py)
+        return _mics_view(ctx, cfg.shard_group), None, init
     if cfg.n_m == 1:
         return ctx, None, init
     grid = Grid(cfg.n_d, cfg.n_m)
     dp_comm, mp_comm = ctx.comm.split(grid)
     return GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+
+
+def _mics_view(ctx, p: int) -> GroupView:
+    """The rank seen through its partition group, with its replication group's interconnect."""
+    make = getattr(ctx.comm.backend, "new_groups", None)
+    if make is not None:   # torch.distributed: every process makes every group, in order
+        make(mics_groups(ctx.n_ranks, p))
+    view = GroupView(ctx, ctx.comm.subgroup(shard_group(ctx.rank, p)))
+    view.replicas = ctx.comm.subgroup(replica_group(ctx.rank, p, ctx.n_ranks))
+    return view
 
 
 def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
@@ -154,12 +168,18 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                   if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
+    if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
+        cls = with_zeropp(cls)
+        kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
+                      gpus_per_node=cfg.gpus_per_node)
     if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
     if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
         cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
                       nvme_path=cfg.nvme_path)
+    if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
+        cls = with_mics(cls)
     return cls, kwargs
 
 
@@ -202,7 +222,8 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
                out: RankOutput) -> None:
     """One step on the global batch ``idx`` → ``tgt``, in PHASES order: forward and backward of
     each of the G micro-batches, then grad_sync, step and param_sync; its results go to ``out``."""
-    stage, fetcher, G, r = rank.stage, rank.fetcher, cfg.grad_accum_steps, rank.dp_ctx.rank
+    # r: the rank's DP index (rank = dp_index · N_m + mp_index), whichever group its stage sees
+    stage, fetcher, G, r = rank.stage, rank.fetcher, cfg.grad_accum_steps, rank.ctx.rank // cfg.n_m
     phase = functools.partial(_timed, rank.ctx, out.seconds)
     stage.zero_grad()
     flops, micro = {"forward": 0, "backward": 0}, []
