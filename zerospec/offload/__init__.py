@@ -50,8 +50,8 @@ def check(cfg) -> None:
                "bucket_elements": cfg.bucket_elements is not None,
                "contiguous_gradients": cfg.contiguous_gradients,
                "n_m > 1": cfg.n_m > 1, "hpz > 1": cfg.hpz > 1,
-               "shard_group (MiCS)": getattr(cfg, "shard_group", None) is not None,
-               "qwz / qgz (ZeRO++)": getattr(cfg, "qwz", False) or getattr(cfg, "qgz", False),
+               "shard_group (MiCS)": cfg.shard_group is not None,
+               "qwz / qgz (ZeRO++)": cfg.qwz or cfg.qgz,
                "stage3_* (DeepSpeed's ZeRO-3)": bool(cfg.stage3_persistence_threshold
                                                     or cfg.stage3_max_reuse_distance),
                "device='meta'": cfg.device == "meta"}
