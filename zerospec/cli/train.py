@@ -73,6 +73,23 @@ def add_parser(sub) -> None:
                    help="clip the global gradient norm to MAX (default off)")
     r.add_argument("--grad-accum", type=T.positive_int, default=1, metavar="G",
                    help="micro-batches per optimizer step, summed exactly (default 1)")
+    o = p.add_argument_group("ZeRO-Offload (spec/offload.md)")
+    o.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
+                   help="fp32 master, momentum, variance and Adam on the host (nvme: the states "
+                        "in swap files between steps); needs --stage 2 or 3; default off")
+    o.add_argument("--offload-mode", choices=("paper", "deepspeed"), default="paper",
+                   help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
+                        "deepspeed: fp32 gradients down (6); default paper")
+    o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
+                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host, "
+                        "fetched over PCIe for each use (cpu; needs --offload-optimizer cpu; "
+                        "nvme is not built yet)")
+    o.add_argument("--nvme-path", default=None, metavar="DIR",
+                   help="an existing directory for the NVMe tier's swap files (default: a "
+                        "temporary one)")
+    o.add_argument("--dpu", type=int, default=0, metavar="N",
+                   help="one-step delayed parameter update from step N (approximate, B8); "
+                        "default 0: off")
     z = p.add_argument_group("ZeRO-R (spec/activations.md)")
     z.add_argument("--checkpoint-activations", type=int, default=0, metavar="K",
                    help="activation checkpointing: keep the input of every K-th transformer block, "
@@ -129,6 +146,9 @@ def _config(args, n_ranks: int):
                        checkpoint_activations=args.checkpoint_activations,
                        bucket_elements=args.bucket_size,
                        gpus_per_node=args.gpus_per_node, hpz=args.hpz,
+                       offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
+                       offload_params=args.offload_params, nvme_path=args.nvme_path,
+                       dpu=args.dpu,
                        shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
                        quant_group_size=args.quant_group_size)
 
@@ -150,10 +170,14 @@ def summary(result, backend: str) -> str:
         extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
                  ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
                  *extra]
+    if cfg.offload_optimizer:   # ZeRO-Offload's PCIe (and NVMe) copies, apart from collectives
+        links = ("host", "nvme") if cfg.offload_optimizer == "nvme" else ("host",)
+        extra += [(f"{k} link bytes", lambda s, k=k: f"{comm.link_bytes(0, step=s + 1, group=k):,}")
+                  for k in links]
     sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
     head = ["step", "loss", "collectives", sent, "wire elements (rank 0)",
             *(name for name, _ in extra)]
-    own = "dp" if cfg.n_m > 1 else None
+    own = "dp" if cfg.n_m > 1 else "world" if cfg.offload_optimizer else None
     mp = f" × N_m = {cfg.n_m} (Ψ per MP rank)" if cfg.n_m > 1 else ""
     lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}{mp}, Ψ = {result.psi:,}, "
              f"{cfg.precision}, backend {backend}"
@@ -163,6 +187,8 @@ def summary(result, backend: str) -> str:
              + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                 if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
+             + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
+                if cfg.offload_optimizer else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
              + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else "")
              + (", qwZ" if cfg.qwz else "") + (", qgZ" if cfg.qgz else ""),
              f"model states on rank 0: {result.model_states(0):,} B"
@@ -171,7 +197,8 @@ def summary(result, backend: str) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in range(1, cfg.steps + 1):
         recs = comm.records(0, step=s, group=own)
-        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(len(comm.records(0, step=s))),
+        n = len(recs) if cfg.offload_optimizer else len(comm.records(0, step=s))   # not copies
+        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(n),
                  f"{sum(r.elements_sent for r in recs):,}", f"{sum(r.wire_elements_sent for r in recs):,}",
                  *(cell(s - 1) for _, cell in extra)]
         lines.append("| " + " | ".join(cells) + " |")

@@ -23,7 +23,8 @@ import dataclasses
 
 from ..paper.hardware import LINKS
 
-GROUP_NAMES = ("world", "dp", "mp", "host", "hpz", "shard", "replica", "local", "global")
+GROUP_NAMES = ("world", "dp", "mp", "host", "hpz", "shard", "replica", "local", "global",
+               "nvme")
 
 
 @dataclasses.dataclass(frozen=True)

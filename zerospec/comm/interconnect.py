@@ -163,8 +163,29 @@ class Interconnect:
         return out
 
     def _book_host(self, op: str, t: torch.Tensor) -> None:
+        self.book_link(op, t)
+
+    def copy_to_host(self, host: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (on the device) copied into the existing host buffer ``host`` (ZeRO-Offload's
+        gradients), booked on the rank's device→host link."""
+        with off_device():
+            host.copy_(tensor)
+        self.book_link("to_host", tensor)
+        return host
+
+    def copy_from_host(self, out: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+        """``host`` copied into the existing device tensor ``out`` (ZeRO-Offload's parameters),
+        booked on the rank's host→device link."""
+        out.copy_(host)
+        self.book_link("from_host", host)
+        return out
+
+    def book_link(self, op: str, t: torch.Tensor) -> None:
+        """Book a copy of ``t`` on the rank's own link: ``to_host``/``from_host`` on PCIe (group
+        ``"host"``), ``to_nvme``/``from_nvme`` on its host's NVMe (group ``"nvme"``)."""
+        group = "nvme" if op.endswith("nvme") else "host"
         self.ledger.book(self.ctx.rank, op, t.dtype, t.numel(), self.ctx.phase_name,
-                         self.ctx.step, group="host", n=1, index=0)
+                         self.ctx.step, group=group, n=1, index=0)
 
     @contextlib.contextmanager
     def batch(self):

@@ -18,7 +18,8 @@ on each link. Summed over the ranks this is exactly 2(N−1)·S, so the per-rank
 Links (spec/nodes.md): rank r sends only to its ring successor, so each record's sends take one
 link, booked as ``link``: ``"intra"`` when the successor sits on r's node, ``"inter"`` when the hop
 leaves it (:class:`~.groups.Nodes`: rank r on node r // G), ``"host"`` for the rank's own PCIe
-copies. ``elements(r, link="inter")`` is r's cross-node volume; :meth:`CommLedger.crossing` a
+copies (device→host sent, host→device received), ``"nvme"`` for its host's swap-file writes (sent)
+and reads (received). ``elements(r, link="inter")`` is r's cross-node volume; :meth:`CommLedger.crossing` a
 node's (what all its GPUs send over links that leave it).
 """
 from __future__ import annotations
@@ -32,7 +33,10 @@ import torch
 from .groups import Nodes
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all")
-HOST_OPS = ("to_host", "from_host")   # a rank's own device<->host copies (P_a+cpu), group "host"
+HOST_OPS = ("to_host", "from_host",   # a rank's own device<->host copies (P_a+cpu, offload): "host"
+            "to_nvme", "from_nvme")  # its host<->NVMe swap-file writes and reads: group "nvme"
+# one way, not a ring: a copy away from the device (to_host) or from the host (to_nvme) is sent,
+# its way back received
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +72,9 @@ def chunk_size(numel: int, n: int, rank: int) -> int:
 
 def ring_elements(op: str, numel: int, n: int, rank: int, src: int = 0) -> tuple[int, int]:
     """(sent, received) elements for ``rank`` under the ring model; ``numel`` is the full size S."""
-    if op == "to_host":       # over the rank's own link, not a ring: all of it, one way
+    if op in ("to_host", "to_nvme"):     # over the rank's own link, not a ring: all of it, one way
         return numel, 0
-    if op == "from_host":
+    if op in ("from_host", "from_nvme"):
         return 0, numel
     if n == 1 or op == "barrier":
         return 0, 0
@@ -121,8 +125,8 @@ class CommLedger:
         return rec
 
     def _link(self, rank: int, group: str, peer: int | None) -> str:
-        if group == "host":
-            return "host"
+        if group in ("host", "nvme"):   # the rank's own PCIe link, its host's NVMe link
+            return group
         return self.nodes.link(rank, (rank + 1) % self.n_ranks if peer is None else peer)
 
     def next_seq(self, rank: int) -> int:

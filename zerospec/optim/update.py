@@ -34,6 +34,7 @@ class StepReport:
     skipped: bool
     scale: float          # the loss scale this step's gradients carried
     norm: float | None    # pre-clip global norm of the unscaled gradient (None: clipping off)
+    deferred: bool = False  # DPU's step N: no update now, the gradient's comes next step (B8)
 
 
 @dataclasses.dataclass(frozen=True)

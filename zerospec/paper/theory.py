@@ -224,6 +224,14 @@ def hpz_secondary_bytes(psi, h: int) -> Fraction:
     return Fraction(2 * psi, h)
 
 
+def offload_gpu_bytes(m, g16_on: str, update_on: str):
+    """B4 (ZeRO-Offload Table 1): GPU model-state bytes of a communication-minimal split of M
+    parameters; p16 and FWD-BWD stay on the GPU (2M), g16 adds 2M where it sits, the update's
+    fp32 master, momentum and variance 12M. ("cpu", "cpu"): 2M, the 8x row ([ZO-n]: not 4M)."""
+    for name, v in (("g16_on", g16_on), ("update_on", update_on)):
+        if v not in ("gpu", "cpu"):
+            raise ValueError(f"{name} must be 'gpu' or 'cpu', got {v!r}")
+    return (2 + (2 if g16_on == "gpu" else 0) + (12 if update_on == "gpu" else 0)) * m
 # -- MiCS (arXiv:2205.00119): p GPUs shard, N/p groups replicate (spec/mics.md) --------------------
 def mics_model_state_bytes(stage: int, psi, p: int, k: int = K_ADAM) -> Fraction:
     """M1: each GPU holds stage ``stage``'s model states at N_d = p, whatever N is: 16Ψ/p in

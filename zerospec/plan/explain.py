@@ -24,7 +24,8 @@ LABELS = {"param16": "parameters (fp16)", "grad16": "gradients (fp16)",
           "exp_avg_sq": "optimizer: variance", "gathered": "gathered units (ZeRO-3)",
           "activations": "activations", "checkpoints": "checkpoints",
           "recomputed": "recomputed activations", "buffer": "buffers", "bucket": "buckets",
-          "secondary16": "hpZ secondary shards (fp16)"}
+          "secondary16": "hpZ secondary shards (fp16)",
+          "grad32": "gradients cast to fp32 (DeepSpeed's ZeRO-Offload)"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,3 +89,45 @@ def uninitialized_memory(value: float = float("nan")):
 
     with mock.patch.object(MemoryLedger, "alloc", poisoned):
         yield seen
+
+
+@contextlib.contextmanager
+def inject_nvme_fault(step: int, write: int = 1, errno_: int = 28, fraction: float = 0.5,
+                      kill: bool = False):
+    """Inside the block, the ``write``-th swap-file write (counted from 1) of step ``step``
+    (ctx.step of the first rank to reach it) writes ``fraction`` of its bytes, then fails with
+    OSError ``errno_`` (28: ENOSPC, the disk is full; 30: EROFS) — or, ``kill``, kills this
+    process with SIGKILL, as a crash mid-write would, leaving the ``.partial`` file half written.
+    The seam is :func:`zerospec.offload.nvme.write_bytes`; the step is read from the caller's
+    frames' ``self.ctx``. Yields a dict whose ``"fired"`` says whether it did."""
+    import inspect
+    import os
+    import signal
+
+    from ..offload import nvme
+
+    seen = {"fired": 0, "writes": 0}
+    real = nvme.write_bytes
+
+    def faulty(f, data):
+        frame = inspect.currentframe().f_back
+        ctx = None
+        while frame is not None and ctx is None:
+            me = frame.f_locals.get("self")
+            ctx = getattr(me, "ctx", None)
+            frame = frame.f_back
+        if ctx is None or ctx.step != step or seen["fired"]:
+            return real(f, data)
+        seen["writes"] += 1
+        if seen["writes"] < write:
+            return real(f, data)
+        seen["fired"] += 1
+        real(f, data[:int(len(data) * fraction)])
+        f.flush()
+        if kill:
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno_, os.strerror(errno_))
+
+    with mock.patch.object(nvme, "write_bytes", faulty):
+        yield seen

@@ -29,6 +29,7 @@ process group for DCP's coordinator, and this format is the same whichever engin
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -105,11 +106,14 @@ class TrainState:
         if names != [prefix + u.name for u in stage.units]:
             raise CheckpointError(f"the state's units {names} are not MP index {mp_index}'s "
                                   f"{[prefix + u.name for u in stage.units]}")
+        with _held(stage, write=True):   # NVMe-offloaded states: read, restored, written back
+            for i, u in enumerate(stage.units):
+                own = stage.owned_slice(u)
+                for kind, dst in (("master", stage.master), ("exp_avg", stage.exp_avg),
+                                  ("exp_avg_sq", stage.exp_avg_sq)):
+                    dst[i].copy_(self.padded(kind, first + i, u)[own])
         for i, u in enumerate(stage.units):
             own = stage.owned_slice(u)
-            for kind, dst in (("master", stage.master), ("exp_avg", stage.exp_avg),
-                              ("exp_avg_sq", stage.exp_avg_sq)):
-                dst[i].copy_(self.padded(kind, first + i, u)[own])
             p16 = self.padded("param16", first + i, u)
             stage.param16[i].copy_(p16 if stage.param16[i].numel() == u.padded else p16[own])
 
@@ -127,11 +131,23 @@ class Checkpoint(TrainState):
 
 
 # -- what a rank owns ------------------------------------------------------------------------------
+def _held(stage, write: bool = False):
+    """The stage's optimizer states in memory for a block: NVMe-offloaded ones are read from
+    their files (and written back if ``write``; zerospec/offload/); others are there already."""
+    hold = getattr(stage, "hold_states", None)
+    return hold(write) if hold is not None else contextlib.nullcontext()
+
+
 def rank_pieces(stage, prefix: str = "") -> dict[str, dict]:
     """unit name → {start, stop, kind: tensor} for the real elements this rank writes (copies);
     ``prefix``: the rank's MP index's (:func:`mp_prefix`)."""
     if stage.stage == 0 and stage.ctx.rank != 0:
         return {}                          # replicated: rank 0 writes it once
+    with _held(stage):
+        return _rank_pieces(stage, prefix)
+
+
+def _rank_pieces(stage, prefix: str) -> dict[str, dict]:
     out = {}
     for i, u in enumerate(stage.units):
         own = stage.owned_slice(u)

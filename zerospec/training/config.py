@@ -17,6 +17,7 @@ from ..zero import STAGES, ZERO1_COMM
 from ..zero import hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
+from ..offload import check as check_offload
 
 DEVICES = ("cpu", "meta")
 
@@ -54,6 +55,12 @@ class TrainConfig:
     # nodes and ZeRO++'s hpZ (spec/nodes.md, zero/hpz.py): None = one node; hpz 1 = off
     gpus_per_node: int | None = None          # rank r sits on node r // gpus_per_node
     hpz: int = 1                              # zero_hpz_partition_size h: backward gathers in-node
+    # ZeRO-Offload (zerospec/offload/, spec/offload.md); None: everything on the device
+    offload_optimizer: str | None = None      # "cpu" | "nvme": fp32 states and Adam on the host
+    offload_mode: str = "paper"               # "paper": fp16 grads down; "deepspeed": fp32 down
+    offload_params: str | None = None         # "cpu": ZeRO-Infinity's fp16 parameters on the host
+    nvme_path: str | None = None              # the NVMe tier's directory (None: a temporary one)
+    dpu: int = 0                              # delayed parameter update from step N (0: off, B8)
     # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p
     shard_group: int | None = None            # p; None: shard over all N_d ranks (p = N_d)
     # ZeRO++'s quantized collectives (zero/zeropp.py, spec/zeropp.md); off: stage 3 unchanged
@@ -88,6 +95,7 @@ class TrainConfig:
         check_config(self)
         check_zero_r(self)
         hpz.check(self)
+        check_offload(self)
         mics.check(self)
         zeropp.check(self)
 

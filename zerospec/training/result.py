@@ -28,7 +28,8 @@ class Result(Sized):
     ranks: list[RankOutput]
     wall_seconds: float
     timelines: list[list[tuple[int, str, str, float]]]  # per rank: (step, phase, kind, seconds)
-    host: list[MemoryLedger] = dataclasses.field(default_factory=list)  # per rank (P_a+cpu)
+    host: list[MemoryLedger] = dataclasses.field(default_factory=list)  # per rank (P_a+cpu, offload)
+    nvme: list[MemoryLedger] = dataclasses.field(default_factory=list)  # per rank (offload's swap files)
 
     @property
     def psi_held(self) -> int:

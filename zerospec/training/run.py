@@ -74,6 +74,7 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     result = build_result(cfg, outs, cluster.memory, cluster.comm_ledger, wall,
                           [ctx.timeline.events for ctx in cluster.contexts])
     result.host = [ctx.host for ctx in cluster.contexts]
+    result.nvme = [ctx.nvme for ctx in cluster.contexts]
     return result
 
 
@@ -101,7 +102,7 @@ def train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
         out = rank_main(ctx, cfg, units, initial_weights(cfg, units), make_batches(cfg),
                         resume=resume, save=save)
         outs.append({"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
-                     "host": ctx.host,
+                     "host": ctx.host, "nvme": ctx.nvme,
                      "timeline": ctx.timeline.events, "seconds": time.perf_counter() - t0})
     return outs
 
@@ -114,6 +115,7 @@ def assemble(cfg: TrainConfig, per_rank: list[dict]) -> Result:
     result = build_result(cfg, [x["out"] for x in per_rank], [x["memory"] for x in per_rank], comm,
                           max(x["seconds"] for x in per_rank), [x["timeline"] for x in per_rank])
     result.host = [x["host"] for x in per_rank]
+    result.nvme = [x["nvme"] for x in per_rank]
     return result
 
 

@@ -23,7 +23,8 @@ from . import checkpoint
 from ..model import gpt
 from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
-from ..optim.update import Reach, Updater
+from ..optim.update import Reach, StepReport, Updater
+from ..offload import with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.hpz import with_hpz
@@ -173,6 +174,10 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                       gpus_per_node=cfg.gpus_per_node)
     if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
+    if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
+        cls = with_offload(cls, params=cfg.offload_params is not None)
+        kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
+                      nvme_path=cfg.nvme_path)
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
         cls = with_mics(cls)
     return cls, kwargs
@@ -189,6 +194,9 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     With N_m > 1 the rank sits on the N_d × N_m grid (comm/groups.py): the ZeRO stage sees its
     DP group only (a :class:`GroupView`: same stage code, sharding over N_d), the model its MP
     group (Megatron's operators), and both MP ranks of a replica read the same micro-batch."""
+    if save and cfg.dpu and max(save) >= cfg.dpu:
+        raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
+                         f"miss the gradient whose update is still pending (spec/offload.md)")
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
     out.step_end.append(time.perf_counter())
@@ -202,6 +210,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
                                       resume_meta(cfg, step, rank.updater), cfg.n_m)
         if on_step is not None:
             on_step(step, rank.stage)
+    out.master = rank.stage.owned_master()   # the same tensors, or (NVMe) read from their files
     if keep_state:
         out.state = {"pieces": checkpoint.rank_pieces(rank.stage, checkpoint.mp_prefix(
                          cfg.n_m, Grid(cfg.n_d, cfg.n_m).mp_index(ctx.rank))),
@@ -219,6 +228,10 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
     stage.zero_grad()
     flops, micro = {"forward": 0, "backward": 0}, []
     ops = {"forward": Counter(), "backward": Counter()}
+    delayed = cfg.dpu and rank.ctx.step > cfg.dpu   # B8: the pending update, before FWD-BWD
+    if delayed:   # on a GPU the host runs it while FWD-BWD use the parameters it has not updated
+        with phase("step"):
+            report = rank.updater.step()
     for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
         fetcher.begin_step()
         fetcher.grad_scale = rank.updater.scale
@@ -235,8 +248,11 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
         micro.append(loss.detach())
     with phase("grad_sync"):
         stage.reduce_gradients()
-    with phase("step"):
-        report = rank.updater.step()
+    if cfg.dpu and rank.ctx.step == cfg.dpu:   # B8's step N: gradients down, the update waits
+        report = StepReport(True, rank.updater.scale, None, deferred=True)
+    elif not delayed:
+        with phase("step"):
+            report = rank.updater.step()
     with phase("param_sync"):
         if not report.skipped:   # skipped: the parameters did not change
             stage.sync_params()

@@ -128,11 +128,22 @@ class DataParallel:
                         step, self.adam, grad_mul)
             self.optim_elements += self.master[i].numel()
 
+    @property
+    def master_apart(self) -> bool:
+        """Whether the fp32 masters are a copy apart from the parameters, which sync_params
+        refreshes from them: in mixed precision, and wherever ZeRO-Offload keeps them (the host)."""
+        return self.precision.master
+
     def sync_params(self) -> None:
         """Refresh the fp16 parameters from the updated masters."""
-        if self.precision.master:
+        if self.master_apart:
             for i in range(len(self.units)):
-                self._param_chunk(i).copy_(self.master[i])
+                self._param_up(i)
+
+    def _param_up(self, i: int) -> None:
+        """Unit i's fp16 chunk from its master (ZeRO-Offload copies it up from the host instead,
+        zerospec/offload/optimizer.py)."""
+        self._param_chunk(i).copy_(self.master[i])
 
     # -- results -------------------------------------------------------------------------------
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]:
