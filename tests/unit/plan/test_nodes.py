@@ -33,6 +33,9 @@ def test_across_is_the_ledgers_crossing_and_inside_the_rest(name):
     assert nb.inside() == sum(led.bytes(k, link="intra") for k in range(4)) > 0
     assert nb.node_total("forward all-gather", "inter") == led.crossing_bytes(
         0, phase="forward", op="all_gather")
+    assert nb.node_total("gradient reduce-scatter / all-to-all", "inter") == sum(
+        led.crossing_bytes(0, op=op) for op in ("reduce_scatter", "all_to_all"))
+    assert "other" not in nb.sent                            # every collective of stage 3 named
     ag = nb.sent.get("backward all-gather", {"inter": (0,)})
     assert (sum(ag["inter"]) == 0) == (name != "ZeRO-3")     # hpZ and MiCS keep it in the node
 
