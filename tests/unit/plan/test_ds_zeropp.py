@@ -143,3 +143,22 @@ def test_a_flag_contradicting_the_config_is_refused(capsys, tmp_path):
     assert_usage_error(capsys, "plan", "--explain", "--hf-config", hf, "--gpus", "8",
                        "--deepspeed-config", ds, "--gpus-per-node", "4", "--hpz", "2",
                        named="--hpz 2 contradicts")
+
+
+@pytest.mark.slow
+def test_the_measured_table_beside_a_preset_says_what_leaves_node_0(capsys, tmp_path):
+    """`plan --deepspeed-config --preset 1.5B --gpus 16 --gpus-per-node 8`: the measured table
+    adds node 0's bytes across per collective; with zero_hpz_partition_size = 8 backward's
+    all-gather sends 0 of them."""
+    rows = {}
+    for h in (1, 8):
+        ds, _ = _files(tmp_path, {"zero_hpz_partition_size": h})
+        rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", ds, "--preset", "1.5B",
+                             "--gpus", "16", "--gpus-per-node", "8", "--format", "json")
+        assert rc == 0, out
+        table = next(t for t in json.loads(out)["tables"] if t["name"] == "deepspeed_measured")
+        rows[h] = {r[0].strip(): r[1] for r in table["rows"]}
+    assert rows[8]["of which backward all-gather"] == "0 B" != rows[1]["of which backward all-gather"]
+    left = {h: int(r["bytes leaving node 0 per step"].split(" B")[0].replace(",", ""))
+            for h, r in rows.items()}
+    assert 0 < left[8] < left[1]
