@@ -166,6 +166,24 @@ def _draw_explain(out):
     return [save(explain_example(), out)]
 
 
+@functools.lru_cache(maxsize=None)
+def zeropp_runs():
+    """spec/zeropp.md's figure: node 0's bytes per collective at 384 meta GPUs (48 × 8), the 100B
+    shape, for ZeRO-3, hpZ, qwZ, qgZ, all three and MiCS (zerospec/plan/nodes.py)."""
+    from zerospec.plan.nodes import figure_runs
+    return figure_runs()
+
+
+def _zeropp_data() -> str:
+    from zerospec.plan.nodes import markdown
+    return markdown(zeropp_runs())
+
+
+def _draw_zeropp(out):
+    from zerospec.plan import nodes
+    return [nodes.save(zeropp_runs(), out, nodes.FIGURE_TITLE, "zeropp_node_bytes")]
+
+
 def _paper(*tables: tuple[str, Callable[[], str]]) -> Callable[[], dict[str, str]]:
     return lambda: {f"{SNAP}/test_evaluation/{name}.md": text() for name, text in tables}
 
@@ -198,6 +216,8 @@ def _draw_c30(out):
 REPORT_DATA = f"{SNAP}/test_memory_report/test_report_figures_data_at_32_gpus.md"
 C30_DATA = f"{SNAP}/test_allocator/test_fragmentation_figure_data.md"
 FIG7_DATA = f"{SNAP}/test_evaluation/test_figure7_cached_memory_curves_at_100b.md"
+ZEROPP_DATA = (f"{SNAP}/test_zeropp/"
+               "test_bytes_inside_and_across_nodes_per_collective_at_384_gpus.md")
 EXPLAIN_DATA = "tests/unit/plan/__snapshots__/test_models_page/test_explain_figure_data.md"
 
 FIGURES = {f.name: f for f in [
@@ -223,6 +243,8 @@ FIGURES = {f.name: f for f in [
            lambda: {FIG7_DATA: figure7_curves_data("100B")}, _draw_paper(7)),
     Figure("explain_memory", "models.md", (EXPLAIN_DATA,),
            lambda: {EXPLAIN_DATA: explain_figure_data()}, _draw_explain),
+    Figure("zeropp_node_bytes", "zeropp.md", (ZEROPP_DATA,),
+           lambda: {ZEROPP_DATA: _zeropp_data()}, _draw_zeropp),
     Figure("paper_figure8", "evaluation.md", (f"{SNAP}/test_evaluation/test_figure8_table.md",),
            _paper(("test_figure8_table", lambda: _pf().bare(_pf().figure8()[0]))), _draw_paper(8)),
 ]}

@@ -226,3 +226,44 @@ def test_at_384_gpus_zeropp_cuts_3M_to_0_75M_across_each_node(md_snapshot, claim
     claim_values(f"{float(total['ZeRO-3']):.4f}M → {float(total['+ hpZ + qwZ + qgZ']):.4f}M per "
                  f"node ({float(total['ZeRO-3'] / total['+ hpZ + qwZ + qgZ']):.2f}×)",
                  "3M → 0.75M, 4× (D1, D2)", "100B shape, 48 × 8 meta GPUs")
+
+
+# -- spec/figures/zeropp_node_bytes.svg: bytes inside vs across nodes, per collective ---------------
+def figure_runs():
+    """The figure's runs (zerospec/plan/nodes.py FIGURE_RUNS) on the measurements above."""
+    from zerospec.plan import nodes
+    assert (nodes.FIGURE_MODEL, nodes.FIGURE_GPUS, nodes.FIGURE_PER_NODE) == (BIG, 384, 8)
+    return nodes.figure_runs(lambda **kw: at_scale(**kw)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.claim("D1")
+@pytest.mark.claim("D2")
+@pytest.mark.claim("M3")
+def test_bytes_inside_and_across_nodes_per_collective_at_384_gpus(md_snapshot):
+    """What spec/figures/zeropp_node_bytes.svg draws, at 48 × 8 meta GPUs: node 0's bytes per
+    collective inside and across, for ZeRO-3, hpZ, qwZ, qgZ, all three and MiCS; each across
+    column is the ledger's crossing_bytes, hpZ's backward and MiCS's gathers cross nothing."""
+    from zerospec.plan.nodes import FIGURE_RUNS, markdown as node_markdown
+    runs = figure_runs()
+    for name, nb in runs.items():
+        led = at_scale(**FIGURE_RUNS[name])[1]
+        assert nb.across() == led.crossing_bytes(0)
+        assert nb.node_total("forward all-gather", "inter") == led.crossing_bytes(
+            0, phase="forward", op="all_gather")
+        assert nb.inside() == sum(led.bytes(r, link="intra") for r in range(8))
+    zero3, hpz, qwz, mics = runs["ZeRO-3"], runs["hpZ h = 8"], runs["qwZ"], runs["MiCS p = 8"]
+    assert zero3.node_total("backward all-gather", "inter") > 0
+    assert hpz.node_total("backward all-gather", "inter") == 0 < hpz.node_total(
+        "backward all-gather", "intra")
+    # qwZ: int8 codes, half of stage 3's fp16 bytes, plus fp32 scales: over half, under 0.51
+    f3, fq = (nb.node_total("forward all-gather", "inter") for nb in (zero3, qwz))
+    assert f3 // 2 < fq < f3 * 51 // 100
+    assert runs["qgZ"].across() < zero3.across()
+    assert {c for c in mics.sent if mics.node_total(c, "inter")} == {"replica all-reduce (MiCS)"}
+    # M2's 2(R−1)/R·Ψ/p per GPU, R = 48: each unit's all-reduce of a size R does not divide sends
+    # uneven ring chunks, within one element per ring step of the mean (comm/ledger.py)
+    got, units = mics.node_total("replica all-reduce (MiCS)", "inter"), len(at_scale()[0].units)
+    assert abs(got - 8 * 2 * theory.mics_replica_all_reduce(mics.psi_padded, 384, 8)) \
+        <= 8 * 2 * units * 2 * 47
+    assert node_markdown(runs) == md_snapshot

@@ -16,3 +16,15 @@ def assert_usage_error(capsys, *argv, named: str) -> None:
     rc, out, err = run_cli(capsys, *argv)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("zerospec: error:") and named in err, err
+
+
+def tiny_hf_config(tmp_path) -> str:
+    """A GPT-2 config.json of 2 blocks × 64 (vocabulary 64, context 16): `plan --explain
+    --hf-config` steps it on meta in well under a second."""
+    import json
+    from zerospec.model.gpt import GPTConfig
+    from zerospec.model.hf_config import to_hf
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(to_hf(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2,
+                                               n_embd=64), "GPT2LMHeadModel")))
+    return str(path)

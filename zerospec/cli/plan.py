@@ -68,6 +68,8 @@ def add_parser(sub) -> None:
                         "(a search of meta steps)")
     p.add_argument("--checkpoint-activations", type=T.positive_int, default=None, metavar="K",
                    help="with --explain: a checkpoint every K blocks (default: none)")
+    from ..plan.explain_args import add_arguments
+    add_arguments(p, T)
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
     p.add_argument("--table2", action="store_true", help="print the paper's Table 2 layout (C17)")
     p.add_argument("--mp", type=T.list_of(T.plan.parse_mp, "MP degree"), default=None,
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     largest = args.largest_layer
     machine = _resolve_machine(args)
     if args.explain:
+        from ..plan.explain_args import explain_tables
         tables = explain_tables(args, machine)
         sys.stdout.write(render(tables, args.format))
         return 0
@@ -101,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
                                 ("--checkpoint-activations", args.checkpoint_activations),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
+    from ..plan.explain_args import given_flags, node_settings
+    flags = given_flags(args)
+    if flags and (args.deepspeed_config is None or args.preset is None):
+        raise ValueError(f"{', '.join(flags)} set(s) the step measured; add --explain and --preset "
+                         f"(or --deepspeed-config and --preset)")
     if step_only:
         raise ValueError(f"{', '.join(step_only)} set(s) the step --explain runs; add --explain "
                          f"and --preset")
@@ -129,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds.stage], args.units,
                                                    largest, args.estimator))
         if args.preset is not None:   # the same settings on a real shape, measured on meta
-            tables += [deepspeed_measured_table(ds, args.preset, n) for n in args.gpus or [64]]
+            for n in args.gpus or [64]:
+                extra, _ = node_settings(args, n, args.machine, machine.m)
+                g = extra.pop("gpus_per_node", None)
+                tables.append(deepspeed_measured_table(ds, args.preset, n, g, extra))
     elif args.preset is not None:
         raise ValueError("--preset is used with --deepspeed-config or --explain (the model a step "
                          "is measured on); for a preset alone see `zerospec scale --preset`")
@@ -151,64 +162,6 @@ def _psis(args: argparse.Namespace) -> list[int]:
         from ..model.presets import preset
         return [preset(args.preset).psi]
     return args.params or [7_500_000_000]
-
-
-def _one(values, flag: str, default=None):
-    """The single value of a comma-list option (--explain runs one step)."""
-    if values is None:
-        if default is None:
-            raise ValueError(f"--explain needs {flag} (one value)")
-        return default
-    if len(values) != 1:
-        raise ValueError(f"--explain runs one step: give one {flag}, got {len(values)}")
-    return values[0]
-
-
-def explain_tables(args: argparse.Namespace, machine: "_Sizes") -> list:
-    """`plan --explain`: one meta step of --preset or --hf-config, explained against the GPU's
-    memory; a --deepspeed-config sets the stage, micro-batch, precision and buffers it can."""
-    from ..plan import explain as E
-    if (args.preset is None) == (args.hf_config is None):
-        raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
-                         "them) or --hf-config CONFIG.JSON, with one --gpus and one --stage")
-    other = [f for f, v in (("--table1", args.table1), ("--table2", args.table2),
-                            ("--max-model", args.max_model), ("--params", args.params)) if v]
-    if other:
-        raise ValueError(f"--explain runs one step of its model; it does not take {', '.join(other)}")
-    ds, ckpt = args.deepspeed_config, args.checkpoint_activations or 0
-    gpus, n_m = _one(args.gpus, "--gpus", 64), _one(args.mp, "--mp", 1)
-    stage = _one(args.stage, "--stage", None if ds is None else ds.stage)
-    if gpus % n_m:
-        raise ValueError(f"--gpus {gpus} must be a multiple of --mp {n_m} (N = N_d × N_m)")
-    micro, settings, notes = args.micro_batch, {}, []
-    if ds is not None:
-        from ..plan.deepspeed import config_kwargs
-        if stage != ds.stage:
-            raise ValueError(f"--stage {stage} contradicts {ds.path}'s zero_optimization.stage "
-                             f"{ds.stage}; drop one")
-        settings, left = config_kwargs(ds, gpus // n_m, n_m, ckpt)
-        if micro is not None and micro != settings["micro_batch"]:
-            raise ValueError(f"--micro-batch {micro} contradicts {ds.path}'s micro-batch "
-                             f"{settings['micro_batch']} per GPU; drop one")
-        micro = settings.pop("micro_batch")
-        notes = [f"From {ds.path}: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".",
-                 "Not modelled: " + ("; ".join(left) or "nothing") + "."]
-    name, model = args.preset, None
-    if args.hf_config is not None:
-        name, model = args.hf_config
-    where = (machine.key if machine.m is not None and not args.gpu_mem_given else
-             "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)")
-    ex = E.explain(name, stage, gpus, args.gpu_mem, where, seq=args.seq, micro_batch=micro or 1,
-                   checkpoint_activations=ckpt, n_m=n_m, model=model, settings=settings,
-                   notes=tuple(notes))
-    out = E.tables(ex, args.units, args.largest_layer or None)
-    if args.out is not None:
-        from ..plan.explain_figure import save
-        out[0].notes.append(f"Memory over the step: {save(ex, args.out)}.")
-    if args.fit:
-        from ..plan.fit import fit_table
-        out.append(fit_table(ex, args.units))
-    return out
 
 
 class _Sizes:

@@ -57,6 +57,11 @@ def add_parser(sub) -> None:
                    help="ZeRO++'s qwZ for stage 3: int8 weight all-gathers (spec/zeropp.md)")
     p.add_argument("--qgz", action="store_true",
                    help="ZeRO++'s qgZ for stage 3: an int4 all-to-all gradient reduction")
+    p.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
+                   help="elements per qwZ/qgZ scale (default: DeepSpeed's choice)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="with --gpus-per-node: write DIR/node_bytes.svg (and .png), node 0's bytes "
+                        "inside vs across nodes per collective, a bar per stage measured")
 
 
 def _stages(text: str) -> tuple[int, ...]:
@@ -110,7 +115,9 @@ def run(args) -> int:
               checkpoint_activations=args.checkpoint_activations,
               partition_activations=args.partition_activations,
               cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
-    zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz)
+    if args.out is not None and args.gpus_per_node is None:
+        raise _usage("--out draws the bytes inside vs across nodes: add --gpus-per-node G")
+    zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz, quant_group_size=args.quant_group_size)
     results = {s: measure(model, s, n_d, **(zpp if s == 3 else {}),
                           shard_group=args.shard_group if s else None, **kw) for s in stages}
     grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below)" if args.mp > 1 else "")
@@ -150,3 +157,8 @@ def _crossing(results, args) -> None:
             hpz += f"; {led.crossing_bytes(0):,} B = " \
                    f"{float(led.crossing_bytes(0) / (2 * psi)):.4f}Ψ in fp16 elements (bytes / 2)"
         print(f"  stage {s}: {led.crossing(0):,} ({float(led.crossing(0) / psi):.4f}Ψ){hpz}")
+    if args.out is not None:
+        from ..plan.nodes import node_bytes, run_label, save
+        runs = {run_label(r.config): node_bytes(r) for r in results.values()}
+        title = f"N = {args.gpus}, {args.gpus // g} nodes × {g} GPUs: bytes node 0 sends per step"
+        print(f"\nDrawn: {save(runs, args.out, title)}")

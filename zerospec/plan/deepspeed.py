@@ -12,7 +12,10 @@ GPU and traffic per step in the same ledgers every test reads:
 * stage 1 with ``use_multi_rank_bucket_allreduce`` (DeepSpeed's default) → ZeRO-1's all-reduce
   variant (3Ψ); stage 2's all-reduce variant is not modelled: its reduce-scatter path is measured;
 * stage 3: ``stage3_param_persistence_threshold`` and ``stage3_max_reuse_distance`` →
-  zerospec/zero/ds3.py (per unit, where DeepSpeed decides per tensor);
+  zerospec/zero/ds3.py (per unit, where DeepSpeed decides per tensor); ZeRO++'s
+  ``zero_hpz_partition_size`` → hpZ (needs the GPUs per node), ``zero_quantized_weights`` → qwZ,
+  ``zero_quantized_gradients`` → qgZ; ``mics_shard_size`` → MiCS's partition groups, modelled
+  though DeepSpeed 0.19 refuses the key (MiCS removed; FSDP2's HSDP is its peer, spec/mics.md);
 * everything else (prefetch, live-parameter bound, overlap, allgather buckets, gradient
   accumulation, and every key ds_config does not read) is listed under "Not modelled", with why.
 """
@@ -25,11 +28,16 @@ from ..render.format import Table, fmt_bytes, fmt_count, fmt_psi
 from .ds_config import DeepSpeedConfig
 
 
-def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1,
-                  checkpoint_activations: int = 0) -> tuple[dict, list[str]]:
-    """scale.measure's keyword arguments for a DeepSpeed config on N_d × N_m GPUs, and one line per
-    setting that does not reach the meta step (with why), then every key of the file zerospec does
-    not read (:attr:`DeepSpeedConfig.not_modelled`)."""
+MICS_NOTE = ("mics_shard_size: modelled by zerospec (spec/mics.md), but DeepSpeed 0.19 removed MiCS "
+             "and refuses the key; FSDP2's HSDP is the running peer")
+
+
+def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activations: int = 0,
+                  gpus_per_node: int | None = None) -> tuple[dict, list[str]]:
+    """scale.measure's keyword arguments for a DeepSpeed config on N_d × N_m GPUs (nodes of
+    ``gpus_per_node``; None: one node), and one line per setting that does not reach the meta step
+    (with why), then every key of the file zerospec does not read
+    (:attr:`DeepSpeedConfig.not_modelled`)."""
     s, b = ds.stage, ds.batch(n_d)
     kw, left = {"precision": ds.precision, "micro_batch": b.micro}, []
     if b.gas > 1:
@@ -56,6 +64,10 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1,
                     "each block's biases and norms whole")
         left.append("stage3_prefetch_bucket_size, stage3_max_live_parameters, overlap_comm: when "
                     "parameters arrive, bounded by the units a step gathers at once")
+    kw.update(_zeropp_kwargs(ds, gpus_per_node, left))
+    if kw.get("qgz") and kw.pop("bucket_elements", None):
+        left.append("reduce_bucket_size with zero_quantized_gradients: qgZ's all-to-all reduces "
+                    "each unit's gradient as one tensor (DeepSpeed: each bucket)")
     if ds.partition_activations:
         if n_m >= 2 and checkpoint_activations:
             kw["partition_activations"] = True
@@ -73,11 +85,40 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1,
     return kw, left
 
 
-def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int) -> Table:
-    """One meta step of preset ``name`` on ``n_d`` GPUs under the config's settings."""
+def _zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[str]) -> dict:
+    """ZeRO++'s and MiCS's keys → measure()'s hpz, qwz, qgz, shard_group (stage 3, as DeepSpeed)."""
+    kw = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
+    h, p = ds.zero_hpz_partition_size, ds.mics_shard_size
+    on = {"zero_hpz_partition_size": h > 1, "zero_quantized_weights": ds.zero_quantized_weights,
+          "zero_quantized_gradients": ds.zero_quantized_gradients, "mics_shard_size": p > 0}
+    if ds.stage != 3:
+        left += [f"{k}: a ZeRO-3 setting (spec/zeropp.md, spec/mics.md); no effect at stage "
+                 f"{ds.stage}" for k, v in on.items() if v]
+        return kw
+    if h > 1:
+        if gpus_per_node is None:
+            raise ValueError(f"{ds.path!r}: zero_hpz_partition_size = {h} keeps each secondary "
+                             f"partition inside a node, so it needs the GPUs per node; accepted: "
+                             f"--gpus-per-node G or --machine NAME (h must divide G)")
+        kw["hpz"] = h
+    if ds.zero_quantized_weights:
+        kw["qwz"] = True
+    if ds.zero_quantized_gradients:
+        kw["qgz"] = True
+    if p > 0:
+        kw["shard_group"] = p
+        left.append(MICS_NOTE)
+    return kw
+
+
+def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
+                             gpus_per_node: int | None = None, extra: dict | None = None) -> Table:
+    """One meta step of preset ``name`` on ``n_d`` GPUs (nodes of ``gpus_per_node``) under the
+    config's settings and ``extra`` (the command line's hpz, qwz, ...: must agree with the file)."""
     from ..training.scale import measure       # torch: only when a step is measured
     model = preset(name).model
-    kw, left = config_kwargs(ds, n_d)
+    kw, left = config_kwargs(ds, n_d, gpus_per_node=gpus_per_node)
+    kw = merge(ds, kw, extra or {})
     r = measure(model, ds.stage, n_d, **kw)
     led = r.comm_ledger([0])
     elements = led.elements(0)
@@ -92,11 +133,62 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int) -> Table:
     t.add("collectives per step", str(led.count(0)))
     for phase, n in sorted(led.by_phase(0).items()):
         t.add(f"  of which in {phase}", f"{n:,} elements")
+    if r.config.gpus_per_node:
+        from .nodes import node_bytes
+        nb = node_bytes(r)
+        t.add("bytes leaving node 0 per step", f"{nb.across():,} B "
+              f"= {nb.across() / (2 * nb.psi_padded):.4f}M (M = Ψ padded, in fp16 elements)")
+        for c in nb.sent:
+            t.add(f"  of which {c}", f"{nb.node_total(c, 'inter'):,} B")
     t.notes.append("Settings mapped: " + (", ".join(f"{k}={v:,}" if type(v) is int else f"{k}={v}"
                                                      for k, v in kw.items()) or "none")
                    + ".")
     t.notes.append("Not modelled: " + ("; ".join(left) if left else "nothing") + ".")
     return t
+
+
+def _zeropp_rows(ds: DeepSpeedConfig, psi: int, n_d: int, row) -> None:
+    """What each ZeRO++ / MiCS key the file sets moves, in closed form (D2, D6, M1, M2)."""
+    from ..paper import theory
+    h, p = ds.zero_hpz_partition_size, ds.mics_shard_size
+    m = f"{fmt_count(psi * theory.ring_factor(n_d))} fp16 elements (M(N−1)/N)"
+    effect = {
+        "zero_hpz_partition_size": h > 1 and
+        f"hpZ: backward's all-gather inside {h} ranks of a node: 0 across nodes instead of {m} "
+        f"(D2); costs 2Ψ/h = {fmt_bytes(theory.hpz_secondary_bytes(psi, h))} per GPU of "
+        f"secondary shards (D6)",
+        "zero_quantized_weights": ds.zero_quantized_weights and
+        "qwZ: the weight all-gathers as int8 + fp32 scales: half of their fp16 bytes across "
+        "nodes (D2: M → 0.5M)",
+        "zero_quantized_gradients": ds.zero_quantized_gradients and
+        "qgZ: the gradient reduce-scatter as an int4 all-to-all, inside the node then across: a "
+        "quarter of its fp16 bytes, (n−1)/n of it leaving a node (D2: M → 0.25M, D3)",
+        "mics_shard_size": p > 0 and
+        (f"MiCS: shards over {p} GPUs, replicates over the N_d/p = {n_d // p} groups: model "
+         f"states of N_d = p (M1), and one all-reduce of each GPU's Ψ/p gradient shard across "
+         f"groups, {fmt_count(theory.mics_replica_all_reduce(psi, n_d, p))} elements per GPU (M2)"
+         if n_d % p == 0 else f"MiCS: p = {p} must divide N_d = {n_d}")
+        + "; DeepSpeed 0.19 refuses this key (MiCS removed; FSDP2's HSDP is the peer)"}
+    for key, text in effect.items():
+        if key in ds.given:
+            row(key, "off" if not text else text if ds.stage == 3 else
+                f"a ZeRO-3 setting: moves nothing at stage {ds.stage}")
+
+
+ZEROPP_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
+               "mics_shard_size")
+
+
+def merge(ds: DeepSpeedConfig, kw: dict, extra: dict) -> dict:
+    """The config's measure() settings with the command line's ``extra``; a flag that contradicts
+    the file is refused, naming both."""
+    out = dict(kw)
+    for k, v in extra.items():
+        if k in out and out[k] != v:
+            raise ValueError(f"--{k.replace('_', '-')} {v} contradicts {ds.path}'s {k}={out[k]} "
+                             f"(from its zero_optimization); drop one")
+        out[k] = v
+    return out
 
 
 def deepspeed_table(ds, psi: int, n_d: int):
@@ -142,6 +234,7 @@ def deepspeed_table(ds, psi: int, n_d: int):
             k, elems = None, None
     else:
         k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
+    _zeropp_rows(ds, psi, n_d, row)
     volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
               if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
                         "prediction is a follow-up)")

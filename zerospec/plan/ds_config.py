@@ -22,16 +22,16 @@ ZERO_DEFAULTS = {"stage": 0, "reduce_bucket_size": 500_000_000, "allgather_bucke
 # activation_checkpointing settings (DeepSpeed's defaults: all off)
 ACTIVATION_DEFAULTS = {"partition_activations": False, "cpu_checkpointing": False,
                        "contiguous_memory_optimization": False}
+# ZeRO++ and MiCS keys (spec/zeropp.md, spec/nodes.md, spec/mics.md), DeepSpeed's defaults: off.
+# mics_shard_size -1 is off; DeepSpeed 0.19 removed MiCS and refuses the key, zerospec models it.
+ZEROPP_DEFAULTS = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False,
+                   "zero_quantized_gradients": False, "mics_shard_size": -1}
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 # keys later work will model: recognised, reported as not modelled yet
 LATER = {
     "zero_optimization.offload_optimizer": "ZeRO-Offload (optimizer states in host memory)",
     "zero_optimization.offload_param": "ZeRO-Infinity parameter offload",
-    "zero_optimization.zero_hpz_partition_size": "ZeRO++ hpZ (a secondary parameter partition)",
-    "zero_optimization.zero_quantized_weights": "ZeRO++ qwZ (int8 weight all-gather)",
-    "zero_optimization.zero_quantized_gradients": "ZeRO++ qgZ (int4 gradient reduce-scatter)",
-    "zero_optimization.mics_shard_size": "MiCS (DeepSpeed 0.19 removed it and refuses the key)",
 }
 # read but changing no byte the ledger counts
 NO_BYTES = {"steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
@@ -61,6 +61,10 @@ class DeepSpeedConfig:
     stage3_param_persistence_threshold: int
     stage3_max_live_parameters: int
     stage3_max_reuse_distance: int
+    zero_hpz_partition_size: int        # ZeRO++ hpZ's h (1: off)
+    zero_quantized_weights: bool        # ZeRO++ qwZ
+    zero_quantized_gradients: bool      # ZeRO++ qgZ
+    mics_shard_size: int                # MiCS's p (-1: off)
     partition_activations: bool
     cpu_checkpointing: bool
     contiguous_memory_optimization: bool
@@ -136,6 +140,17 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
             value = kw["stage"] == 3
         kw[key] = _number(path, f"zero_optimization.{key}", value,
                           bool_=default is None or isinstance(default, bool))
+    for key, default in ZEROPP_DEFAULTS.items():
+        value = zero.get(key, default)
+        if key == "mics_shard_size" and value == -1:
+            kw[key] = -1
+        elif key == "mics_shard_size" and (isinstance(value, bool) or not isinstance(value, int)
+                                           or value < 1):
+            raise ValueError(f"{path!r}: zero_optimization.mics_shard_size = {value!r}; accepted: "
+                             f"-1 (off) or an integer >= 1 (the partition group size p)")
+        else:
+            kw[key] = _number(path, f"zero_optimization.{key}", value,
+                              bool_=isinstance(default, bool), positive=True)
     if kw["stage"] not in (0, 1, 2, 3):
         raise ValueError(f"{path!r}: zero_optimization.stage = {kw['stage']!r}; accepted: 0, 1, 2 or 3")
     for key, default in ACTIVATION_DEFAULTS.items():
@@ -151,7 +166,7 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
                      "Adam's states are modelled (K = 12), its settings are not" if key == "optimizer"
                      else "not read by zerospec"))
     for key in zero:
-        if key not in ZERO_DEFAULTS:
+        if key not in ZERO_DEFAULTS and key not in ZEROPP_DEFAULTS:
             dotted = f"zero_optimization.{key}"
             left.append((dotted, LATER.get(dotted, "not read by zerospec") +
                          (": not modelled yet" if dotted in LATER else "")))
@@ -161,7 +176,7 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
     for key in act:
         if key not in ACTIVATION_DEFAULTS:
             left.append((f"activation_checkpointing.{key}", "not read by zerospec"))
-    given = frozenset([k for k in zero if k in ZERO_DEFAULTS] + [k for k in act if k in ACTIVATION_DEFAULTS])
+    given = frozenset([k for k in zero if k in ZERO_DEFAULTS or k in ZEROPP_DEFAULTS] + [k for k in act if k in ACTIVATION_DEFAULTS])
     return DeepSpeedConfig(path=path, precision=_precision(path, doc), given=given,
                            not_modelled=tuple(left), **kw)
 

@@ -157,6 +157,12 @@ def _setting(ex: Explanation) -> str:
     k = ex.checkpoint_activations
     ckpt = "" if not k else ", a checkpoint every block" if k == 1 else f", a checkpoint every {k} blocks"
     prec = "" if ex.precision == "fp16" else f", {ex.precision}"
+    cfg = ex.result.config
+    if cfg.gpus_per_node:                 # nodes, ZeRO++ and MiCS (zerospec/plan/nodes.py)
+        from .nodes import run_label
+        extra = run_label(cfg).partition(", ")[2]
+        grid += (f" ({cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
+                 + (f", {extra}" if extra else "") + ")")
     return (f"{ex.name}, {theory.stage(ex.stage).name}, {grid}, seq {ex.seq}, "
             f"micro-batch {ex.micro_batch}{ckpt}{prec}")
 

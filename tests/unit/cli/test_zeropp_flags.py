@@ -1,10 +1,10 @@
-"""``--qwz``, ``--qgz`` and ``--quant-group-size`` on ``zerospec train`` and ``zerospec scale``
-(spec/zeropp.md)."""
+"""``--qwz``, ``--qgz`` and ``--quant-group-size`` on ``zerospec train``, ``zerospec scale`` and
+``zerospec plan`` (spec/zeropp.md)."""
 from __future__ import annotations
 
 import pytest
 
-from tests.support.cli import assert_usage_error, run_cli
+from tests.support.cli import assert_usage_error, run_cli, tiny_hf_config
 
 TRAIN = ["train", "--stage", "3", "--ranks", "4", "--gpus-per-node", "2", "--steps", "1"]
 SCALE = ["scale", "--layers", "2", "--hidden", "64", "--gpus", "8", "--gpus-per-node", "4"]
@@ -40,3 +40,29 @@ def test_train_reports_the_bytes_leaving_node_0(capsys):
     code, out, _ = run_cli(capsys, *TRAIN, "--model", "odd")
     plain = int(out.strip().splitlines()[-1].split("|")[-2].replace(",", ""))
     assert 0 < nbytes < 2 * plain
+
+
+@pytest.mark.parametrize("cmd", [
+    SCALE + ["--stages", "3", "--vocab", "64", "--seq", "16"],
+    ["plan", "--explain", "--hf-config", "CONFIG", "--gpus", "8", "--gpus-per-node", "4",
+     "--stage", "3"]], ids=["scale", "plan"])
+def test_scale_and_plan_refuse_a_group_size_no_shard_can_hold(capsys, tmp_path, cmd):
+    """--quant-group-size 10^6 on shards of 640 elements: exit 2, one line naming it."""
+    cmd = [tiny_hf_config(tmp_path) if c == "CONFIG" else c for c in cmd]
+    assert_usage_error(capsys, *cmd, "--qwz", "--quant-group-size", "1000000",
+                       named="quantization group size 1000000 cannot be used on the shard of unit "
+                             "'embed' of 640 elements (a group lies inside it); accepted: an "
+                             "integer in 1..640")
+
+
+def test_plan_explain_quantized_weights_halve_forwards_bytes_across(capsys, tmp_path):
+    """`plan --explain --qwz`: forward's all-gather sends about half of stage 3's bytes across
+    (int8 codes, exactly half, plus fp32 scales); --quant-group-size reaches the step (smaller
+    groups, more scales)."""
+    from tests.unit.cli.test_nodes_flags import _plan_nodes
+    args = ("--gpus", "8", "--gpus-per-node", "4")
+    fwd = {k: int(_plan_nodes(capsys, tmp_path, *args, *extra)["forward all-gather"][1]
+                  .replace(",", ""))
+           for k, extra in (("fp16", ()), ("int8", ("--qwz",)),
+                            ("int8, groups of 8", ("--qwz", "--quant-group-size", "8")))}
+    assert fwd["fp16"] // 2 < fwd["int8"] < fwd["int8, groups of 8"] < fwd["fp16"]
