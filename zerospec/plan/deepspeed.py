@@ -16,6 +16,10 @@ GPU and traffic per step in the same ledgers every test reads:
   ``zero_hpz_partition_size`` → hpZ (needs the GPUs per node), ``zero_quantized_weights`` → qwZ,
   ``zero_quantized_gradients`` → qgZ; ``mics_shard_size`` → MiCS's partition groups, modelled
   though DeepSpeed 0.19 refuses the key (MiCS removed; FSDP2's HSDP is its peer, spec/mics.md);
+* ``offload_optimizer`` (device cpu or nvme) → ZeRO-Offload in DeepSpeed's mode (its fp32
+  gradients cross PCIe, spec/offload.md), ``offload_param`` → ZeRO-Infinity's parameter offload;
+  with device nvme, DeepSpeed's pinned swap buffers (``buffer_count`` × ``buffer_size``) count as
+  host memory (zerospec/plan/offload.py); settings offload is not combined with are dropped, said;
 * everything else (prefetch, live-parameter bound, overlap, allgather buckets, gradient
   accumulation, and every key ds_config does not read) is listed under "Not modelled", with why.
 """
@@ -65,6 +69,7 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
         left.append("stage3_prefetch_bucket_size, stage3_max_live_parameters, overlap_comm: when "
                     "parameters arrive, bounded by the units a step gathers at once")
     kw.update(_zeropp_kwargs(ds, gpus_per_node, left))
+    kw.update(_offload_kwargs(ds, kw, left))
     if kw.get("qgz") and kw.pop("bucket_elements", None):
         left.append("reduce_bucket_size with zero_quantized_gradients: qgZ's all-to-all reduces "
                     "each unit's gradient as one tensor (DeepSpeed: each bucket)")
@@ -83,6 +88,43 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
             left.append("contiguous_memory_optimization: no checkpoints to make contiguous")
     left += [f"{k} ({why})" for k, why in ds.not_modelled]
     return kw, left
+
+
+# measure()'s settings zerospec's ZeRO-Offload does not combine with yet: dropped, each said
+OFFLOAD_DROPS = {"bucket_elements": "reduce_bucket_size", "contiguous_gradients": "contiguous_gradients",
+                 "stage3_persistence_threshold": "stage3_param_persistence_threshold",
+                 "stage3_max_reuse_distance": "stage3_max_reuse_distance"}
+
+
+def _offload_kwargs(ds: DeepSpeedConfig, kw: dict, left: list[str]) -> dict:
+    """offload_optimizer / offload_param → measure()'s offload_optimizer (DeepSpeed's mode: its
+    fp32 gradients cross PCIe) and offload_params; a section without the stage it needs is
+    refused, and the settings offload is not combined with are dropped from ``kw``, each said."""
+    o, p = ds.offload_optimizer, ds.offload_param
+    if p is not None and ds.stage != 3:
+        raise ValueError(f"{ds.path!r}: zero_optimization.offload_param (device {p.device}) "
+                         f"offloads ZeRO-3's parameter partitions: it needs stage 3, got stage "
+                         f"{ds.stage}")
+    if o is None:
+        if p is not None:
+            raise ValueError(f"{ds.path!r}: zero_optimization.offload_param without "
+                             f"offload_optimizer: zerospec offloads parameters with the optimizer "
+                             f"only; accepted: offload_optimizer.device cpu or nvme too")
+        return {}
+    if ds.stage not in (2, 3):
+        raise ValueError(f"{ds.path!r}: zero_optimization.offload_optimizer (device {o.device}) "
+                         f"is built on ZeRO-2 and ZeRO-3 here; accepted: stage 2 or 3, got stage "
+                         f"{ds.stage}")
+    dropped = [dskey for key, dskey in OFFLOAD_DROPS.items() if kw.pop(key, None)]
+    if dropped:
+        left[:] = [x for x in left if not x.startswith("persistence per tensor")]
+        left.append(f"{', '.join(dropped)} with offload: zerospec's ZeRO-Offload does not combine "
+                    f"them yet (spec/offload.md): each unit's gradient goes down whole, no "
+                    f"tensor is kept whole")
+    out = {"offload_optimizer": o.device, "offload_mode": "deepspeed"}
+    if p is not None:
+        out["offload_params"] = p.device
+    return out
 
 
 def _zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[str]) -> dict:
@@ -119,6 +161,10 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
     model = preset(name).model
     kw, left = config_kwargs(ds, n_d, gpus_per_node=gpus_per_node)
     kw = merge(ds, kw, extra or {})
+    pinned = None
+    if kw.get("offload_optimizer"):
+        from .offload import config_pinned
+        pinned = config_pinned(ds, model, ds.stage, n_d)
     r = measure(model, ds.stage, n_d, **kw)
     led = r.comm_ledger([0])
     elements = led.elements(0)
@@ -140,6 +186,18 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
               f"= {nb.across() / (2 * nb.psi_padded):.4f}M (M = Ψ padded, in fp16 elements)")
         for c in nb.sent:
             t.add(f"  of which {c}", f"{nb.node_total(c, 'inter'):,} B")
+    if pinned is not None:   # ZeRO-Offload / Infinity: the host and NVMe tiers, each link
+        from .offload import LABELS, offload_bytes
+        ob = offload_bytes(r)
+        t.add("host memory per GPU (peak of the step)", fmt_bytes(ob.host_peak))
+        for sec, n in pinned.items():
+            t.add(f"  + DeepSpeed's pinned swap buffers ({sec})", fmt_bytes(n))
+        if pinned:
+            t.add("host memory per GPU with pinned buffers",
+                  fmt_bytes(ob.host_peak + sum(pinned.values())))
+        t.add("NVMe per GPU (swap files)", fmt_bytes(ob.nvme))
+        for op in list(LABELS)[1:]:
+            t.add(f"{LABELS[op]} per step", f"{ob.moved[op]:,} B")
     t.notes.append("Settings mapped: " + (", ".join(f"{k}={v:,}" if type(v) is int else f"{k}={v}"
                                                      for k, v in kw.items()) or "none")
                    + ".")
@@ -173,6 +231,34 @@ def _zeropp_rows(ds: DeepSpeedConfig, psi: int, n_d: int, row) -> None:
         if key in ds.given:
             row(key, "off" if not text else text if ds.stage == 3 else
                 f"a ZeRO-3 setting: moves nothing at stage {ds.stage}")
+
+
+def _offload_rows(ds: DeepSpeedConfig, psi: int, n_d: int, t) -> None:
+    """What the offload sections move, in closed form (zerospec/plan/offload.py, B5, B6, C-I8)."""
+    o, p = ds.offload_optimizer, ds.offload_param
+    if o is None or ds.stage not in (2, 3) or (p is not None and ds.stage != 3):
+        if o is not None or p is not None:
+            t.add("offload", "—", f"not built at stage {ds.stage}: ZeRO-Offload needs stage 2 or "
+                                  f"3, offload_param stage 3 (measuring it is refused)")
+        return
+    from .offload import closed_form
+    c = closed_form(ds.stage, psi, n_d, "deepspeed", p is not None, ds.precision)
+    t.add("offload_optimizer", o.device,
+          f"ZeRO-Offload (DeepSpeed's mode): fp32 states and Adam on the host, {fmt_bytes(c['host'])} "
+          f"per GPU between steps with its fp32 gradient buffer" + (" (in NVMe files between steps)"
+                                                      if o.device == "nvme" else "")
+          + f"; model states on the GPU {fmt_bytes(c['device'])} instead of "
+            f"{fmt_bytes(16 * psi // n_d)}; PCIe per step {fmt_bytes(c['to_host'])} down (fp32 "
+            f"gradients), {fmt_bytes(c['from_host'])} up (B5, B6)")
+    if p is not None:
+        t.add("offload_param", p.device, "ZeRO-Infinity: fp16 parameter partitions on the "
+              + ("host" if p.device == "cpu" else "NVMe") + ", fetched over PCIe for each use, "
+              "then all-gathered (C-I8): no model state on the GPU between steps")
+    if "nvme" in (o.device, p.device if p else None):
+        t.add("pinned swap buffers", "—", "buffer_count × the largest partition (optimizer) or "
+              "× buffer_size (parameters), host memory: measured with --preset")
+    t.notes.append("The estimators below count no offload; the offload rows above and the "
+                   "measured step (--preset) do.")
 
 
 ZEROPP_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
@@ -235,6 +321,7 @@ def deepspeed_table(ds, psi: int, n_d: int):
     else:
         k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
     _zeropp_rows(ds, psi, n_d, row)
+    _offload_rows(ds, psi, n_d, t)
     volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
               if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
                         "prediction is a follow-up)")
