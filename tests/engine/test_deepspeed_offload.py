@@ -79,30 +79,33 @@ def test_deepspeeds_parameter_offload_equals_ours_bit_for_bit(infinity):
 
 @pytest.mark.parametrize("k", [0, 1], ids=["ZeRO-2", "ZeRO-3"])
 def test_deepspeed_copies_fp32_gradients_down_as_our_deepspeed_mode_books(offloaded, k):
-    """Per step and rank, DeepSpeed writes 4 bytes per element of its partition into its fp32
-    host gradient buffers and copies 4 (fp32) out of its master partition; zerospec's DeepSpeed
-    mode books 4 down and 4 up per element of its share M on PCIe (the paper's mode: 2 down,
-    tests/claims/test_offload.py). The shares differ by padding only: DeepSpeed pads its flat
-    partition once, zerospec each unit (here 1 element of 3,278)."""
-    row = offloaded[k]
-    m = share(2 + k)
-    for rank, (host, records) in enumerate(zip(row["deepspeed"][RUN]["host"], row["records"])):
-        for step, got in enumerate(host, start=1):
-            e = got["elements"]
-            assert (got["down"], got["up"]) == (4 * e, 4 * e), (rank, step)
-            assert (pcie(records, "to_host", step), pcie(records, "from_host", step)) == \
-                (4 * m, 4 * m), (rank, step)
-            assert 0 <= m - e <= len(cfg().units()), (rank, step)    # padding, at most 1 a unit
+    """Per step, DeepSpeed writes each real gradient element once into its fp32 host buffers, 4
+    bytes each (Σ over ranks: 4Ψ; it skips its partitions' padding), and copies each rank's
+    whole fp32 master partition, 4 bytes an element, back out; zerospec's DeepSpeed mode books 4
+    bytes per element of its share M each way on PCIe, padding included (Σ: 4Ψ_p), where the
+    paper's mode books 2 down (tests/claims/test_offload.py)."""
+    row, psi = offloaded[k], sum(u.numel for u in cfg().units())
+    host, m = row["deepspeed"][RUN]["host"], share(2 + k)
+    for step in range(1, STEPS + 1):
+        got = [h[step - 1] for h in host]
+        assert sum(g["down"] for g in got) == 4 * psi, step
+        assert [g["up"] for g in got] == [4 * g["elements"] for g in got], step
+        assert [(pcie(rec, "to_host", step), pcie(rec, "from_host", step))
+                for rec in row["records"]] == [(4 * m, 4 * m)] * 2, step
+    assert 0 < 2 * m - psi <= len(cfg().units())       # zerospec's padding: under 1 a unit
 
 
 def test_with_parameter_offload_deepspeed_copies_the_same_gradients_down(infinity):
-    """ZeRO-Infinity's host tier changes nothing on the gradient side: 4 bytes per element down
-    into the host buffers, as zerospec books; the updated parameters stay on the host (zerospec:
-    nothing up in param_sync, each fetch up in forward and backward instead)."""
-    for host, records in zip(infinity["deepspeed"][PARAMS]["host"], infinity["records"]):
-        for step, got in enumerate(host, start=1):
-            assert got["down"] == 4 * got["elements"]
-            assert pcie(records, "to_host", step) == 4 * share(3)
+    """ZeRO-Infinity's host tier changes nothing on the gradient side: each real element once,
+    4 bytes, into DeepSpeed's host buffers (4Ψ over the ranks) and 4M per rank booked down by
+    zerospec; zerospec books nothing up in param_sync (its fetches go up in forward and
+    backward instead)."""
+    psi, m = sum(u.numel for u in cfg().units()), share(3)
+    host = infinity["deepspeed"][PARAMS]["host"]
+    for step in range(1, STEPS + 1):
+        assert sum(h[step - 1]["down"] for h in host) == 4 * psi, step
+        for records in infinity["records"]:
+            assert pcie(records, "to_host", step) == 4 * m
             assert not [r for r in records if r.step == step and r.phase == "param_sync"
                         and r.op == "from_host"]
 
