@@ -132,8 +132,8 @@ def run(args) -> int:
         raise _usage(f"--offload-optimizer (ZeRO-Offload) is built on stages 2 and 3; got --stages "
                      f"{args.stages} (accepted: 2, 3 or 2,3)")
     if args.out is not None and args.gpus_per_node is None and not off:
-        raise _usage("--out draws the bytes inside vs across nodes (add --gpus-per-node G) or per "
-                     "link with offload (add --offload-optimizer cpu|nvme)")
+        raise _usage("--out draws the bytes inside vs across nodes: add --gpus-per-node G (or the "
+                     "bytes per link with offload: add --offload-optimizer cpu|nvme)")
     zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz, quant_group_size=args.quant_group_size)
     results = {s: measure(model, s, n_d, **(zpp if s == 3 else {}),
                           shard_group=args.shard_group if s else None, **kw, **off) for s in stages}

@@ -169,3 +169,28 @@ def test_plan_offload_flags_step_offload_and_a_contradiction_is_refused(capsys, 
     assert_usage_error(capsys, "plan", "--explain", "--hf-config", tiny_hf_config(tmp_path),
                        "--gpus", "4", "--stage", "2", "--offload-params", "cpu",
                        "--offload-optimizer", "cpu", named="it needs stage 3")
+
+
+@pytest.mark.slow
+def test_the_measured_table_beside_a_preset_counts_host_nvme_and_pinned_bytes():
+    """`plan --deepspeed-config --preset` (no --explain): with offload_optimizer on NVMe the
+    measured table adds the host's peak, the pinned buffers and their sum, the NVMe files and
+    each link direction; its device model states are ZeRO-3 Offload's (2Ψ/N of fp32 here: 4Ψ/N)."""
+    from zerospec.plan.deepspeed import deepspeed_measured_table
+    ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "offload_optimizer": {**NVME, "buffer_count": 4}}})
+    rows = dict((r[0], r[1]) for r in deepspeed_measured_table(ds, "1.5B", 16).rows)
+    r = measure(preset_model("1.5B"), 3, 16, precision="fp32", offload_optimizer="nvme",
+                offload_mode="deepspeed")
+    pinned = 4 * max(u.chunk for u in r.units) * 4
+    from zerospec.render.format import fmt_bytes as gb
+    assert rows["  + DeepSpeed's pinned swap buffers (offload_optimizer)"] == gb(pinned)
+    assert rows["host memory per GPU with pinned buffers"] == gb(r.host(0).peak_total + pinned)
+    assert rows["NVMe per GPU (swap files)"] == gb(12 * sum(u.chunk for u in r.units))
+    assert rows["PCIe down (device → host) per step"] == \
+        f"{r.comm_ledger([0]).link_bytes(0, op='to_host'):,} B"
+
+
+def preset_model(name):
+    from zerospec.model.presets import preset
+    return preset(name).model

@@ -237,7 +237,7 @@ def test_cli_scale_lists_presets_with_their_exact_psi(capsys):
     (["--layers", "2", "--hidden", "128", "--heads", "3"], "--hidden 128 must be divisible by --heads 3"),
     (["--layers", "2", "--hidden", "1000"], "--hidden 1000 must be divisible by heads (default"),
     (["--offload-optimizer", "cpu"], "--offload-optimizer (ZeRO-Offload) is built on stages 2 and 3"),
-    (["--out", "x"], "--out draws the bytes inside vs across nodes (add --gpus-per-node G) or"),
+    (["--out", "x"], "(or the bytes per link with offload: add --offload-optimizer"),
 ])
 def test_cli_scale_names_bad_input(argv, message, capsys):
     from zerospec.__main__ import main
