@@ -97,3 +97,28 @@ def megatron_block(cfg, x: torch.Tensor, parts: list[dict[str, torch.Tensor]]) -
         ms = [F.gelu(F.linear(h, q["mlp.c_fc.weight"], q.get("mlp.c_fc.bias"))) for h, q in zip(hs, parts)]
     return x + row([F.linear(m, q["mlp.c_proj.weight"]) for m, q in zip(ms, parts)],
                    p0.get("mlp.c_proj.bias"))
+
+
+def vocab_parallel_loss(logits: list[torch.Tensor], targets: torch.Tensor,
+                        vocab_size: int) -> torch.Tensor:
+    """Megatron-LM's vocabulary-parallel cross-entropy as ``len(logits)`` ranks compute it, in one
+    process: ``logits[j]`` rank j's (N, V_p/N_m) columns; each rank's real columns in fp32, the
+    row max over the ranks, each rank's Σ exp(z − max) and its shifted target logit (0 where it
+    does not hold the target) added in rank order, as the MP all-reduces add them. The oracle the
+    MP runs' first loss is held to, bit for bit (model/vocab.py computes it on the ranks)."""
+    per = logits[0].shape[-1]
+    zs = [l[:, :max(0, min(per, vocab_size - j * per))].to(torch.promote_types(l.dtype, torch.float32))
+          for j, l in enumerate(logits)]
+    m = None
+    for z in zs:
+        if z.shape[1]:
+            m = z.amax(-1) if m is None else torch.maximum(m, z.amax(-1))
+    zt, s = 0, 0
+    for j, z in enumerate(zs):
+        mine = (targets >= j * per) & (targets < j * per + z.shape[1])
+        if z.shape[1]:
+            shifted = z - m.unsqueeze(-1)
+            local = (targets - j * per).masked_fill(~mine, 0).unsqueeze(-1)
+            zt = zt + shifted.gather(1, local).squeeze(-1).masked_fill(~mine, 0.0)
+            s = s + shifted.exp().sum(-1)
+    return (s.log() - zt).mean()
