@@ -111,6 +111,11 @@ def fetch_order(cfg: GPTConfig) -> list[int]:
     return [0, *range(1, L + 1), L + 1, 0 if cfg.tie_embeddings else L + 2]
 
 
+def _lookup(idx: torch.Tensor, wte: torch.Tensor, mp) -> torch.Tensor:
+    """The token embedding: the whole table's, or (``mp``) this rank's rows summed over MP."""
+    return F.embedding(idx, wte) if mp is None else vocab.embedding(idx, wte, mp)
+
+
 def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
             run_blocks=blocks, mp=None) -> torch.Tensor:
     """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.
@@ -124,10 +129,11 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
     L = cfg.n_layer
-    with fetch(0) as p:
-        x = F.embedding(idx, p["wte"]) if mp is None else vocab.embedding(idx, p["wte"], mp)
-        if cfg.positions == "learned":                         # (B, T, C)
-            x = x + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+    with fetch(0) as p:                                        # one expression: the lookup is a
+        if cfg.positions == "learned":                         # temporary, freed as before
+            x = _lookup(idx, p["wte"], mp) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+        else:
+            x = _lookup(idx, p["wte"], mp)                     # (B, T, C)
     x = run_blocks(cfg, x, fetch, range(L))                    # (B, T, C)
     with fetch(L + 1) as p:
         x = _norm(cfg, x, p, "")

@@ -10,12 +10,13 @@ are booked on the MP group like the blocks' all-reduces.
   rest exact zeros, so every rank gets the bits of the whole table's lookup.
 * **LM head**: column-parallel over the vocabulary: *f* on its input (identity forward, all-reduce
   of the gradient backward), each rank's logits for its rows only.
-* **Cross-entropy**: this rank's real columns (padded ones are left out: their logits never enter
-  the loss, so a padded model trains the unpadded one), upcast to fp32 (at least) as Megatron-LM
-  does; the
-  row max all-reduced with ``max``, Σ exp(z − max) with ``sum``, and the target's shifted logit
-  from the one rank that holds it (the others add 0). Three all-reduces of B·T per micro-batch;
-  backward is local: softmax − one-hot of the target where this rank holds it.
+* **Cross-entropy**: this rank's logits upcast to fp32 (at least) as Megatron-LM does, the padded
+  columns masked to −∞ (exp gives 0: they never enter the loss, so a padded model trains the
+  unpadded one; masked rather than cut off, every MP rank's step has the same shapes, which the
+  meta runs' one rank per class relies on); the row max all-reduced with ``max``, Σ exp(z − max)
+  with ``sum``, and the target's shifted logit from the one rank that holds it (the others add
+  0). Three all-reduces of B·T per micro-batch; backward is local: softmax − one-hot of the
+  target where this rank holds it (0 on the padded columns).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def embedding(idx: torch.Tensor, wte: torch.Tensor, mp) -> torch.Tensor:
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, mp, vocab_size: int) -> torch.Tensor:
     """Mean cross-entropy from this rank's (N, V_p/N_m) logits; ``vocab_size`` V: columns at and
-    beyond V are padding, left out."""
+    beyond V are padding, masked out."""
     start = mp.index * logits.shape[-1]
     real = max(0, min(logits.shape[-1], vocab_size - start))
     return _CrossEntropy.apply(logits, targets, mp.comm, start, real).mean()
@@ -51,34 +52,28 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, comm, start, real):
-        n = logits.shape[0]
         dt = torch.promote_types(logits.dtype, torch.float32)   # fp16/bf16 up to fp32, as Megatron
-        z = logits[:, :real].to(dt, copy=True)                  # (N, real): this rank's vocabulary
-        m = z.amax(dim=-1) if real else z.new_full((n,), float("-inf"))
+        z = logits.to(dt, copy=True)                            # (N, V_p/N_m): this rank's columns
+        z[:, real:] = float("-inf")                             # padding: exp(−∞) = 0
+        m = z.amax(dim=-1)
         comm.all_reduce(m, "max")                             # the global row max
         z.sub_(m.unsqueeze(-1))
         mine = (target >= start) & (target < start + real)    # the rank that holds the target
         local = (target - start).masked_fill(~mine, 0)
-        zt = (z.gather(1, local.unsqueeze(-1)).squeeze(-1) if real else z.new_zeros(n))
-        zt = zt.masked_fill(~mine, 0.0)
+        zt = z.gather(1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, 0.0)
         comm.all_reduce(zt, "sum")                            # z_t − m, from its owner
         e = z.exp_()
         s = e.sum(dim=-1)
         comm.all_reduce(s, "sum")                             # Σ exp(z − m) over the vocabulary
         e.div_(s.unsqueeze(-1))                               # this rank's softmax columns
         ctx.save_for_backward(e, local, mine)
-        ctx.shape, ctx.dtype = logits.shape, logits.dtype
+        ctx.dtype = logits.dtype
         return s.log_() - zt
 
     @staticmethod
     def backward(ctx, grad):
         softmax, local, mine = ctx.saved_tensors
         g = softmax.clone()
-        if g.shape[1]:
-            g.scatter_add_(1, local.unsqueeze(-1), -mine.to(g.dtype).unsqueeze(-1))
+        g.scatter_add_(1, local.unsqueeze(-1), -mine.to(g.dtype).unsqueeze(-1))
         g.mul_(grad.unsqueeze(-1))
-        if g.shape[1] == ctx.shape[1] and g.dtype == ctx.dtype:
-            return g, None, None, None, None
-        out = g.new_zeros(ctx.shape, dtype=ctx.dtype)           # padded columns: no gradient
-        out[:, :g.shape[1]] = g
-        return out, None, None, None, None
+        return g.to(ctx.dtype), None, None, None, None

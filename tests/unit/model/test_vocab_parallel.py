@@ -55,7 +55,7 @@ def _parallel(z: torch.Tensor, tgt: torch.Tensor, n_m: int, v_p: int, garbage: f
 def test_parallel_cross_entropy_is_the_whole_vocabularys_loss_and_gradient(n_m, v, v_p, scale):
     """Every rank's loss equals F.cross_entropy over the whole unpadded vocabulary (within the
     module's derived float64 bound), and its slice's gradient is that gradient's columns, zero on
-    the padded ones — with padded logits far above every real one (left out, not masked by luck),
+    the padded ones — with padded logits far above every real one (masked to −∞, not by luck),
     rows whose max sits on another rank (the max must be all-reduced), and logits of ±1,200
     (exp would overflow without the max subtracted)."""
     n = 24
