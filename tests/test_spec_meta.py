@@ -68,12 +68,14 @@ def test_ranges_expand():
 
 
 def test_ranges_expand_in_every_id_family():
-    """The successors' families are ids too, each range within its family: B2–B4, C-I1–C-I3, D7."""
-    assert claims.ids_in("B2–B4, C-I1–C-I3 and D7") == {"B2", "B3", "B4", "C-I1", "C-I2", "C-I3",
-                                                        "D7"}
-    assert [claims.section_of(c) for c in ("C8", "B2", "C-I8", "D2")] == [
+    """The successors' families are ids too, each range within its family: B2–B4, C-I1–C-I3, D7,
+    M1–M2."""
+    assert claims.ids_in("B2–B4, C-I1–C-I3, D7 and M1–M2") == {"B2", "B3", "B4", "C-I1", "C-I2",
+                                                               "C-I3", "D7", "M1", "M2"}
+    assert [claims.section_of(c) for c in ("C8", "B2", "C-I8", "D2", "M3")] == [
         "A.2 ZeRO-DP stage formulas", "B. ZeRO-Offload (arXiv:2101.06840)",
-        "C. ZeRO-Infinity (arXiv:2104.07857)", "D. ZeRO++ (arXiv:2306.10209)"]
+        "C. ZeRO-Infinity (arXiv:2104.07857)", "D. ZeRO++ (arXiv:2306.10209)",
+        "M. MiCS (arXiv:2205.00119)"]
 
 
 CLAIMED = """

@@ -72,9 +72,9 @@ def cells(row: str) -> list[str]:
 
 
 def summary(table_text: str) -> str:
-    """The latest run of the full table (the first row's machine), one row per benchmark: its
-    cases' figures side by side, the target, and whether every case met it (the cases that did
-    not, named)."""
+    """The latest run of the full table (the first row's machine) in a few lines: how many
+    benchmarks met their targets, and each that did not, with its cases' figures against the
+    target (the full table is docs/performance.md's)."""
     rows = [r for r in table_text.splitlines()[2:] if r.startswith("| ")]
     latest = machine_of(rows[0])
     by_name: dict[str, list[list[str]]] = {}
@@ -82,14 +82,17 @@ def summary(table_text: str) -> str:
         if machine_of(r) == latest:
             name, case, _, measured, target, met, _ = cells(r)
             by_name.setdefault(name, []).append([case, measured.split(" (")[0], target, met])
-    out = [f"On {latest}:", "", "| benchmark | measured | target | met |", "|---|---|---|---|"]
-    for name, cases in by_name.items():
-        measured = ", ".join(f"{c}: {m}" if c else m for c, m, _, _ in cases)
-        targets = sorted({t for _, _, t, _ in cases})
-        missed = [c or "it" for c, _, _, met in cases if met == "**no**"]
-        met = "—" if targets == ["—"] else (f"**no** ({', '.join(missed)})" if missed else "yes")
-        out.append(f"| {name} | {measured} | {', '.join(targets)} | {met} |")
-    return "\n".join(out) + "\n"
+    targeted = {n: cs for n, cs in by_name.items() if any(t != "—" for _, _, t, _ in cs)}
+    missed = {n: [c for c in cs if c[3] == "**no**"] for n, cs in targeted.items()}
+    missed = {n: cs for n, cs in missed.items() if cs}
+    out = [f"On {latest}: {len(targeted) - len(missed)} of {len(targeted)} benchmarks with a target "
+           f"met it ({len(by_name) - len(targeted)} more only measure)" + ("." if not missed else
+                                                                         "; not met:"), ""]
+    for name, cases in missed.items():
+        figures = ", ".join(f"{c}: {m}" if c else m for c, m, _, _ in cases)
+        targets = ", ".join(sorted({t for _, _, t, _ in cases}))
+        out.append(f"- {name}: {figures} (target {targets})")
+    return "\n".join(out).rstrip() + "\n"
 
 
 def machine_of(row: str) -> str:

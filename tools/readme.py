@@ -79,6 +79,23 @@ def headline() -> list[tuple[str, str, str, str]]:
     ]
 
 
+# the successors' claim families (docs/claims.md), in the order the README names them
+SUCCESSORS = (("D", "ZeRO++"), ("M", "MiCS"), ("B", "ZeRO-Offload"), ("C-I", "ZeRO-Infinity"))
+
+
+def successors(statuses: dict) -> str:
+    """" Beyond the paper: ZeRO++ (D1, D2, D6): 3 measured = paper; …" for the families spec/'s
+    index holds claims of (none: empty)."""
+    parts = []
+    for prefix, name in SUCCESSORS:
+        ids = sorted((c for c in statuses if re.fullmatch(re.escape(prefix) + r"\d+", c)),
+                     key=lambda c: int(c[len(prefix):]))
+        if ids:
+            n = Counter(statuses[c][0] for c in ids)
+            parts.append(f"{name} ({', '.join(ids)}): " + ", ".join(f"{n[s]} {s}" for s in sorted(n)))
+    return " Beyond the paper: " + "; ".join(parts) + "." if parts else ""
+
+
 def render() -> str:
     statuses = spec_statuses()
     counts = Counter(status for cid, (status, _) in statuses.items() if re.fullmatch(r"C\d+", cid))
@@ -90,7 +107,7 @@ def render() -> str:
              + "; ".join(f"{props[s]} {s}" for s in sorted(props)) + ". *measured*: the stage code ran "
              "(threads, processes or meta); *modelled*: timed on a spec-sheet machine; *closed form "
              "only*: the paper's arithmetic; ≠: the page says why. The cells below are pinned tables, "
-             "most from the slow cases (`pytest -m slow`).", "",
+             "most from the slow cases (`pytest -m slow`)." + successors(statuses), "",
              "| claim | what | measured here | paper | status |", "|---|---|---|---|---|"]
     for cid, what, measured, paper in headline():
         lines.append(f"| {cid} | {what} | {measured} | {paper} | {statuses[cid][0]} |")

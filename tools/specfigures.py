@@ -134,6 +134,38 @@ def figure7_curves_data(size: str = "100B") -> str:
     return "\n".join(rows)
 
 
+@functools.lru_cache(maxsize=None)
+def explain_example():
+    """spec/models.md's worked example: `zerospec plan --preset llama-3-70b --gpus 64 --machine
+    dgx-h100 --stage 3 --seq 8192 --micro-batch 1 --checkpoint-activations 1 --explain`."""
+    from zerospec.paper.hardware import MACHINES
+    from zerospec.plan.explain import explain
+    return explain("llama-3-70b", 3, 64, MACHINES["dgx-h100"].memory_bytes, "dgx-h100", seq=8192,
+                   micro_batch=1, checkpoint_activations=1)
+
+
+def explain_figure_data() -> str:
+    """What explain_memory draws: the explained rank's bytes per category after every ledger
+    event of the worked example's step, the points drawn, the peak and the GPU's memory."""
+    from zerospec.plan.explain_figure import memory_over_step, turning_points
+    ex = explain_example()
+    cls = max(ex.result.classes, key=lambda c: c.memory.peak_total)
+    curve = memory_over_step(cls.memory.trace)
+    kept = turning_points(curve)
+    drawn = [tuple(v[i] for v in curve.held.values()) for i in kept]
+    return "\n".join([
+        "| step | events | points drawn | categories | peak (B) | GPU memory (B) | phases "
+        "| points sha256 |", "|---|---|---|---|---|---|---|---|",
+        f"| llama-3-70b, ZeRO-3, N_d = 64 | {len(curve.totals):,} | {len(kept):,} "
+        f"| {', '.join(curve.held)} | {max(curve.totals):,} | {ex.capacity:,} "
+        f"| {', '.join(p[0] for p in curve.phases)} | {sha(drawn)} |"])
+
+
+def _draw_explain(out):
+    from zerospec.plan.explain_figure import save
+    return [save(explain_example(), out)]
+
+
 def _paper(*tables: tuple[str, Callable[[], str]]) -> Callable[[], dict[str, str]]:
     return lambda: {f"{SNAP}/test_evaluation/{name}.md": text() for name, text in tables}
 
@@ -166,6 +198,7 @@ def _draw_c30(out):
 REPORT_DATA = f"{SNAP}/test_memory_report/test_report_figures_data_at_32_gpus.md"
 C30_DATA = f"{SNAP}/test_allocator/test_fragmentation_figure_data.md"
 FIG7_DATA = f"{SNAP}/test_evaluation/test_figure7_cached_memory_curves_at_100b.md"
+EXPLAIN_DATA = "tests/unit/plan/__snapshots__/test_models_page/test_explain_figure_data.md"
 
 FIGURES = {f.name: f for f in [
     Figure("memory_per_stage", "memory.md", (REPORT_DATA,),
@@ -188,6 +221,8 @@ FIGURES = {f.name: f for f in [
            _paper(("test_figure6_table", lambda: _pf().bare(_pf().figure6()[0]))), _draw_paper(6)),
     Figure("fragmentation_by_config_100B", "evaluation.md", (FIG7_DATA,),
            lambda: {FIG7_DATA: figure7_curves_data("100B")}, _draw_paper(7)),
+    Figure("explain_memory", "models.md", (EXPLAIN_DATA,),
+           lambda: {EXPLAIN_DATA: explain_figure_data()}, _draw_explain),
     Figure("paper_figure8", "evaluation.md", (f"{SNAP}/test_evaluation/test_figure8_table.md",),
            _paper(("test_figure8_table", lambda: _pf().bare(_pf().figure8()[0]))), _draw_paper(8)),
 ]}

@@ -71,3 +71,21 @@ def test_train_processes_refuses_what_it_cannot_run_before_starting_any(call, me
     """Bad arguments are named before a process starts."""
     with pytest.raises(ValueError, match=message):
         call(TrainConfig(stage=0, n_d=4, model=ODD, steps=1))
+
+
+@pytest.mark.slow   # one launch of 4 gloo processes, ~10 s
+def test_the_grid_s_vote_norm_and_checkpoint_work_on_gloo_processes(tmp_path):
+    """2 × 2 grid on gloo (MP subgroups), scaler, clipping, exact sums: the simulator's bits
+    (norms, scales, weights); its checkpoint continues on the simulator at N_d = 1, bit for bit."""
+    from tests.claims.test_model_parallel import MP_ODD
+    cfg = TrainConfig(stage=3, n_d=2, n_m=2, model=MP_ODD, steps=4, global_batch=4,
+                      grad_accum_steps=2, clip_grad_norm=0.5, timeout=60,
+                      loss_scale=LossScale(init_scale=2.0 ** 8, growth_interval=1))
+    ours, sim = train_processes(cfg, save={2: tmp_path / "gloo"}), train(cfg)
+    assert ours.losses == sim.losses and ours.loss_scales == sim.loss_scales
+    assert [repr(x) for x in ours.grad_norms] == [repr(x) for x in sim.grad_norms]
+    assert all(torch.equal(ours.master[k], sim.master[k]) for k in sim.master)
+    after = train(dataclasses.replace(cfg, n_d=1, grad_accum_steps=4),
+                  resume=checkpoint.load(tmp_path / "gloo", n_ranks=1, model=MP_ODD))
+    assert after.losses == sim.losses[2:]
+    assert all(torch.equal(after.master[k], sim.master[k]) for k in sim.master)

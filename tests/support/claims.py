@@ -50,6 +50,7 @@ SECTIONS = [  # (first id, last id, section of the paper)
     ("B1", "B99", "B. ZeRO-Offload (arXiv:2101.06840)"),
     ("C-I1", "C-I99", "C. ZeRO-Infinity (arXiv:2104.07857)"),
     ("D1", "D99", "D. ZeRO++ (arXiv:2306.10209)"),
+    ("M1", "M99", "M. MiCS (arXiv:2205.00119)"),
 ]
 
 
@@ -98,8 +99,8 @@ SLOW_ONLY = {"C34": "searches over 100B steps", "C38": "the baseline timed at 40
 RUN_WHEN_SLOW = {"C18": "differs", "C41": "modelled_differs"}
 SPEC_INDEX = pathlib.Path(__file__).resolve().parents[2] / "spec" / "README.md"
 # the id families of docs/claims.md: C (ZeRO), P (its unnumbered properties), B (ZeRO-Offload),
-# C-I (ZeRO-Infinity), D (ZeRO++); a range names one family: C6–C9, C-I2–C-I4
-ID = re.compile(r"\b(C-I|[BCDP])(\d{1,2})(?:\s*[–-]\s*\1(\d{1,2}))?\b")
+# C-I (ZeRO-Infinity), D (ZeRO++), M (MiCS); a range names one family: C6–C9, C-I2–C-I4
+ID = re.compile(r"\b(C-I|[BCDMP])(\d{1,2})(?:\s*[–-]\s*\1(\d{1,2}))?\b")
 
 
 class ClaimMark(NamedTuple):
@@ -189,15 +190,15 @@ def pytest_configure(config):
 
 def pytest_addoption(parser):
     parser.addoption("--claim", action="append", default=[], metavar="ID", type=claim_id,
-                     help="run only the tests marked with claim ID (C8, P3, B2, C-I8, D2; "
+                     help="run only the tests marked with claim ID (C8, P3, B2, C-I8, D2, M2; "
                           "repeatable); the run's -m still applies: add -m 'not deepspeed' for the slow cases")
 
 
 def claim_id(text: str) -> str:
     """``--claim``'s value: one id of a family of docs/claims.md, nothing else."""
-    if not re.fullmatch(r"(C-I|[BCDP])\d{1,2}", text):
+    if not re.fullmatch(r"(C-I|[BCDMP])\d{1,2}", text):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a claim id; accepted: C1–C57, P1–P12, B1–B8, C-I1–C-I9, D1–D9 "
+            f"{text!r} is not a claim id; accepted: C1–C57, P1–P12, B1–B8, C-I1–C-I9, D1–D9, M1–M9 "
             f"(docs/claims.md)")
     return text
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "zerospec"
-LAYERS = ["paper", "model", "runtime", "comm", "cluster", "optim", "zero", "zero_r", "training",
+LAYERS = ["paper", "model", "runtime", "comm", "cluster", "optim", "zero", "zero_r", "offload", "training",
           "render", "plan", "evaluation", "report", "testing", "cli"]
 # bottom to top; zerospec/__init__ and __main__ (the public face) sit above
 

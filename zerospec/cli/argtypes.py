@@ -42,45 +42,23 @@ def layer_count(text: str) -> int:
             f"largest layer must be a parameter count >= 0 (0: not counted), got {text!r}") from None
 
 
-# DeepSpeed 0.19.8's defaults (runtime/zero/config.py) for the settings `plan --deepspeed-config` reads
-DS_DEFAULTS = {"stage": 0, "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
-               "use_multi_rank_bucket_allreduce": True, "stage3_param_persistence_threshold": 100_000,
-               "stage3_max_reuse_distance": 1_000_000_000, "stage3_prefetch_bucket_size": 50_000_000}
-
-
-def deepspeed_config(path: str) -> dict:
-    """A DeepSpeed JSON config → its zero_optimization settings that decide traffic, each with
-    DeepSpeed's default where absent, and ``"given"``: the names the file sets."""
-    import json
+def deepspeed_config(path: str):
+    """``--deepspeed-config``: the file read by zerospec/plan/ds_config.py (a usage error naming the
+    key and the value DeepSpeed would refuse)."""
+    from ..plan import ds_config
     try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(
-            f"cannot read DeepSpeed config {path!r} ({exc}); accepted: a JSON file such as "
-            f"deepspeed.initialize(config=...) takes") from None
-    if not isinstance(doc, dict):
-        raise argparse.ArgumentTypeError(f"{path!r}: a DeepSpeed config is a JSON object, got "
-                                         f"a {type(doc).__name__}")
-    zero = doc.get("zero_optimization", {})
-    if not isinstance(zero, dict):
-        raise argparse.ArgumentTypeError(f"{path!r}: zero_optimization must be an object, got {zero!r}")
-    out = {"given": sorted(k for k in DS_DEFAULTS if k in zero)}
-    for key, default in DS_DEFAULTS.items():
-        value = zero.get(key, default)
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        else:   # DeepSpeed accepts 5e8 for an integer setting
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 \
-                and float(value) == int(value)
-            value = int(value) if ok else value
-        if not ok or (key == "stage" and value not in (0, 1, 2, 3)):
-            accepted = ("true or false" if isinstance(default, bool) else
-                        "0, 1, 2 or 3" if key == "stage" else "an integer >= 0")
-            raise argparse.ArgumentTypeError(f"{path!r}: zero_optimization.{key} = {value!r}; "
-                                             f"accepted: {accepted}")
-        out[key] = value
-    return out
+        return ds_config.read(path)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def hf_config(path: str):
+    """``--hf-config``: (name, shape) of a Hugging Face config.json (zerospec/model/hf_config.py)."""
+    from ..model import hf_config as hf
+    try:
+        return hf.read(path)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def machine(text: str):

@@ -42,19 +42,30 @@ def add_parser(sub) -> None:
                         "(default 0: not counted)")
     p.add_argument("--deepspeed-config", type=T.deepspeed_config, default=None, metavar="DS.JSON",
                    help="a DeepSpeed config: what its ZeRO settings imply (closed form: traffic per "
-                        "step, what stays whole) and its stage's memory, for --params and --gpus")
+                        "step, what stays whole) and its stage's memory, for --params (or --preset's "
+                        "Ψ) and --gpus; with --explain, the step's stage, micro-batch, precision and "
+                        "buffers; every key not modelled is listed")
     p.add_argument("--preset", choices=_presets(), default=None, metavar="NAME",
-                   help="with --explain: the model to explain; with --deepspeed-config: also run one step of this model (e.g. 1.5B, 7.5B, "
-                        "t4-100B-125x8192) on meta tensors under the config's settings and print "
-                        "the measured memory and traffic")
+                   help="with --explain: the model to explain; with --deepspeed-config: also run "
+                        "one step of this model (e.g. 1.5B, llama-3-8b, t4-100B-125x8192) on meta "
+                        "tensors under the config's settings and print the measured memory and "
+                        "traffic; the closed forms are then for its Ψ")
     p.add_argument("--explain", action="store_true",
                    help="with --preset, one --gpus and one --stage: run one step on meta tensors and "
                         "say why it fits or not: each phase's peak and the buffers that make it, "
                         "against the GPU's memory, beside the closed-form estimates")
     p.add_argument("--seq", type=T.positive_int, default=None,
                    help="with --explain: tokens per sequence (default and maximum: the preset's context)")
-    p.add_argument("--micro-batch", type=T.positive_int, default=1,
-                   help="with --explain: sequences per GPU (default 1)")
+    p.add_argument("--micro-batch", type=T.positive_int, default=None,
+                   help="with --explain: sequences per GPU (default: the --deepspeed-config's, else 1)")
+    p.add_argument("--hf-config", type=T.hf_config, default=None, metavar="CONFIG.JSON",
+                   help="with --explain: the model of a Hugging Face config.json (Llama, Mistral, "
+                        "Qwen2, GPT-2) instead of --preset")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="with --explain: write DIR/explain_memory.svg, the memory over the step")
+    p.add_argument("--fit", action="store_true",
+                   help="with --explain: also the largest micro-batch and sequence length that fit "
+                        "(a search of meta steps)")
     p.add_argument("--checkpoint-activations", type=T.positive_int, default=None, metavar="K",
                    help="with --explain: a checkpoint every K blocks (default: none)")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
@@ -86,8 +97,10 @@ def run(args: argparse.Namespace) -> int:
         tables = explain_tables(args, machine)
         sys.stdout.write(render(tables, args.format))
         return 0
-    step_only = [f for f, v in (("--seq", args.seq), ("--micro-batch", args.micro_batch != 1),
-                                ("--checkpoint-activations", args.checkpoint_activations)) if v]
+    step_only = [f for f, v in (("--seq", args.seq), ("--micro-batch", args.micro_batch),
+                                ("--checkpoint-activations", args.checkpoint_activations),
+                                ("--hf-config", args.hf_config), ("--out", args.out),
+                                ("--fit", args.fit)) if v]
     if step_only:
         raise ValueError(f"{', '.join(step_only)} set(s) the step --explain runs; add --explain "
                          f"and --preset")
@@ -106,16 +119,19 @@ def run(args: argparse.Namespace) -> int:
                                                                 largest, args.estimator)))
     if args.deepspeed_config is not None:
         ds = args.deepspeed_config
-        for psi in args.params or [7_500_000_000]:
+        from ..plan.deepspeed import deepspeed_measured_table, deepspeed_table
+        if args.preset is not None and args.params is not None:
+            raise ValueError("--preset sets Ψ (the model measured); drop --params, or drop --preset "
+                             "for the closed forms of --params")
+        for psi in _psis(args):
             for n in args.gpus or [64]:
                 tables.append(deepspeed_table(ds, psi, n))
-                tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds["stage"]], args.units,
+                tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds.stage], args.units,
                                                    largest, args.estimator))
         if args.preset is not None:   # the same settings on a real shape, measured on meta
-            from ..plan.deepspeed import deepspeed_measured_table
             tables += [deepspeed_measured_table(ds, args.preset, n) for n in args.gpus or [64]]
     elif args.preset is not None:
-        raise ValueError("--preset is used with --deepspeed-config (the model a DeepSpeed config "
+        raise ValueError("--preset is used with --deepspeed-config or --explain (the model a step "
                          "is measured on); for a preset alone see `zerospec scale --preset`")
     if not tables:
         for psi in args.params or [7_500_000_000]:
@@ -127,6 +143,14 @@ def run(args: argparse.Namespace) -> int:
                                                    largest, args.estimator))
     sys.stdout.write(render(tables, args.format))
     return 0
+
+
+def _psis(args: argparse.Namespace) -> list[int]:
+    """Ψ of the closed forms: --preset's own (the model measured below them), else --params."""
+    if args.preset is not None:
+        from ..model.presets import preset
+        return [preset(args.preset).psi]
+    return args.params or [7_500_000_000]
 
 
 def _one(values, flag: str, default=None):
@@ -141,26 +165,50 @@ def _one(values, flag: str, default=None):
 
 
 def explain_tables(args: argparse.Namespace, machine: "_Sizes") -> list:
-    """`plan --explain`: one meta step of --preset, explained against the GPU's memory."""
-    from ..plan.explain import explain, tables
-    if args.preset is None:
-        raise ValueError("--explain needs --preset NAME (the model to run one step of; "
-                         "`zerospec scale --list` lists them), one --gpus and one --stage")
-    other = [f for f, v in (("--deepspeed-config", args.deepspeed_config), ("--table1", args.table1),
-                            ("--table2", args.table2), ("--max-model", args.max_model),
-                            ("--params", args.params)) if v]
+    """`plan --explain`: one meta step of --preset or --hf-config, explained against the GPU's
+    memory; a --deepspeed-config sets the stage, micro-batch, precision and buffers it can."""
+    from ..plan import explain as E
+    if (args.preset is None) == (args.hf_config is None):
+        raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
+                         "them) or --hf-config CONFIG.JSON, with one --gpus and one --stage")
+    other = [f for f, v in (("--table1", args.table1), ("--table2", args.table2),
+                            ("--max-model", args.max_model), ("--params", args.params)) if v]
     if other:
-        raise ValueError(f"--explain runs one step of --preset; it does not take {', '.join(other)}")
-    stage, gpus = _one(args.stage, "--stage"), _one(args.gpus, "--gpus", 64)
-    n_m = _one(args.mp, "--mp", 1)
-    if machine.m is not None and not args.gpu_mem_given:
-        where = machine.key
-    else:
-        where = "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)"
-    ex = explain(args.preset, stage, gpus, args.gpu_mem, where, seq=args.seq,
-                 micro_batch=args.micro_batch, checkpoint_activations=args.checkpoint_activations or 0,
-                 n_m=n_m)
-    return tables(ex, args.units, args.largest_layer or None)
+        raise ValueError(f"--explain runs one step of its model; it does not take {', '.join(other)}")
+    ds, ckpt = args.deepspeed_config, args.checkpoint_activations or 0
+    gpus, n_m = _one(args.gpus, "--gpus", 64), _one(args.mp, "--mp", 1)
+    stage = _one(args.stage, "--stage", None if ds is None else ds.stage)
+    if gpus % n_m:
+        raise ValueError(f"--gpus {gpus} must be a multiple of --mp {n_m} (N = N_d × N_m)")
+    micro, settings, notes = args.micro_batch, {}, []
+    if ds is not None:
+        from ..plan.deepspeed import config_kwargs
+        if stage != ds.stage:
+            raise ValueError(f"--stage {stage} contradicts {ds.path}'s zero_optimization.stage "
+                             f"{ds.stage}; drop one")
+        settings, left = config_kwargs(ds, gpus // n_m, n_m, ckpt)
+        if micro is not None and micro != settings["micro_batch"]:
+            raise ValueError(f"--micro-batch {micro} contradicts {ds.path}'s micro-batch "
+                             f"{settings['micro_batch']} per GPU; drop one")
+        micro = settings.pop("micro_batch")
+        notes = [f"From {ds.path}: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".",
+                 "Not modelled: " + ("; ".join(left) or "nothing") + "."]
+    name, model = args.preset, None
+    if args.hf_config is not None:
+        name, model = args.hf_config
+    where = (machine.key if machine.m is not None and not args.gpu_mem_given else
+             "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)")
+    ex = E.explain(name, stage, gpus, args.gpu_mem, where, seq=args.seq, micro_batch=micro or 1,
+                   checkpoint_activations=ckpt, n_m=n_m, model=model, settings=settings,
+                   notes=tuple(notes))
+    out = E.tables(ex, args.units, args.largest_layer or None)
+    if args.out is not None:
+        from ..plan.explain_figure import save
+        out[0].notes.append(f"Memory over the step: {save(ex, args.out)}.")
+    if args.fit:
+        from ..plan.fit import fit_table
+        out.append(fit_table(ex, args.units))
+    return out
 
 
 class _Sizes:
@@ -208,59 +256,3 @@ def _resolve_machine(args: argparse.Namespace) -> _Sizes:
     if args.gpu_mem is None:
         args.gpu_mem = DEFAULT_GPU_MEM if sizes.m is None else sizes.m.memory_bytes
     return sizes
-
-
-def deepspeed_table(ds: dict, psi: int, n_d: int):
-    """What a DeepSpeed config's ZeRO settings imply for Ψ on N_d GPUs, from the closed forms
-    (spec/deepspeed.md measures each on a real DeepSpeed). Per-tensor effects (which tensors stay
-    whole) need the model's tensor sizes: a meta-tensor prediction is a follow-up."""
-    from fractions import Fraction
-
-    from ..paper import theory
-    from ..render.format import Table, fmt_count, fmt_psi
-    s = ds["stage"]
-    t = Table("deepspeed_config", f"DeepSpeed ZeRO-{s} config for Ψ = {fmt_count(psi)} on N_d = {n_d} "
-              f"GPUs (closed form)", ["Setting", "Value", "What it implies (closed form)"])
-
-    def row(key: str, effect: str) -> None:
-        given = "" if key in ds["given"] else " (default)"
-        t.add(key, f"{ds[key]:,}{given}" if not isinstance(ds[key], bool) else f"{ds[key]}{given}", effect)
-
-    buckets = lambda size: theory.bucket_collectives(psi, size) if size else None   # noqa: E731
-    row("stage", f"{theory.stage(s).name}: partitions {theory.stage(s).partitioned}")
-    if s in (1, 2):
-        multi = ds["use_multi_rank_bucket_allreduce"]
-        row("use_multi_rank_bucket_allreduce", "each gradient bucket all-reduced (2Ψ), then the "
-            "updated partitions all-gathered (Ψ): 3Ψ" if multi else
-            "each bucket's partition reduced to its owner (Ψ), then all-gathered (Ψ): the paper's 2Ψ")
-        row("reduce_bucket_size", f"{buckets(ds['reduce_bucket_size']) or '—'} gradient buckets per step")
-        row("allgather_bucket_size", f"{buckets(ds['allgather_bucket_size']) or '—'} all-gathers per step")
-        k, elems = (3, theory.comm_elements(1, psi, n_d, "all_reduce")) if multi else \
-            (2, theory.comm_elements(s, psi, n_d))
-    elif s == 3:
-        T_, R = ds["stage3_param_persistence_threshold"], ds["stage3_max_reuse_distance"]
-        row("stage3_param_persistence_threshold", "nothing kept whole" if T_ == 0 else
-            f"tensors of <= {T_:,} elements are not partitioned: whole on every GPU, all-gathered "
-            f"again after each step")
-        row("stage3_max_reuse_distance", "parameters released after each use: gathered again in "
-            "backward" if R == 0 else f"parameters reused within {R:,} elements stay gathered from "
-            f"forward to backward" + (" (all of them: R >= 2Ψ)" if R >= 2 * psi else ""))
-        row("stage3_prefetch_bucket_size", "elements gathered ahead of use: when, not how much")
-        # between a tensor's forward and backward use every other one is fetched at most twice
-        if R >= 2 * psi:
-            k, elems = 2, theory.comm_elements(2, psi, n_d)      # RS + one gather of each tensor
-        elif T_ == 0 and R == 0:
-            k, elems = 3, theory.comm_elements(3, psi, n_d)      # the paper's P_os+g+p
-        else:
-            k, elems = None, None
-    else:
-        k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
-    volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
-              if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
-                        "prediction is a follow-up)")
-    paper = theory.comm_in_psi(s)
-    t.add("traffic per step (closed form)", "—", volume + (f"; the paper's stage moves {paper}Ψ"
-                                                           if k != paper else "; the paper's volume"))
-    t.notes.append("Closed form from the settings and Ψ only (paper.theory); measured against a "
-                   "real DeepSpeed in spec/deepspeed.md. Memory per GPU below, by estimator.")
-    return t

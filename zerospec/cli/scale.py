@@ -44,6 +44,19 @@ def add_parser(sub) -> None:
                    help=T.machine_help("adds each stage's peak bytes per GPU and whether they fit "
                                        "its GPU's memory"))
     p.add_argument("--list", action="store_true", help="list the presets with their exact Ψ")
+    p.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
+                   help="GPUs per node (rank r on node r // G): adds what leaves node 0 per step "
+                        "(spec/nodes.md); default: one node")
+    p.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
+                   help="ZeRO++'s hpZ for stage 3 (zero_hpz_partition_size; H must divide G), "
+                        "default 1: off")
+    p.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
+                   help="MiCS / FSDP2's HSDP for stages 1-3 (spec/mics.md): shard over groups of P "
+                        "ranks (P must divide the data-parallel GPUs), replicate across them")
+    p.add_argument("--qwz", action="store_true",
+                   help="ZeRO++'s qwZ for stage 3: int8 weight all-gathers (spec/zeropp.md)")
+    p.add_argument("--qgz", action="store_true",
+                   help="ZeRO++'s qgZ for stage 3: an int4 all-to-all gradient reduction")
 
 
 def _stages(text: str) -> tuple[int, ...]:
@@ -82,7 +95,7 @@ def run(args) -> int:
     from ..model.presets import PRESETS
     from ..render.format import markdown
     from ..render.spec_tables import scale_table
-    from ..training.scale import measure_stages
+    from ..training.scale import measure
     from ..model.megatron import psi_padding
     if args.list:
         print(markdown(["preset", "layers", "hidden", "heads", "Ψ", "source"],
@@ -94,11 +107,13 @@ def run(args) -> int:
     if args.gpus % args.mp:
         raise _usage(f"--gpus {args.gpus} must be a multiple of --mp {args.mp} (N = N_d × N_m)")
     n_d = args.gpus // args.mp
-    results = measure_stages(model, n_d, stages, micro_batch=args.micro_batch,
-                             zero1_comm=args.zero1_comm, n_m=args.mp,
-                             checkpoint_activations=args.checkpoint_activations,
-                             partition_activations=args.partition_activations,
-                             cpu_checkpointing=args.cpu_checkpointing)
+    kw = dict(micro_batch=args.micro_batch, zero1_comm=args.zero1_comm, n_m=args.mp,
+              checkpoint_activations=args.checkpoint_activations,
+              partition_activations=args.partition_activations,
+              cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
+    zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz)
+    results = {s: measure(model, s, n_d, **(zpp if s == 3 else {}),
+                          shard_group=args.shard_group if s else None, **kw) for s in stages}
     grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below, vocabulary padded to "
                              f"{model.padded_vocab(args.mp):,} rows: {psi_padding(model, args.mp):,} "
                              f"padding elements over the MP group, not in Ψ)" if args.mp > 1 else "")
@@ -108,6 +123,7 @@ def run(args) -> int:
           f"({sum(r.seconds for r in results.values()):.1f} s)\n")
     if args.machine is None:
         print(scale_table(results), end="")
+        _crossing(results, args)
         return 0
     from ..paper.hardware import MACHINES
     m = MACHINES[args.machine]
@@ -115,4 +131,25 @@ def run(args) -> int:
     print(f"\nFits: the highest peak of any rank (its device ledger: model states, activations, "
           f"buffers; no allocator fragmentation) against {m.memory_bytes / 1e9:g} GB per GPU of "
           f"--machine {args.machine}, {m.name}.")
+    _crossing(results, args)
     return 0
+
+
+def _crossing(results, args) -> None:
+    """With --gpus-per-node: what leaves node 0 per step (its last GPU's sends, a flat ring)."""
+    g = args.gpus_per_node
+    if g is None:
+        return
+    print(f"\nAcross nodes ({args.gpus // g} nodes × {g} GPUs, a flat ring in rank order; "
+          f"spec/nodes.md): elements leaving node 0 per step")
+    for s, r in results.items():
+        led = r.comm_ledger([g - 1])     # node 0's sends across leave from its last GPU
+        psi = r.psi_padded
+        hpz = f", hpZ h = {args.hpz}: secondary shards {r.memory(g - 1).peak['secondary16']:,} B " \
+              f"per GPU" if s == 3 and args.hpz > 1 else ""
+        quantized = s == 3 and (args.qwz or args.qgz)
+        if quantized:   # qgZ sends from every GPU of the node; bytes, as int8/int4 travel
+            led = r.comm_ledger(range(g))
+            hpz += f"; {led.crossing_bytes(0):,} B = " \
+                   f"{float(led.crossing_bytes(0) / (2 * psi)):.4f}Ψ in fp16 elements (bytes / 2)"
+        print(f"  stage {s}: {led.crossing(0):,} ({float(led.crossing(0) / psi):.4f}Ψ){hpz}")

@@ -46,6 +46,24 @@ def add_parser(sub) -> None:
                    help="stage 1 gradient sync (default reduce_scatter)")
     p.add_argument("--timeout", type=T.positive_float, default=120.0,
                    help="seconds a collective may wait before every rank fails, default 120")
+    nodes = p.add_argument_group("nodes and ZeRO++'s hpZ (spec/nodes.md)")
+    nodes.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
+                       help="ranks sit on nodes of G GPUs (rank r on node r // G); default: one node")
+    nodes.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
+                       help="zero_hpz_partition_size: stage 3's backward all-gather inside H ranks "
+                            "of a node (H must divide G); default 1, off")
+    nodes.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
+                       help="MiCS / FSDP2's HSDP (spec/mics.md): shard stages 1-3 over groups of P "
+                            "consecutive ranks (P must divide the ranks), replicate across groups; "
+                            "default: shard over every rank")
+    nodes.add_argument("--qwz", action="store_true",
+                       help="zero_quantized_weights: stage 3's weight all-gathers as int8 "
+                            "(spec/zeropp.md; approximate)")
+    nodes.add_argument("--qgz", action="store_true",
+                       help="zero_quantized_gradients: stage 3's gradient reduce-scatter as an "
+                            "int4 all-to-all, inside the node then across (approximate)")
+    nodes.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
+                       help="elements per quantization scale; default DeepSpeed's (up to 8000)")
     r = p.add_argument_group("surviving real conditions (spec/loss_scaling.md, clipping.md, "
                              "accumulation.md)")
     r.add_argument("--loss-scale", type=T.positive_float, default=None, metavar="INIT",
@@ -55,6 +73,23 @@ def add_parser(sub) -> None:
                    help="clip the global gradient norm to MAX (default off)")
     r.add_argument("--grad-accum", type=T.positive_int, default=1, metavar="G",
                    help="micro-batches per optimizer step, summed exactly (default 1)")
+    o = p.add_argument_group("ZeRO-Offload (spec/offload.md)")
+    o.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
+                   help="fp32 master, momentum, variance and Adam on the host (nvme: the states "
+                        "in swap files between steps); needs --stage 2 or 3; default off")
+    o.add_argument("--offload-mode", choices=("paper", "deepspeed"), default="paper",
+                   help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
+                        "deepspeed: fp32 gradients down (6); default paper")
+    o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
+                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host, "
+                        "fetched over PCIe for each use (cpu; needs --offload-optimizer cpu; "
+                        "nvme is not built yet)")
+    o.add_argument("--nvme-path", default=None, metavar="DIR",
+                   help="an existing directory for the NVMe tier's swap files (default: a "
+                        "temporary one)")
+    o.add_argument("--dpu", type=int, default=0, metavar="N",
+                   help="one-step delayed parameter update from step N (approximate, B8); "
+                        "default 0: off")
     z = p.add_argument_group("ZeRO-R (spec/activations.md)")
     z.add_argument("--checkpoint-activations", type=int, default=0, metavar="K",
                    help="activation checkpointing: keep the input of every K-th transformer block, "
@@ -109,7 +144,13 @@ def _config(args, n_ranks: int):
                        precision=args.precision, timeout=args.timeout, loss_scale=scale,
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
                        checkpoint_activations=args.checkpoint_activations,
-                       bucket_elements=args.bucket_size)
+                       bucket_elements=args.bucket_size,
+                       gpus_per_node=args.gpus_per_node, hpz=args.hpz,
+                       offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
+                       offload_params=args.offload_params, nvme_path=args.nvme_path,
+                       dpu=args.dpu,
+                       shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
+                       quant_group_size=args.quant_group_size)
 
 
 def summary(result, backend: str) -> str:
@@ -121,28 +162,43 @@ def summary(result, backend: str) -> str:
                   ("skipped", lambda s: "yes" if result.skipped[s] else "no")]
     if cfg.clip_grad_norm is not None:
         extra += [("grad norm", lambda s: f"{result.grad_norms[s]:.6g}")]
+    if cfg.gpus_per_node:   # what crosses the network (spec/nodes.md)
+        extra += [("elements leaving node 0", lambda s: f"{comm.crossing(0, step=s + 1):,}")]
+        if cfg.qwz or cfg.qgz:   # int8, packed int4 and fp32 scales: bytes are the measure
+            extra += [("bytes leaving node 0", lambda s: f"{comm.crossing_bytes(0, step=s + 1):,}")]
     if cfg.n_m > 1:   # each group's traffic on its own (MP inside a node, DP across)
         extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
                  ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
                  *extra]
+    if cfg.offload_optimizer:   # ZeRO-Offload's PCIe (and NVMe) copies, apart from collectives
+        links = ("host", "nvme") if cfg.offload_optimizer == "nvme" else ("host",)
+        extra += [(f"{k} link bytes", lambda s, k=k: f"{comm.link_bytes(0, step=s + 1, group=k):,}")
+                  for k in links]
     sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
     head = ["step", "loss", "collectives", sent, "wire elements (rank 0)",
             *(name for name, _ in extra)]
-    own = "dp" if cfg.n_m > 1 else None
+    own = "dp" if cfg.n_m > 1 else "world" if cfg.offload_optimizer else None
     mp = f" × N_m = {cfg.n_m} (Ψ per MP rank)" if cfg.n_m > 1 else ""
     lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}{mp}, Ψ = {result.psi:,}, "
              f"{cfg.precision}, backend {backend}"
              + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else "")
              + (f", activation checkpoint every {cfg.checkpoint_activations} block(s)"
                 if cfg.checkpoint_activations else "")
-             + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else ""),
+             + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
+             + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
+                if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
+             + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
+                if cfg.offload_optimizer else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
+             + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else "")
+             + (", qwZ" if cfg.qwz else "") + (", qgZ" if cfg.qgz else ""),
              f"model states on rank 0: {result.model_states(0):,} B"
              + (f"; activation checkpoints: {result.memory[0].peak['checkpoints']:,} B on the "
                 f"device at the peak" if cfg.checkpoint_activations else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in range(1, cfg.steps + 1):
         recs = comm.records(0, step=s, group=own)
-        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(len(comm.records(0, step=s))),
+        n = len(recs) if cfg.offload_optimizer else len(comm.records(0, step=s))   # not copies
+        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(n),
                  f"{sum(r.elements_sent for r in recs):,}", f"{sum(r.wire_elements_sent for r in recs):,}",
                  *(cell(s - 1) for _, cell in extra)]
         lines.append("| " + " | ".join(cells) + " |")

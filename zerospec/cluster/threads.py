@@ -122,6 +122,9 @@ class VirtualCluster:
     order; ``"ring"`` passes chunks between neighbours (:mod:`zerospec.comm.ring`) and counts
     every transfer per link in ``self.wire``, to observe what the ledger's ring model books.
 
+    ``gpus_per_node``: the ranks sit on nodes of that many GPUs, rank r on node r // G (None: one
+    node); the ledger and the wire book each transfer on its link class (spec/nodes.md).
+
     ``observe``: run each rank under its own :class:`~zerospec.runtime.observe.Observer` (a
     dispatch mode, per thread), which sees every storage the rank makes and when it dies; after
     ``run``, ``observed[r]`` holds rank r's peaks per phase. What the simulator makes while one
@@ -130,7 +133,8 @@ class VirtualCluster:
 
     def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
                  torch_threads: int | None = 1, jitter: int | None = None,
-                 transport: str = "direct", observe: bool = False, pin: bool | None = None):
+                 transport: str = "direct", observe: bool = False, pin: bool | None = None,
+                 gpus_per_node: int | None = None):
         if not isinstance(n_ranks, int) or n_ranks < 1:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
         if not 0 < timeout < float("inf"):   # NaN fails both comparisons
@@ -149,8 +153,9 @@ class VirtualCluster:
         self.timeout = timeout
         self.torch_threads = torch_threads
         self.jitter = jitter                # seed of the random schedule (see Baton); None: off
-        self.comm_ledger = CommLedger(n_ranks)
-        self.wire = Wire(n_ranks) if transport == "ring" else None   # per-link counts, ring only
+        self.comm_ledger = CommLedger(n_ranks, gpus_per_node)
+        self.gpus_per_node = gpus_per_node
+        self.wire = Wire(n_ranks, gpus_per_node) if transport == "ring" else None   # per-link counts, ring only
         self.memory = [MemoryLedger(self.device) for _ in range(n_ranks)]
         self.contexts: list[RankContext] = []
         self.observe = observe

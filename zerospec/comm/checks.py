@@ -70,6 +70,9 @@ def check_calls(calls: list[Call], n: int) -> str | None:
         if op == "all_gather" and c.out.numel() != n * c.inp.numel():
             return (f"all_gather: rank {r} output of {c.out.numel()} elements {tuple(c.out.shape)} "
                     f"must be {n} × its input of {c.inp.numel()} elements {tuple(c.inp.shape)}")
-        if op in ("reduce_scatter", "all_gather") and not c.out.is_contiguous():
+        if op == "all_to_all" and (c.inp.numel() != c.out.numel() or c.inp.numel() % n):
+            return (f"all_to_all: rank {r} input of {c.inp.numel()} elements and output of "
+                    f"{c.out.numel()} must be equal and split into {n} pieces")
+        if op in ("reduce_scatter", "all_gather", "all_to_all") and not c.out.is_contiguous():
             return f"{op}: rank {r} output must be contiguous"
     return None

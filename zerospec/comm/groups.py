@@ -8,13 +8,23 @@ holding the same slice in the other replicas). ZeRO's stages shard over the DP g
 
 A :class:`Group` is a name and its global ranks in ring order; a collective over it is a ring of
 ``len(ranks)`` ranks, booked in the ledger under the group's name (``"world"``, ``"dp"``, ``"mp"``,
-and ``"host"`` for a rank's own device↔host copies, which are no collective at all).
+``"hpz"`` for hpZ's secondary partition inside a node, ``"shard"`` and ``"replica"`` for MiCS's
+partition and replication groups (FSDP2's HSDP mesh), ``"local"`` (a node's GPUs) and
+``"global"`` (the GPUs of one local index, one per node) for qgZ's two all-to-alls, and ``"host"``
+for a rank's own device↔host
+copies, which are no collective at all).
+
+:class:`Nodes` places the ranks on nodes of G GPUs, contiguously (rank r on node r // G, as
+torchrun numbers them): it says which link class each ring hop takes (spec/nodes.md).
 """
 from __future__ import annotations
 
 import dataclasses
 
-GROUP_NAMES = ("world", "dp", "mp", "host")
+from ..paper.hardware import LINKS
+
+GROUP_NAMES = ("world", "dp", "mp", "host", "hpz", "shard", "replica", "local", "global",
+               "nvme")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,3 +97,94 @@ class Grid:
         if not isinstance(rank, int) or not 0 <= rank < self.n_ranks:
             raise ValueError(f"rank must be in 0..{self.n_ranks - 1} (N_d={self.n_d} × "
                              f"N_m={self.n_m}), got {rank!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Nodes:
+    """``n_ranks`` GPUs on nodes of ``gpus_per_node`` each, filled in rank order: rank r sits on
+    node r // G. ``gpus_per_node`` None: one node holds every rank (every hop is ``"intra"``)."""
+
+    n_ranks: int
+    gpus_per_node: int | None = None
+
+    def __post_init__(self):
+        g = self.gpus_per_node
+        if g is None:
+            return
+        if not isinstance(g, int) or isinstance(g, bool) or g < 1 or self.n_ranks % g:
+            raise ValueError(f"gpus_per_node must be an integer >= 1 that divides the {self.n_ranks} "
+                             f"ranks (whole nodes), got {g!r}; accepted: "
+                             f"{', '.join(map(str, divisors(self.n_ranks)))}")
+
+    @property
+    def per_node(self) -> int:
+        """G: GPUs per node (all ranks when one node holds them)."""
+        return self.n_ranks if self.gpus_per_node is None else self.gpus_per_node
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_ranks // self.per_node
+
+    def node(self, rank: int) -> int:
+        return rank // self.per_node
+
+    def link(self, src: int, dst: int) -> str:
+        """The link class of a hop ``src`` → ``dst`` between GPUs (hardware.LINKS)."""
+        return LINKS[0] if self.node(src) == self.node(dst) else LINKS[1]
+
+    def ranks_of(self, node: int) -> range:
+        g = self.per_node
+        return range(node * g, (node + 1) * g)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def hpz_group(rank: int, h: int) -> Group:
+    """hpZ's secondary partition of ``rank``: the h consecutive ranks around it, ``rank // h``'s
+    block. With h dividing the GPUs per node, the block lies inside ``rank``'s node."""
+    first = rank // h * h
+    return Group("hpz", tuple(range(first, first + h)))
+
+
+def hpz_groups(n_ranks: int, h: int) -> list[Group]:
+    """Every secondary partition, in rank order (the order torch.distributed makes them in)."""
+    return [hpz_group(r, h) for r in range(0, n_ranks, h)]
+
+
+def shard_group(rank: int, p: int) -> Group:
+    """MiCS's partition group of ``rank`` (FSDP2 HSDP's shard dimension): the p consecutive ranks
+    of ``rank // p``'s block, which hold one replica of the model states between them. With p the
+    GPUs per node, it is ``rank``'s node."""
+    first = rank // p * p
+    return Group("shard", tuple(range(first, first + p)))
+
+
+def replica_group(rank: int, p: int, n_ranks: int) -> Group:
+    """MiCS's replication group of ``rank`` (HSDP's replicate dimension): the N/p ranks at
+    ``rank``'s position in every partition group, which hold the same shard."""
+    return Group("replica", tuple(range(rank % p, n_ranks, p)))
+
+
+def mics_groups(n_ranks: int, p: int) -> list[Group]:
+    """Every partition group, then every replication group, in rank order (the order
+    torch.distributed makes them in)."""
+    return ([shard_group(r, p) for r in range(0, n_ranks, p)]
+            + [replica_group(r, p, n_ranks) for r in range(p)])
+def local_group(rank: int, g: int) -> Group:
+    """qgZ's first all-to-all (DeepSpeed's ``local_{node}`` group): the G GPUs of ``rank``'s node."""
+    first = rank // g * g
+    return Group("local", tuple(range(first, first + g)))
+
+
+def global_group(rank: int, g: int, n_ranks: int) -> Group:
+    """qgZ's second all-to-all (DeepSpeed's ``global_{local index}``): one GPU per node, those of
+    ``rank``'s local index."""
+    return Group("global", tuple(range(rank % g, n_ranks, g)))
+
+
+def qgz_groups(n_ranks: int, g: int) -> list[Group]:
+    """Every local group, then every global group (the order torch.distributed makes them in)."""
+    return ([local_group(r, g) for r in range(0, n_ranks, g)]
+            + [global_group(j, g, n_ranks) for j in range(g)])

@@ -134,7 +134,16 @@ class Interconnect:
         self.ledger.book(self.ctx.rank, call.op, dtype, numel, self.ctx.phase_name, self.ctx.step,
                          src=call.src, wire_factor=self.backend.wire_factor(call.op),
                          group=self.group_name, n=self.n_ranks, index=self.rank,
-                         sent_as=call.op if call.sent_as is None else call.sent_as)
+                         sent_as=call.op if call.sent_as is None else call.sent_as,
+                         peer=self.successor)
+
+    @property
+    def successor(self) -> int:
+        """The global rank this rank sends to in the group's ring (its link: ledger.py)."""
+        if self.group is None:
+            return (self.ctx.rank + 1) % self.ctx.n_ranks
+        ranks = self.group.ranks
+        return ranks[(ranks.index(self.ctx.rank) + 1) % len(ranks)]
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of ``tensor`` in host memory (ZeRO-R's P_a+cpu), booked on this rank's own
@@ -154,8 +163,29 @@ class Interconnect:
         return out
 
     def _book_host(self, op: str, t: torch.Tensor) -> None:
+        self.book_link(op, t)
+
+    def copy_to_host(self, host: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (on the device) copied into the existing host buffer ``host`` (ZeRO-Offload's
+        gradients), booked on the rank's device→host link."""
+        with off_device():
+            host.copy_(tensor)
+        self.book_link("to_host", tensor)
+        return host
+
+    def copy_from_host(self, out: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+        """``host`` copied into the existing device tensor ``out`` (ZeRO-Offload's parameters),
+        booked on the rank's host→device link."""
+        out.copy_(host)
+        self.book_link("from_host", host)
+        return out
+
+    def book_link(self, op: str, t: torch.Tensor) -> None:
+        """Book a copy of ``t`` on the rank's own link: ``to_host``/``from_host`` on PCIe (group
+        ``"host"``), ``to_nvme``/``from_nvme`` on its host's NVMe (group ``"nvme"``)."""
+        group = "nvme" if op.endswith("nvme") else "host"
         self.ledger.book(self.ctx.rank, op, t.dtype, t.numel(), self.ctx.phase_name,
-                         self.ctx.step, group="host", n=1, index=0)
+                         self.ctx.step, group=group, n=1, index=0)
 
     @contextlib.contextmanager
     def batch(self):
@@ -222,6 +252,20 @@ class Interconnect:
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
         """``output`` is the concatenation of every rank's ``input`` in rank order."""
         self._run(Call("all_gather", input, output), output.numel())
+        return output
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        """``output``'s piece k is rank k's ``input`` piece r (this rank r; N equal pieces). Each
+        piece goes straight to its rank, so the ledger books the sends on one link class: the
+        group's peers must all sit on this rank's node, or all off it (qgZ's local and global
+        groups, comm/groups.py)."""
+        ranks = self.group.ranks if self.group is not None else tuple(range(self.ctx.n_ranks))
+        links = {self.ledger.nodes.link(self.ctx.rank, p) for p in ranks if p != self.ctx.rank}
+        if len(links) > 1:
+            raise ValueError(f"all_to_all over {self.group_name!r} {ranks}: rank "
+                             f"{self.ctx.rank}'s peers take both intra- and inter-node links; "
+                             f"accepted: a group inside one node or one GPU per node")
+        self._run(Call("all_to_all", input, output), input.numel())
         return output
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:

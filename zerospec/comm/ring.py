@@ -33,6 +33,7 @@ from collections import Counter
 import torch
 
 from .checks import accumulator_dtype
+from .groups import Nodes
 from .interconnect import Call
 from .ledger import chunk_size
 
@@ -53,9 +54,26 @@ class Wire:
     """The per-link counter: one :class:`WireRecord` per collective, in issue order (so record k
     is every rank's k-th ledger record). Owned by the cluster: it outlives one ``run``."""
 
-    def __init__(self, n_ranks: int):
+    def __init__(self, n_ranks: int, gpus_per_node: int | None = None):
         self.n_ranks = n_ranks
+        self.nodes = Nodes(n_ranks, gpus_per_node)   # which hops leave a node (spec/nodes.md)
         self.records: list[WireRecord] = []
+
+    def by_link(self, records=None) -> Counter:
+        """Elements carried per link class ("intra", "inter") over ``records`` (default: all), each
+        directed hop classed by the nodes of its two ends."""
+        out: Counter = Counter()
+        for rec in self.records if records is None else records:
+            for (src, dst), e in rec.elements.items():
+                out[self.nodes.link(src, dst)] += e
+        return out
+
+    def leaving(self, node: int, records=None, *, bytes: bool = False) -> int:
+        """Elements (``bytes``: bytes) that left ``node`` over ``records`` (default: all): its hops
+        to other nodes."""
+        return sum(e for rec in (self.records if records is None else records)
+                   for (src, dst), e in (rec.bytes if bytes else rec.elements).items()
+                   if self.nodes.node(src) == node != self.nodes.node(dst))
 
     def open(self, op: str, dtype, numel: int) -> WireRecord:
         rec = WireRecord(op, dtype, numel)
@@ -69,6 +87,14 @@ class Wire:
         ring = ring or tuple(range(self.n_ranks))
         if dst != ring[(ring.index(src) + 1) % len(ring)]:
             raise AssertionError(f"ring link {src}->{dst} is not a neighbour link")  # a schedule bug
+        rec.elements[(src, dst)] += msg.numel()
+        rec.bytes[(src, dst)] += msg.numel() * msg.element_size()
+        return msg.clone()
+
+
+    def send(self, rec: WireRecord, src: int, dst: int, msg: torch.Tensor) -> torch.Tensor:
+        """Move ``msg`` from global rank ``src`` straight to ``dst`` (an all-to-all's
+        point-to-point send, no ring): count it on that link, hand the receiver a copy."""
         rec.elements[(src, dst)] += msg.numel()
         rec.bytes[(src, dst)] += msg.numel() * msg.element_size()
         return msg.clone()
@@ -95,6 +121,9 @@ class RingTransport:
         rec = self.wire.open(op, inp.dtype, numel)
         if op == "broadcast":
             self._broadcast(rec, calls)
+            return
+        if op == "all_to_all":
+            self._all_to_all(rec, calls)
             return
         # every rank works on its own copy (its GPU's memory), so all inputs are read before any
         # output, which may alias an input, is written
@@ -152,6 +181,16 @@ class RingTransport:
             for (r, k), msg in zip(sends, msgs):
                 bufs[(r + 1) % n][chunks[k]] = msg
         rec.steps += n - 1
+
+    def _all_to_all(self, rec: WireRecord, calls: list[Call]) -> None:
+        """Position k sends its piece j straight to position j (a rank keeps its own piece)."""
+        n, ring = self.n, self.ring
+        pieces = [c.inp.reshape(n, -1) for c in calls]
+        got = [[p[r].clone() if k == r else self.wire.send(rec, ring[k], ring[r], p[r])
+                for k, p in enumerate(pieces)] for r in range(n)]   # every send before any write
+        for c, mine in zip(calls, got):
+            c.out.view(n, -1).copy_(torch.stack(mine))
+        rec.steps += 1
 
     def _broadcast(self, rec: WireRecord, calls: list[Call]) -> None:
         src = calls[0].src

@@ -307,9 +307,17 @@ def _broadcast(calls: list[Call]) -> None:
             c.out.copy_(src)
 
 
+def _all_to_all(calls: list[Call]) -> None:
+    """Rank r's ``out`` piece k: rank k's ``inp`` piece r (n equal pieces)."""
+    n = len(calls)
+    pieces = [c.inp.reshape(n, -1).clone() for c in calls]   # all read before any is written
+    for r, c in enumerate(calls):
+        c.out.view(n, -1).copy_(torch.stack([p[r] for p in pieces]))
+
+
 def _barrier(calls: list[Call]) -> None:
     """No data: meeting at the rendezvous was the barrier."""
 
 
 MOVES = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter, "all_gather": _all_gather,
-         "broadcast": _broadcast, "barrier": _barrier}
+         "broadcast": _broadcast, "barrier": _barrier, "all_to_all": _all_to_all}

@@ -255,6 +255,12 @@ class TorchDistBackend:
         self._issue(c, lambda a: _all_gather(c.out.view(-1), inp, group=pg, async_op=a),
                     lambda: None)
 
+    def _all_to_all(self, c: Call) -> None:
+        """qgZ's all-to-alls (zero/zeropp.py); gloo implements all_to_all_single on CPU."""
+        pg, _ = self._pg(c)
+        self._issue(c, lambda a: dist.all_to_all_single(c.out.view(-1), c.inp.reshape(-1),
+                                                        group=pg, async_op=a), lambda: None)
+
     def _broadcast(self, c: Call) -> None:
         self._flush()   # not fused: what waits goes first, as it was issued first
         pg, _ = self._pg(c)

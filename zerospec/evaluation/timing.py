@@ -157,6 +157,9 @@ def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0,
     leaving the node uses its InfiniBand ("node" or "link", module doc)."""
     if overlap not in OVERLAP:
         raise ValueError(f"overlap must be one of {OVERLAP}, got {overlap!r}")
+    if getattr(result.config, "qgz", False):
+        raise ValueError("step_time cannot time qgZ's all-to-alls (zero/zeropp.py): the time "
+                         "model has ring collectives only; accepted: a step with qgz=False")
     out = result.rank_class(rank).output
     if out is None or not out.ops or not (out.flops[0]["forward"] or out.flops[0]["backward"]):
         raise ValueError("step_time needs a whole step measured with count_flops=True "
@@ -166,14 +169,15 @@ def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0,
         compute[phase], bound[phase] = ops_seconds(machine, out.ops[0][phase])
     compute["step"] = bound["step"] = (out.optim_elements[0] * OPTIM_BYTES_PER_PARAM
                                        / machine.hbm_bytes_per_s)
-    stride = {"mp": 1, "world": 1, "dp": result.config.n_m, "host": 1}
+    # hpZ's secondary partition: consecutive ranks inside a node (zero/hpz.py)
+    stride = {"mp": 1, "world": 1, "dp": result.config.n_m, "host": 1, "hpz": 1}
     comm: dict[str, float] = defaultdict(float)
     overlappable = 0.0
     for rec in result.comm_ledger([rank]).records(rank):
         t = collective_seconds(machine, rec.op, rec.group_size, stride[rec.group],
                                rec.bytes_sent, rec.bytes_recv, inter)
         comm[rec.group] += t
-        if overlap == "backward" and rec.phase == "backward" and rec.group in ("dp", "world"):
+        if overlap == "backward" and rec.phase == "backward" and rec.group in ("dp", "world", "hpz"):
             overlappable += t
     hidden = min(overlappable, compute["backward"])
     step = sum(compute.values()) + sum(comm.values()) - hidden

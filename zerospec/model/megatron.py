@@ -52,10 +52,13 @@ def sliced(unit: str, name: str) -> bool:
     return (unit, name) in VOCAB or (unit.startswith("h.") and name in SPLIT)
 
 
-def replicated(unit: str, name: str) -> bool:
-    """Whether every MP rank holds parameter ``name`` of ``unit`` whole — the one list of what the
-    MP group shares (a global norm or an overflow vote counts these once per group)."""
-    return not sliced(unit, name)
+def replicated(unit: str, param: str) -> bool:
+    """Whether parameter ``param`` of unit ``unit`` is whole on every rank of an MP group (so
+    the group holds N_m identical copies of it and of its gradient), rather than sliced (the
+    blocks' SPLIT parameters, and wte and an untied head by vocabulary rows): the one answer every
+    consumer asks — the global gradient norm counts such a parameter once, not N_m times
+    (zerospec/optim/clip.py), as Megatron-LM's clipping skips tensor-parallel duplicates."""
+    return not sliced(unit, param)
 
 
 def psi_per_rank(cfg: GPTConfig, n_m: int) -> int:

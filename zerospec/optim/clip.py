@@ -19,6 +19,10 @@ zerospec computes ‖g‖² *exactly* instead, with integers:
 * ‖g‖² = Σ_e bin_e · 2^(2e−48) is then an exact integer times a power of two, rounded once to a
   float (Python's int division is correctly rounded), and ‖g‖ is its correctly rounded square root.
 
+With model parallelism the bins are summed over the MP group too, and a parameter every MP rank
+holds whole is binned by one of them (:class:`zerospec.optim.update.Reach`): the same integers as
+one process holding the whole model.
+
 So the norm is the same number in every stage, at every N, on every backend, and it is the
 correctly rounded unsharded norm (test: ``math.fsum`` of the squares gives the same bits). Padding
 is excluded because only real elements are binned; each element is binned by exactly one rank.
@@ -52,13 +56,22 @@ def square_bins(grad: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def owned_bins(stage) -> torch.Tensor:
-    """This rank's bins over the real elements of the gradient it owns (all of it in stage 0)."""
+def owned_bins(stage, counts=None) -> torch.Tensor:
+    """This rank's bins over the real elements of the gradient it owns (all of it in stage 0);
+    ``counts(unit, param)``, if given, says which parameters this rank bins (model parallelism:
+    a parameter replicated across the MP group is binned by one of its ranks only)."""
     total = torch.zeros(2 * N_BINS + 1, dtype=torch.int64)
     for i, u in enumerate(stage.units):
         own = stage.owned_slice(u)
         real = max(0, min(own.stop, u.numel) - own.start)   # padding is never binned
-        total += square_bins(stage.grad_for_step(i)[:real])
+        g = stage.grad_for_step(i)[:real]
+        if counts is None:
+            total += square_bins(g)
+            continue
+        for p in u.params:         # the owned range cut by parameter: [own.start, own.start + real)
+            lo, hi = max(p.offset, own.start), min(p.offset + p.numel, own.start + real)
+            if hi > lo and counts(u.name, p.name):
+                total += square_bins(g[lo - own.start:hi - own.start])
     return total
 
 
@@ -74,11 +87,20 @@ def norm_from_bins(bins: torch.Tensor) -> float:
     return math.sqrt(exact / (1 << (48 - 2 * EXP_MIN)))
 
 
-def global_norm(stage) -> float:
-    """‖g‖ of the stage's reduced (still loss-scaled) gradient: exact, equal everywhere."""
-    bins = owned_bins(stage)
-    if stage.stage > 0:                    # stage 0 already holds every element
-        bins = stage.comm.all_reduce(bins.to(stage.ctx.device), "sum").cpu()
+def global_norm(stage, over="stage", counts=None) -> float:
+    """‖g‖ of the stage's reduced (still loss-scaled) gradient: exact, equal everywhere.
+
+    ``over``: the interconnect whose ranks together own every gradient element once, whose bins
+    are summed — by default the stage's DP group from stage 1 on, and none in stage 0 (each rank
+    already holds every element). With model parallelism the caller passes the grid's (stages
+    1–3) or the MP group's (stage 0), and ``counts`` so that a replicated parameter is binned by
+    one MP rank: zerospec/optim/update.py's :class:`~.update.Reach`. The bins are integers, so
+    the order they are summed in is irrelevant: the same bits at any N_d × N_m split."""
+    if over == "stage":
+        over = stage.comm if stage.stage > 0 else None
+    bins = owned_bins(stage, counts)
+    if over is not None:
+        bins = over.all_reduce(bins.to(stage.ctx.device), "sum").cpu()
     return norm_from_bins(bins)
 
 

@@ -78,10 +78,13 @@ class LossScaler:
         return {"scale": self.scale, "growth_tracker": self.growth_tracker}
 
 
-def found_overflow(stage) -> bool:
-    """Whether any rank's owned gradient holds an inf or nan: an all-reduce ``max`` of a flag."""
+def found_overflow(stage, comm=None) -> bool:
+    """Whether any rank's owned gradient holds an inf or nan: an all-reduce ``max`` of a flag
+    over ``comm`` — the stage's DP group by default; with model parallelism every rank of the
+    N_d × N_m grid (an inf in one MP rank's slice must stop its peers too, or the replica's
+    slices would step apart)."""
     bad = any(not bool(torch.isfinite(stage.grad_for_step(i)).all()) for i in range(len(stage.units)))
     flag = torch.tensor([1.0 if bad else 0.0], device=stage.ctx.device)
-    stage.comm.all_reduce(flag, "max")
+    (stage.comm if comm is None else comm).all_reduce(flag, "max")
     return bool(flag.item() > 0)
 

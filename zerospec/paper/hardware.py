@@ -10,7 +10,10 @@ Units are SI throughout: bytes/s, FLOP/s, seconds (the paper's GB and TFlops are
 **Link classes**, one taxonomy for every user (the time model, the planner, later ZeRO++ and
 offload): *inside a node* (``intra``: the GPU's NVLink/NVSwitch port), *across nodes* (``inter``:
 the node's NICs together, ``nics_per_node`` of them; :attr:`Machine.nic_bytes_per_s` is one) and
-*PCIe* (``host``: the GPU's link to host memory). NVMe, the ledger's fourth class, has no field yet.
+*PCIe* (``host``: the GPU's link to host memory) and *NVMe* (``nvme``: the host's link to its
+swap directory, ZeRO-Offload's and ZeRO-Infinity's third tier; no bandwidth field yet).
+:data:`LINKS` names them; the communication ledger books every transfer under one
+(zerospec/comm/ledger.py), rank r sitting on node r // gpus_per_node (spec/nodes.md).
 
 The timing model that uses these lives in zerospec/evaluation/timing.py.
 """
@@ -22,6 +25,7 @@ from fractions import Fraction
 GB = 10**9
 TERA = 10**12
 GBIT = 10**9 // 8        # bytes/s in one Gbit/s
+LINKS = ("intra", "inter", "host", "nvme")   # inside a node, across nodes, PCIe, NVMe (module doc)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -204,3 +204,64 @@ def bucket_collectives(columns: int, bucket_elements: int, rows: int = 1) -> int
     if width < 1:
         raise ValueError(f"a bucket of {bucket_elements} elements holds no column of {rows} rows")
     return -(-columns // width)
+
+
+# -- ZeRO++ (arXiv:2306.10209): what crosses nodes, and hpZ's memory (spec/nodes.md) --------------
+def stage3_node_crossing(psi, n_d: int, hpz: bool = False) -> dict[str, Fraction]:
+    """Elements that leave one node per step in stage 3, per collective, for a flat ring over
+    nodes in rank order (each node's last GPU sends its whole share to the next node).
+
+    D1: forward all-gather M + backward all-gather M + gradient reduce-scatter M = 3M, each times
+    the ring factor (N−1)/N. D2's hpZ row: the backward all-gather stays inside the node: 0."""
+    m = psi * ring_factor(n_d)
+    return {"forward all-gather": m, "backward all-gather": Fraction(0) if hpz else m,
+            "reduce-scatter": m}
+
+
+def hpz_secondary_bytes(psi, h: int) -> Fraction:
+    """D6: hpZ's fp16 secondary shard, 1/h of every unit per GPU, held from forward to backward:
+    2Ψ/h bytes (2M/(GPUs per node) when h is the GPUs per node)."""
+    return Fraction(2 * psi, h)
+
+
+def offload_gpu_bytes(m, g16_on: str, update_on: str):
+    """B4 (ZeRO-Offload Table 1): GPU model-state bytes of a communication-minimal split of M
+    parameters; p16 and FWD-BWD stay on the GPU (2M), g16 adds 2M where it sits, the update's
+    fp32 master, momentum and variance 12M. ("cpu", "cpu"): 2M, the 8x row ([ZO-n]: not 4M)."""
+    for name, v in (("g16_on", g16_on), ("update_on", update_on)):
+        if v not in ("gpu", "cpu"):
+            raise ValueError(f"{name} must be 'gpu' or 'cpu', got {v!r}")
+    return (2 + (2 if g16_on == "gpu" else 0) + (12 if update_on == "gpu" else 0)) * m
+# -- MiCS (arXiv:2205.00119): p GPUs shard, N/p groups replicate (spec/mics.md) --------------------
+def mics_model_state_bytes(stage: int, psi, p: int, k: int = K_ADAM) -> Fraction:
+    """M1: each GPU holds stage ``stage``'s model states at N_d = p, whatever N is: 16Ψ/p in
+    stage 3 (C9 with the partition group for N_d)."""
+    return model_state_bytes(stage, psi, p, k)
+
+
+def mics_replica_all_reduce(psi, n: int, p: int) -> Fraction:
+    """M2, M3: elements each GPU sends per step in the replication all-reduce of its Ψ/p
+    gradient shard, once per step whatever the number of micro-steps: 2(R − 1)/R · Ψ/p, R = N/p.
+    With the partition group inside a node, the only traffic that crosses nodes."""
+    return 2 * Fraction(psi, p) * ring_factor(n // p)
+def zeropp_node_crossing(psi, n_d: int, per_node: int, *, hpz: bool = False, qwz: bool = False,
+                         qgz: bool = False) -> dict[str, Fraction]:
+    """D2: what leaves one node per step, per collective, in fp16 elements (bytes / 2), counting
+    the quantized payloads only (their fp32 scales, and units qgZ sends unquantized, come on top:
+    spec/zeropp.md). qwZ: int8, half of fp16's bytes (M → 0.5M); hpZ: backward inside the node
+    (M → 0); qgZ: int4 through a hierarchical all-to-all, a quarter of fp16's bytes, and only
+    the n_d/G nodes' (n−1)/n of it leaves a node, not the ring's (N−1)/N (M → 0.25M)."""
+    m, nodes = psi * ring_factor(n_d), n_d // per_node
+    w = Fraction(1, 2) if qwz else Fraction(1)
+    return {"forward all-gather": m * w, "backward all-gather": Fraction(0) if hpz else m * w,
+            "reduce-scatter": psi * Fraction(nodes - 1, nodes) / 4 if qgz else m}
+
+
+def qgz_crossing_per_gpu(psi, n_d: int, per_node: int, hierarchical: bool = True) -> Fraction:
+    """D3: fp16 elements (bytes / 2) of int4 gradient codes one GPU sends across nodes per step,
+    Z = 4 (fp16 → int4). Hierarchical (intra-node all-to-all first): M/(Z·G)·(n−1)/n, every GPU
+    of a node alike, M/Z·(n−1)/n per node. One hop (every GPU to every other): a GPU sends
+    M/Z·(N − G)/N across, M·G/Z·(n−1)/n per node, G times as much (D3's M·N/Z, its N being G)."""
+    nodes = n_d // per_node
+    share = Fraction(1, per_node) if hierarchical else Fraction(1)
+    return psi * share * Fraction(nodes - 1, nodes) / 4

@@ -23,7 +23,9 @@ LABELS = {"param16": "parameters (fp16)", "grad16": "gradients (fp16)",
           "master32": "optimizer: fp32 master", "exp_avg": "optimizer: momentum",
           "exp_avg_sq": "optimizer: variance", "gathered": "gathered units (ZeRO-3)",
           "activations": "activations", "checkpoints": "checkpoints",
-          "recomputed": "recomputed activations", "buffer": "buffers", "bucket": "buckets"}
+          "recomputed": "recomputed activations", "buffer": "buffers", "bucket": "buckets",
+          "secondary16": "hpZ secondary shards (fp16)",
+          "grad32": "gradients cast to fp32 (DeepSpeed's ZeRO-Offload)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,10 @@ class Explanation:
     rank: int                        # the reported rank class's first rank (the highest peak)
     phases: list[PhasePeak]
     reserved: int                    # the allocator model's reserved peak over the step
+    precision: str = "fp16"
+    notes: tuple[str, ...] = ()      # where the settings came from, what is not modelled
+    model: object = None             # the GPTConfig stepped (its block_size: the model's context)
+    settings: dict = dataclasses.field(default_factory=dict)   # scale.measure's other keywords
 
     @property
     def highest(self) -> PhasePeak:
@@ -91,20 +97,25 @@ class Explanation:
 
 
 def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq: int | None = None,
-            micro_batch: int = 1, checkpoint_activations: int = 0, n_m: int = 1) -> Explanation:
-    """One meta step of preset ``name`` at ``stage`` on ``gpus`` GPUs (N_d = gpus / n_m) with
-    sequences of ``seq`` tokens (default: the preset's context), explained against ``capacity``."""
-    from ..model.presets import preset
-    p = preset(name)
-    context = p.model.block_size
+            micro_batch: int = 1, checkpoint_activations: int = 0, n_m: int = 1,
+            model=None, settings: dict | None = None, notes: tuple[str, ...] = ()) -> Explanation:
+    """One meta step of preset ``name`` (or of ``model``, a config named ``name``) at ``stage`` on
+    ``gpus`` GPUs (N_d = gpus / n_m) with sequences of ``seq`` tokens (default: the model's
+    context), explained against ``capacity``. ``settings``: more of scale.measure's keywords (a
+    DeepSpeed config's, zerospec/plan/deepspeed.py); ``notes`` say where they came from."""
+    if model is None:
+        from ..model.presets import preset
+        model = preset(name).model
+    settings, full = dict(settings or {}), model
+    context = model.block_size
     seq = context if seq is None else seq
     if not 1 <= seq <= context:
         raise ValueError(f"--seq {seq} is outside 1..{context}, {name}'s context")
     if gpus % n_m:
         raise ValueError(f"--gpus {gpus} must be a multiple of --mp {n_m} (N = N_d × N_m)")
-    model = dataclasses.replace(p.model, block_size=seq)
+    model = dataclasses.replace(model, block_size=seq)
     r = measure(model, stage, gpus // n_m, micro_batch=micro_batch, n_m=n_m,
-                checkpoint_activations=checkpoint_activations, trace=True)
+                checkpoint_activations=checkpoint_activations, trace=True, **settings)
     cls = max(r.classes, key=lambda c: c.memory.peak_total)
     phases = phase_peaks(cls.memory.trace)
     rep = replay(cls.allocations)
@@ -114,7 +125,8 @@ def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq:
                                                    pm.peak_reserved)
     phases = [dataclasses.replace(ph, reserved=reserved.get(ph.phase)) for ph in phases]
     return Explanation(name, stage, gpus // n_m, n_m, seq, micro_batch, checkpoint_activations,
-                       capacity, where, r, cls.rep * n_m, phases, rep.peak_reserved)
+                       capacity, where, r, cls.rep * n_m, phases, rep.peak_reserved,
+                       settings.get("precision", "fp16"), tuple(notes), full, settings)
 
 
 # -- tables -----------------------------------------------------------------------------------------
@@ -142,9 +154,11 @@ def _whole(v) -> str:
 
 def _setting(ex: Explanation) -> str:
     grid = f"N_d = {ex.n_d}" + (f" × N_m = {ex.n_m}" if ex.n_m > 1 else "")
-    ckpt = f", a checkpoint every {ex.checkpoint_activations} blocks" if ex.checkpoint_activations else ""
+    k = ex.checkpoint_activations
+    ckpt = "" if not k else ", a checkpoint every block" if k == 1 else f", a checkpoint every {k} blocks"
+    prec = "" if ex.precision == "fp16" else f", {ex.precision}"
     return (f"{ex.name}, {theory.stage(ex.stage).name}, {grid}, seq {ex.seq}, "
-            f"micro-batch {ex.micro_batch}{ckpt}")
+            f"micro-batch {ex.micro_batch}{ckpt}{prec}")
 
 
 def phase_table(ex: Explanation, units: str = "GB"):
@@ -165,6 +179,7 @@ def phase_table(ex: Explanation, units: str = "GB"):
     t.notes.append(f"Peak {g(ex.peak)} in {hi.phase} against {g(ex.capacity)} per GPU of "
                    f"{ex.where}: {verdict} (the ledger's peak: every buffer the stage code holds, "
                    f"no fragmentation).")
+    t.notes.extend(ex.notes)
     frag = ex.reserved - ex.peak
     t.notes.append(f"The caching allocator model reserves {g(ex.reserved)} at most "
                    f"({g(frag)} above the ledger's peak: block rounding and fragmentation); "
@@ -208,7 +223,7 @@ def estimate_table(ex: Explanation, units: str = "GB", largest_layer: int | None
                                                 f"Per GPU ({units})", f"Fits {ex.where}",
                                                 "Leaves out (at the highest phase)"],
               fmt={2: _whole, 3: g})
-    for name, est in estimators(L).items():
+    for name, est in estimators(L, ex.precision).items():
         b = est.model_state_bytes(ex.stage, ex.psi, ex.n_d)
         miss = ", ".join(f"{LABELS.get(c, c)} {g(v)}" for c, v in left_out(ex, name).items())
         t.add(f"{name} (model states)", est.formula(ex.stage), b, b,

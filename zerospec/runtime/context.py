@@ -57,7 +57,8 @@ class RankContext:
         self.rank = rank
         self.n_ranks = n_ranks
         self.memory = memory
-        self.host = MemoryLedger("cpu")   # host memory this rank's code holds (P_a+cpu)
+        self.host = MemoryLedger("cpu")   # host memory this rank's code holds (P_a+cpu, offload)
+        self.nvme = MemoryLedger("cpu")   # its swap files on the NVMe tier (zerospec/offload/)
         self.comm = comm
         self.phase_name = "setup"
         self.failed_phase: str | None = None   # the innermost phase an exception left

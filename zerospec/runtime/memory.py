@@ -22,8 +22,11 @@ import torch
 # recompute in backward and freed as its backward consumes them (zerospec/zero_r/checkpointing.py)
 # bucket: the fused buffer gradients are reduced and parameters gathered through, C_B or the naive
 # whole-model one (zerospec/zero_r/buffers.py)
+# secondary16: hpZ's fp16 secondary shard of each unit, held from forward to backward (zero/hpz.py)
+# grad32: DeepSpeed's ZeRO-Offload gradient partition cast to fp32 (zerospec/offload/)
 CATEGORIES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq", "gathered",
-              "activations", "checkpoints", "recomputed", "buffer", "bucket")
+              "activations", "checkpoints", "recomputed", "buffer", "bucket", "secondary16",
+              "grad32")
 ACTIVATIONS = ("activations", "checkpoints", "recomputed")
 MODEL_STATES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq")
 _KNOWN = frozenset(CATEGORIES)   # membership test on every track (each saved activation)

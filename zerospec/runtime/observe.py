@@ -112,14 +112,22 @@ class Observer(DispatchMode):
     labelled as the ledger labels its snapshots and each storage gets the ledger's category; None:
     one phase, ``"run"``, and no categories. Storages that existed before entering are not counted.
 
+    ``side="host"``: observe the rank's host memory instead — only the storages made inside
+    :func:`off_device` blocks (ZeRO-Offload's states and the host Adam's temporaries, P_a+cpu's
+    copies), categorised by the rank's host ledger (``ctx.host``); the device side skips exactly
+    those.
+
     ``record_peaks=False``: follow the storages' lives only (``current``: bytes live now), with no
     peaks, entries or written counts and no ``observation`` — for a subclass that records something
     else (:class:`~zerospec.runtime.trace.StorageTrace`), which would otherwise pay for a listing of
     every live storage at each new peak.
     """
 
-    def __init__(self, ctx=None, *, record_peaks: bool = True):
+    def __init__(self, ctx=None, *, record_peaks: bool = True, side: str = "device"):
         super().__init__()
+        if side not in ("device", "host"):
+            raise ValueError(f"side must be 'device' or 'host', got {side!r}")
+        self.host_side = side == "host"
         self.ctx = ctx
         self.record_peaks = record_peaks
         self.current = 0
@@ -144,7 +152,7 @@ class Observer(DispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._paused or getattr(_host, "depth", 0):
+        if self._paused or (getattr(_host, "depth", 0) > 0) != self.host_side:
             return func(*args, **kwargs)
         self._settle()
         label = self._phase() if self.record_peaks else None
@@ -194,7 +202,7 @@ class Observer(DispatchMode):
         peak, self._pending = self._pending, None
         if peak is None or not any(s.category is None for s in peak.live):
             return
-        ledger, late, live = self.ctx.memory, 0, []
+        ledger, late, live = self._ledger(), 0, []
         for key, s in zip(peak.keys, peak.live):
             entry = ledger.counted(key) if s.category is None and key in self._live else None
             if entry is not None:
@@ -228,8 +236,14 @@ class Observer(DispatchMode):
             if grew and self.record_peaks and not self._paused:
                 self._check_peak(self._phase())
 
+    def _ledger(self):
+        """The ledger this observer checks: the rank's device ledger, or its host ledger."""
+        if self.ctx is None:
+            return None
+        return self.ctx.host if self.host_side else self.ctx.memory
+
     def _category(self, st: torch.UntypedStorage) -> str | None:
-        ledger = self.ctx.memory if self.ctx is not None else None
+        ledger = self._ledger()
         entry = ledger.counted(st._cdata) if ledger is not None else None
         return entry[0] if entry is not None else None
 
@@ -239,7 +253,7 @@ class Observer(DispatchMode):
             self._pending = self._peaks[label] if self.ctx is not None else None
 
     def _snapshot(self, label: str) -> Peak:
-        ledger = self.ctx.memory if self.ctx is not None else None
+        ledger = self._ledger()
         rows = []
         for key, rec in self._live.items():
             if rec.nbytes:

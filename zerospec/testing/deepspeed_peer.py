@@ -35,6 +35,7 @@ from ..optim.adam import reference_optimizer
 from .oracles import GPT, OPTIMIZERS, ZerospecAdam, mean_losses, zerospec_row
 
 SETTINGS = ("default", "paper")
+OFFLOAD = "offload"   # a third setting: DeepSpeed's defaults with offload_optimizer on the CPU
 PRECISIONS = ("fp32", "bf16")
 # DeepSpeed's comms-logger names -> the Interconnect's (what each op is, whatever DeepSpeed calls it)
 DS_OPS = {"all_gather_into_tensor": "all_gather", "allgather_fn": "all_gather",
@@ -61,22 +62,31 @@ def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) ->
         raise ValueError(f"DeepSpeed peer stage must be 1, 2 or 3, got {stage!r}")
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"DeepSpeed peer precision must be one of {PRECISIONS}, got {cfg.precision!r}")
-    if settings not in SETTINGS:
-        raise ValueError(f"settings must be one of {SETTINGS}, got {settings!r}")
+    if settings not in (*SETTINGS, OFFLOAD):
+        raise ValueError(f"settings must be one of {(*SETTINGS, OFFLOAD)}, got {settings!r}")
     zero: dict = {"stage": stage}
     if stage == 3:
         zero["memory_efficient_linear"] = False   # same F.linear as zerospec (module docstring)
+        if getattr(cfg, "hpz", 1) > 1:   # ZeRO++'s hpZ (zerospec/zero/hpz.py, spec/mics.md)
+            zero["zero_hpz_partition_size"] = cfg.hpz
     if settings == "paper":
         if stage in (1, 2):
             zero["use_multi_rank_bucket_allreduce"] = False   # reduce-scatter, not all-reduce
         else:   # nothing kept whole, nothing kept gathered from forward to backward
             zero.update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0,
                         stage3_prefetch_bucket_size=0)
+    if settings == OFFLOAD:   # ZeRO-Offload: fp32 partitions and the optimizer step on the CPU
+        if stage not in (2, 3):
+            raise ValueError(f"DeepSpeed's offload_optimizer needs stage 2 or 3, got {stage!r}")
+        zero["offload_optimizer"] = {"device": "cpu"}
     # bf16: DeepSpeed casts the module to bf16 and computes in it (fp32 master weights in ZeRO)
     bf16 = {"bf16": {"enabled": True}} if cfg.precision == "bf16" else {}
     return {**bf16, "train_micro_batch_size_per_gpu": cfg.batch // cfg.n_d,
             "gradient_accumulation_steps": 1, "zero_optimization": zero,
             "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
+            # the client optimizer (zerospec's Adam arithmetic) also under offload: only the
+            # engines differ, not DeepSpeedCPUAdam's fused arithmetic
+            **({"zero_force_ds_cpu_optimizer": False} if settings == OFFLOAD else {}),
             "steps_per_print": 2**31 - 1,
             "comms_logger": {"enabled": comms, "prof_all": True, "verbose": False}}
 

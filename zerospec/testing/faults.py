@@ -34,8 +34,8 @@ def poison_last(grad: torch.Tensor) -> None:
 
 @contextlib.contextmanager
 def inject_overflow(step: int, rank: int, unit: int = 0):
-    """Inside the block, rank ``rank``'s gradient of unit ``unit`` gets an inf at step ``step``
-    (in its first micro-batch), in every run. Raises ValueError on exit if no run reached that
+    """Inside the block, rank ``rank``'s (global, on the N_d × N_m grid) gradient of unit ``unit``
+    gets an inf at step ``step`` (in its first micro-batch), in every run. Raises ValueError on exit if no run reached that
     (step, rank, unit): a hook that never fires would make its test vacuous."""
     for name, value, low in (("step", step, 1), ("rank", rank, 0), ("unit", unit, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -45,10 +45,11 @@ def inject_overflow(step: int, rank: int, unit: int = 0):
 
     def grad_written(fetcher, i: int, grad16: torch.Tensor) -> None:
         ctx = fetcher.stage.ctx
-        seen.update(step=max(seen["step"], ctx.step), rank=max(seen["rank"], ctx.rank),
+        me = getattr(ctx, "global_rank", ctx.rank)   # with N_m > 1 the stage sees its DP group
+        seen.update(step=max(seen["step"], ctx.step), rank=max(seen["rank"], me),
                     unit=max(seen["unit"], i))
         # once per run and step: a later micro-batch of the same step stays clean (G > 1)
-        if (ctx.step, ctx.rank, i) == (step, rank, unit) and done.get(fetcher) != step:
+        if (ctx.step, me, i) == (step, rank, unit) and done.get(fetcher) != step:
             done[fetcher] = step
             seen["fired"] += 1
             poison_last(grad16)
@@ -87,4 +88,46 @@ def uninitialized_memory(value: float = float("nan")):
         return t
 
     with mock.patch.object(MemoryLedger, "alloc", poisoned):
+        yield seen
+
+
+@contextlib.contextmanager
+def inject_nvme_fault(step: int, write: int = 1, errno_: int = 28, fraction: float = 0.5,
+                      kill: bool = False):
+    """Inside the block, the ``write``-th swap-file write (counted from 1) of step ``step``
+    (ctx.step of the first rank to reach it) writes ``fraction`` of its bytes, then fails with
+    OSError ``errno_`` (28: ENOSPC, the disk is full; 30: EROFS) — or, ``kill``, kills this
+    process with SIGKILL, as a crash mid-write would, leaving the ``.partial`` file half written.
+    The seam is :func:`zerospec.offload.nvme.write_bytes`; the step is read from the caller's
+    frames' ``self.ctx``. Yields a dict whose ``"fired"`` says whether it did."""
+    import inspect
+    import os
+    import signal
+
+    from ..offload import nvme
+
+    seen = {"fired": 0, "writes": 0}
+    real = nvme.write_bytes
+
+    def faulty(f, data):
+        frame = inspect.currentframe().f_back
+        ctx = None
+        while frame is not None and ctx is None:
+            me = frame.f_locals.get("self")
+            ctx = getattr(me, "ctx", None)
+            frame = frame.f_back
+        if ctx is None or ctx.step != step or seen["fired"]:
+            return real(f, data)
+        seen["writes"] += 1
+        if seen["writes"] < write:
+            return real(f, data)
+        seen["fired"] += 1
+        real(f, data[:int(len(data) * fraction)])
+        f.flush()
+        if kill:
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno_, os.strerror(errno_))
+
+    with mock.patch.object(nvme, "write_bytes", faulty):
         yield seen

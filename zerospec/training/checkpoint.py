@@ -8,7 +8,11 @@ A checkpoint is a directory, written once:
                         [start, stop) of its chunk — fp16 parameters, fp32 master, exp_avg, exp_avg_sq
 
 Padding is never written (it is a property of N, not of the model) and is re-added by the layout
-of whoever loads. A replicated state (stage 0) is written once, by rank 0. Loading checks, before
+of whoever loads. A replicated state (stage 0) is written once, by rank 0. With model parallelism
+(N_m > 1) a rank's units are its MP index's Megatron slices (zerospec/model/megatron.py): the
+checkpoint holds each MP index j's units under the names ``mp{j}/<unit>`` (:func:`unit_spec`),
+each written by that index's DP group exactly as at N_m = 1, so it reshards to any N_d — and is
+refused at another N_m (zerospec/training/resume.py). Loading checks, before
 anything is used, that the manifest parses, every listed file exists with the listed size and
 checksum, the model layout is the expected one, and the pieces cover every element of every unit
 exactly once; each failure is a :class:`CheckpointError` naming what is wrong.
@@ -25,6 +29,7 @@ process group for DCP's coordinator, and this format is the same whichever engin
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -35,6 +40,7 @@ import shutil
 
 import torch
 
+from ..model import megatron
 from ..model.units import make_units
 
 FORMAT, VERSION = "zerospec-checkpoint", 1
@@ -44,6 +50,18 @@ MANIFEST = "manifest.json"
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded as asked; the message names the file and the problem."""
+
+
+def unit_spec(model, n_m: int = 1) -> list:
+    """The units a checkpoint of an N_d × N_m run holds: the model's (N_m = 1), or each MP index
+    j's slices of them, named ``mp{j}/<unit>`` (all N_m slices have the same shapes)."""
+    one = [(n, [(p, tuple(s)) for p, s in ps]) for n, ps in model.unit_spec(n_m)]
+    return one if n_m == 1 else [(mp_prefix(n_m, j) + n, ps) for j in range(n_m) for n, ps in one]
+
+
+def mp_prefix(n_m: int, j: int) -> str:
+    """How MP index j's unit names start in a checkpoint: ``mp{j}/``, nothing at N_m = 1."""
+    return "" if n_m == 1 else f"mp{j}/"
 
 
 def rank_file(rank: int) -> str:
@@ -76,17 +94,27 @@ class TrainState:
         out[:t.numel()] = t
         return out
 
-    def restore(self, stage) -> None:
-        """Copy this state into a freshly built stage: each rank takes its owned slices."""
+    def restore(self, stage, mp_index: int = 0) -> None:
+        """Copy this state into a freshly built stage: each rank takes its owned slices (with
+        N_m > 1, of MP index ``mp_index``'s units)."""
         if self.meta["precision"] != stage.precision.name:
             raise CheckpointError(f"checkpoint holds {self.meta['precision']} training state; the "
                                   f"run asks for precision={stage.precision.name!r}")
+        first = mp_index * len(stage.units)       # MP index j's units follow j − 1's
+        prefix = mp_prefix(self.meta.get("n_m", 1), mp_index)
+        names = [n for n, _ in self.spec[first:first + len(stage.units)]]
+        if names != [prefix + u.name for u in stage.units]:
+            raise CheckpointError(f"the state's units {names} are not MP index {mp_index}'s "
+                                  f"{[prefix + u.name for u in stage.units]}")
+        with _held(stage, write=True):   # NVMe-offloaded states: read, restored, written back
+            for i, u in enumerate(stage.units):
+                own = stage.owned_slice(u)
+                for kind, dst in (("master", stage.master), ("exp_avg", stage.exp_avg),
+                                  ("exp_avg_sq", stage.exp_avg_sq)):
+                    dst[i].copy_(self.padded(kind, first + i, u)[own])
         for i, u in enumerate(stage.units):
             own = stage.owned_slice(u)
-            for kind, dst in (("master", stage.master), ("exp_avg", stage.exp_avg),
-                              ("exp_avg_sq", stage.exp_avg_sq)):
-                dst[i].copy_(self.padded(kind, i, u)[own])
-            p16 = self.padded("param16", i, u)
+            p16 = self.padded("param16", first + i, u)
             stage.param16[i].copy_(p16 if stage.param16[i].numel() == u.padded else p16[own])
 
 
@@ -103,10 +131,23 @@ class Checkpoint(TrainState):
 
 
 # -- what a rank owns ------------------------------------------------------------------------------
-def rank_pieces(stage) -> dict[str, dict]:
-    """unit name → {start, stop, kind: tensor} for the real elements this rank writes (copies)."""
+def _held(stage, write: bool = False):
+    """The stage's optimizer states in memory for a block: NVMe-offloaded ones are read from
+    their files (and written back if ``write``; zerospec/offload/); others are there already."""
+    hold = getattr(stage, "hold_states", None)
+    return hold(write) if hold is not None else contextlib.nullcontext()
+
+
+def rank_pieces(stage, prefix: str = "") -> dict[str, dict]:
+    """unit name → {start, stop, kind: tensor} for the real elements this rank writes (copies);
+    ``prefix``: the rank's MP index's (:func:`mp_prefix`)."""
     if stage.stage == 0 and stage.ctx.rank != 0:
         return {}                          # replicated: rank 0 writes it once
+    with _held(stage):
+        return _rank_pieces(stage, prefix)
+
+
+def _rank_pieces(stage, prefix: str) -> dict[str, dict]:
     out = {}
     for i, u in enumerate(stage.units):
         own = stage.owned_slice(u)
@@ -116,7 +157,7 @@ def rank_pieces(stage) -> dict[str, dict]:
         n = stop - start                   # owned tensors start at own.start: their [:n] is real
         full = stage.param16[i].numel() == u.padded  # stages 0-2 replicate the fp16 parameters
         p16 = stage.param16[i][start:stop] if full else stage.param16[i][:n]
-        out[u.name] = {"start": start, "stop": stop, "param16": p16.detach().clone(),
+        out[prefix + u.name] = {"start": start, "stop": stop, "param16": p16.detach().clone(),
                        **{k: t[i][:n].detach().clone() for k, t in
                           (("master", stage.master), ("exp_avg", stage.exp_avg),
                            ("exp_avg_sq", stage.exp_avg_sq))}}
@@ -192,32 +233,37 @@ def _commit(tmp: pathlib.Path, path: pathlib.Path, meta: dict, spec, ranks: list
         os.close(fd)
 
 
-def save_from_rank(ctx, stage, path, spec, meta: dict) -> None:
-    """Called on every rank after a step: write my shard, rank 0 publishes (two barriers)."""
+def save_from_rank(ctx, stage, path, spec, meta: dict, n_m: int = 1) -> None:
+    """Called on every rank after a step: write my shard, rank 0 publishes (two barriers).
+    ``ctx``: the rank's own (the barriers span the whole N_d × N_m grid); ``stage``: its DP
+    group's; ``n_m``: the MP degree (ranks are numbered dp_index · N_m + mp_index)."""
     path = pathlib.Path(path)
     with ctx.phase("checkpoint"):
         if ctx.rank == 0:
             _begin(path)
         ctx.comm.barrier()                 # the partial directory exists and is empty
-        pieces = rank_pieces(stage)
+        pieces = rank_pieces(stage, mp_prefix(n_m, ctx.rank % n_m))
         if pieces:
             write_file(partial_dir(path) / rank_file(ctx.rank), _serialize(pieces))
         # every rank's file is on disk; rank 0 learns which ranks wrote from the layout
         ctx.comm.barrier()
         if ctx.rank == 0:
-            ranks = [(r, _layout_pieces(stage, r)) for r in range(ctx.n_ranks)]
+            ranks = [(r, _layout_pieces(stage, r, n_m)) for r in range(ctx.n_ranks)]
             _commit(partial_dir(path), path, meta, spec, [(r, p) for r, p in ranks if p])
 
 
-def _layout_pieces(stage, rank: int) -> dict[str, dict]:
-    """The ranges ``rank`` wrote (same rule as :func:`rank_pieces`, without the tensors)."""
+def _layout_pieces(stage, rank: int, n_m: int = 1) -> dict[str, dict]:
+    """The ranges global rank ``rank`` wrote (same rule as :func:`rank_pieces`, without the
+    tensors): its DP index's shard of its MP index's units."""
+    dp, j = divmod(rank, n_m)
+    prefix = mp_prefix(n_m, j)
     if stage.stage == 0:
-        return {u.name: {"start": 0, "stop": u.numel} for u in stage.units} if rank == 0 else {}
+        return {prefix + u.name: {"start": 0, "stop": u.numel} for u in stage.units} if dp == 0 else {}
     out = {}
     for u in stage.units:
-        s = u.shard(rank)
+        s = u.shard(dp)
         if min(s.stop, u.numel) > s.start:
-            out[u.name] = {"start": s.start, "stop": min(s.stop, u.numel)}
+            out[prefix + u.name] = {"start": s.start, "stop": min(s.stop, u.numel)}
     return out
 
 
@@ -282,8 +328,8 @@ def _read_rank_file(path: pathlib.Path, entry: dict) -> dict:
     return pieces
 
 
-def _check_model(path, spec, model) -> None:
-    want = [(n, [(p, tuple(s)) for p, s in ps]) for n, ps in model.unit_spec()]
+def _check_model(path, spec, model, n_m: int = 1) -> None:
+    want = unit_spec(model, n_m)
     if spec == want:
         return
     for (n1, p1), (n2, p2) in zip(spec, want):
@@ -306,23 +352,33 @@ def load(path, n_ranks: int | None = None, *, model=None) -> Checkpoint:
         raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
     spec = [(n, [(p, tuple(s)) for p, s in ps]) for n, ps in m["model"]]
     if model is not None:
-        _check_model(path, spec, model)
+        _check_model(path, spec, model, m.get("n_m", 1))
     pieces = {e["name"]: _read_rank_file(path, e) for e in m["files"]}
     meta = {k: v for k, v in m.items() if k not in ("format", "version", "model", "files")}
     st = assemble(spec, meta, pieces, where=f"checkpoint {path}")
     return Checkpoint(st.spec, st.tensors, st.meta, n_ranks=n_ranks)
 
 
-def consolidate(path) -> dict[str, torch.Tensor]:
-    """Full fp32 weights ("unit/param" → tensor) from a sharded checkpoint: the export format."""
-    st = load(path)
-    out = {}
-    for u, w in zip(st.units(1), st.tensors["master"]):
+def consolidate(path, model=None) -> dict[str, torch.Tensor]:
+    """Full fp32 weights ("unit/param" → tensor) from a sharded checkpoint: the export format.
+    A checkpoint written with N_m > 1 needs ``model`` (its GPTConfig) to put Megatron's slices
+    back together (zerospec/model/megatron.py)."""
+    st = load(path, model=model)
+    n_m = st.meta.get("n_m", 1)
+    if n_m > 1 and model is None:
+        raise CheckpointError(f"checkpoint {path} holds n_m={n_m} model-parallel slices: "
+                              f"consolidate(path, model=...) needs the model to join them")
+    units = st.units(1)
+    per_index = len(units) // n_m             # MP index j's units follow j − 1's (unit_spec)
+    parts = [{} for _ in range(n_m)]
+    for k, (u, w) in enumerate(zip(units, st.tensors["master"])):
+        j = k // per_index
+        unit = u.name.removeprefix(mp_prefix(n_m, j))
         for name, t in u.views(w).items():
-            out[f"{u.name}/{name}"] = t.clone()
-    return out
+            parts[j][f"{unit}/{name}"] = t.clone()
+    return parts[0] if n_m == 1 else megatron.unshard(model, parts)
 
 
-def export(path, out_file) -> None:
+def export(path, out_file, model=None) -> None:
     """Write :func:`consolidate`'s dict with ``torch.save`` (one file, no ZeRO needed to read it)."""
-    torch.save(consolidate(path), out_file)
+    torch.save(consolidate(path, model), out_file)

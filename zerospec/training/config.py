@@ -14,8 +14,10 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision, policy
 from ..zero import STAGES, ZERO1_COMM
+from ..zero import hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
+from ..offload import check as check_offload
 
 DEVICES = ("cpu", "meta")
 
@@ -50,6 +52,21 @@ class TrainConfig:
     # DeepSpeed's ZeRO-3 settings (zero/ds3.py); 0, 0: the paper's P_os+g+p
     stage3_persistence_threshold: int = 0     # units of at most this many elements stay whole
     stage3_max_reuse_distance: int = 0        # keep gathered from forward to backward within this
+    # nodes and ZeRO++'s hpZ (spec/nodes.md, zero/hpz.py): None = one node; hpz 1 = off
+    gpus_per_node: int | None = None          # rank r sits on node r // gpus_per_node
+    hpz: int = 1                              # zero_hpz_partition_size h: backward gathers in-node
+    # ZeRO-Offload (zerospec/offload/, spec/offload.md); None: everything on the device
+    offload_optimizer: str | None = None      # "cpu" | "nvme": fp32 states and Adam on the host
+    offload_mode: str = "paper"               # "paper": fp16 grads down; "deepspeed": fp32 down
+    offload_params: str | None = None         # "cpu": ZeRO-Infinity's fp16 parameters on the host
+    nvme_path: str | None = None              # the NVMe tier's directory (None: a temporary one)
+    dpu: int = 0                              # delayed parameter update from step N (0: off, B8)
+    # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p
+    shard_group: int | None = None            # p; None: shard over all N_d ranks (p = N_d)
+    # ZeRO++'s quantized collectives (zero/zeropp.py, spec/zeropp.md); off: stage 3 unchanged
+    qwz: bool = False                         # zero_quantized_weights: int8 weight all-gathers
+    qgz: bool = False                         # zero_quantized_gradients: int4 all-to-all reduce
+    quant_group_size: int | None = None       # elements per scale; None: DeepSpeed's choice
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -77,6 +94,10 @@ class TrainConfig:
         gpt.check_mp(self.model, self.n_m)
         check_config(self)
         check_zero_r(self)
+        hpz.check(self)
+        check_offload(self)
+        mics.check(self)
+        zeropp.check(self)
 
     @property
     def n_ranks(self) -> int:
@@ -105,8 +126,13 @@ class TrainConfig:
     def label(self) -> str:
         return STAGES[self.stage].label
 
+    @property
+    def shard_size(self) -> int:
+        """The ranks the model states are sharded over: p with MiCS, else N_d."""
+        return self.n_d if self.shard_group is None else self.shard_group
+
     def units(self) -> tuple[Unit, ...]:
-        return self.model.units(self.n_d, pad=STAGES[self.stage].pad, n_m=self.n_m)
+        return self.model.units(self.shard_size, pad=STAGES[self.stage].pad, n_m=self.n_m)
 
 
 def check_config(cfg) -> None:
@@ -151,7 +177,3 @@ def check_zero_r(cfg) -> None:
     if cfg.cpu_checkpointing and not cfg.partition_activations:
         raise ValueError("cpu_checkpointing (P_a+cpu) moves the partitioned checkpoints to host "
                          "memory: it needs partition_activations=True")
-    if cfg.n_m > 1 and (cfg.loss_scale is not None or cfg.clip_grad_norm is not None):
-        raise ValueError(f"loss scaling and clipping are not supported with model parallelism yet "
-                         f"(n_m={cfg.n_m}): their overflow vote and global norm would need the "
-                         f"MP group too; use n_m=1")

@@ -28,7 +28,8 @@ class Result(Sized):
     ranks: list[RankOutput]
     wall_seconds: float
     timelines: list[list[tuple[int, str, str, float]]]  # per rank: (step, phase, kind, seconds)
-    host: list[MemoryLedger] = dataclasses.field(default_factory=list)  # per rank (P_a+cpu)
+    host: list[MemoryLedger] = dataclasses.field(default_factory=list)  # per rank (P_a+cpu, offload)
+    nvme: list[MemoryLedger] = dataclasses.field(default_factory=list)  # per rank (offload's swap files)
 
     @property
     def psi_held(self) -> int:
@@ -70,7 +71,8 @@ class Result(Sized):
         """The final training state, unsharded (needs ``train(..., keep_state=True)``)."""
         if any(o.state is None for o in self.ranks):
             raise ValueError("this run kept no state: call train(cfg, keep_state=True)")
-        return checkpoint.assemble(self.config.model.unit_spec(), self.ranks[0].state["meta"],
+        return checkpoint.assemble(checkpoint.unit_spec(self.config.model, self.config.n_m),
+                                   self.ranks[0].state["meta"],
                                    {f"rank {r}": o.state["pieces"] for r, o in enumerate(self.ranks)},
                                    where="run state")
 

@@ -10,6 +10,7 @@ import torch
 
 from ..cluster.processes import launch, new_context
 from ..cluster.threads import VirtualCluster
+from ..comm.groups import Nodes
 from ..comm.ledger import CommLedger
 from ..model import gpt, megatron
 from ..model.data import BigramData
@@ -55,11 +56,15 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     cfg.steps``; ``save={step: dir}`` writes a sharded checkpoint after those steps;
     ``keep_state`` keeps the final state for ``Result.state()``."""
     units = cfg.units()
-    cluster = cluster or VirtualCluster(cfg.n_ranks, device=cfg.device, timeout=cfg.timeout)
+    cluster = cluster or VirtualCluster(cfg.n_ranks, device=cfg.device, timeout=cfg.timeout,
+                                        gpus_per_node=cfg.gpus_per_node)
     if cluster.n_ranks != cfg.n_ranks:
         raise ValueError(f"cluster has {cluster.n_ranks} ranks but config says "
                          f"n_d × n_m = {cfg.n_d} × {cfg.n_m} = {cfg.n_ranks}")
-    check_mp_state(cfg, resume, save, keep_state)
+    if cluster.gpus_per_node != cfg.gpus_per_node:
+        raise ValueError(f"cluster has gpus_per_node={cluster.gpus_per_node} but config says "
+                         f"gpus_per_node={cfg.gpus_per_node}")
+    _no_mics_checkpoints(cfg, resume, save, keep_state)
     if resume is not None:
         resume_check(cfg, resume)
     init, batches = initial_weights(cfg, units), make_batches(cfg)
@@ -69,7 +74,17 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     result = build_result(cfg, outs, cluster.memory, cluster.comm_ledger, wall,
                           [ctx.timeline.events for ctx in cluster.contexts])
     result.host = [ctx.host for ctx in cluster.contexts]
+    result.nvme = [ctx.nvme for ctx in cluster.contexts]
     return result
+
+
+def _no_mics_checkpoints(cfg: TrainConfig, resume, save, keep_state: bool = False) -> None:
+    """MiCS's replicas hold the same shards, which the checkpoint layout (one owner per slice)
+    does not model: refused before any rank starts."""
+    if cfg.shard_group is not None and (resume is not None or save or keep_state):
+        raise ValueError(f"shard_group={cfg.shard_group}: checkpoints of a MiCS run are not "
+                         f"modelled (its replicas hold the same shards); save, resume and "
+                         f"keep_state need shard_group=None")
 
 
 # -- training on processes ------------------------------------------------------------------------
@@ -81,24 +96,26 @@ def train_rank(ctx, cfgs, resume=None, save=None) -> list[dict]:
             raise ValueError(f"config n_d × n_m = {cfg.n_d} × {cfg.n_m} but the process group has "
                              f"{ctx.n_ranks} ranks")
         ctx = ctx if k == 0 else new_context()
+        ctx.comm.ledger.nodes = Nodes(cfg.n_ranks, cfg.gpus_per_node)   # links of its bookings
         units = cfg.units()
         t0 = time.perf_counter()
         out = rank_main(ctx, cfg, units, initial_weights(cfg, units), make_batches(cfg),
                         resume=resume, save=save)
         outs.append({"out": out, "records": ctx.comm.ledger.records(ctx.rank), "memory": ctx.memory,
-                     "host": ctx.host,
+                     "host": ctx.host, "nvme": ctx.nvme,
                      "timeline": ctx.timeline.events, "seconds": time.perf_counter() - t0})
     return outs
 
 
 def assemble(cfg: TrainConfig, per_rank: list[dict]) -> Result:
     """The Result of a run on processes, from what each rank's :func:`train_rank` returned."""
-    comm = CommLedger(cfg.n_ranks)
+    comm = CommLedger(cfg.n_ranks, cfg.gpus_per_node)
     for r, x in enumerate(per_rank):   # each process booked only its own rank's records
         comm.adopt(r, x["records"])
     result = build_result(cfg, [x["out"] for x in per_rank], [x["memory"] for x in per_rank], comm,
                           max(x["seconds"] for x in per_rank), [x["timeline"] for x in per_rank])
     result.host = [x["host"] for x in per_rank]
+    result.nvme = [x["nvme"] for x in per_rank]
     return result
 
 
@@ -113,9 +130,9 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
     if not cfgs or len({c.n_ranks for c in cfgs}) != 1:
         raise ValueError(f"configs must share one number of ranks n_d × n_m, got "
                          f"{[c.n_ranks for c in cfgs]}")
-    check_mp_state(cfgs[0], resume, save, False)
     if (resume is not None or save) and len(cfgs) != 1:
         raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
+    _no_mics_checkpoints(cfgs[0], resume, save)
     if resume is not None:
         resume_check(cfgs[0], resume)     # here, not in every process: one clear error
     if any(c.device != "cpu" for c in cfgs):
@@ -128,9 +145,3 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
                for k, cfg in enumerate(cfgs)]
     return results[0] if single else results
 
-
-def check_mp_state(cfg: TrainConfig, resume, save, keep_state) -> None:
-    """Checkpoints hold one model replica's units: not yet written or read with N_m > 1."""
-    if cfg.n_m > 1 and (resume is not None or save or keep_state):
-        raise ValueError(f"checkpoints (resume, save, keep_state) are not supported with model "
-                         f"parallelism yet (n_m={cfg.n_m}); use n_m=1")

@@ -35,7 +35,7 @@ import dataclasses
 import time
 
 from ..runtime.context import RankContext
-from ..comm.groups import Grid
+from ..comm.groups import Grid, Nodes, global_group, hpz_group, local_group, replica_group, shard_group
 from ..comm.interconnect import Interconnect
 from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
@@ -96,7 +96,7 @@ class ScaleResult(Sized):
         equal slices, so runs the same)."""
         if not 0 <= rank < self.config.n_ranks:
             raise ValueError(f"rank must be in 0..{self.config.n_ranks - 1}, got {rank}")
-        d = self.grid.dp_index(rank)
+        d = self.grid.dp_index(rank) % self.config.shard_size   # MiCS: its place in its group
         return next(c for c in self.classes if d in c.ranks)
 
     def model_states(self, rank: int = 0) -> int:
@@ -113,13 +113,22 @@ class ScaleResult(Sized):
         """The N-rank ledger with the given ranks' collectives booked (all ranks by default)."""
         if ranks is None and self._comm is not None:
             return self._comm
-        grid = self.grid
-        ledger = CommLedger(grid.n_ranks)
+        grid, cfg = self.grid, self.config
+        ledger = CommLedger(grid.n_ranks, cfg.gpus_per_node)
+        g = Nodes(grid.n_ranks, cfg.gpus_per_node).per_node
         for r in range(grid.n_ranks) if ranks is None else ranks:
-            where = {"world": r, "dp": grid.dp_index(r), "mp": grid.mp_index(r), "host": 0}
+            rings = {"world": tuple(range(grid.n_ranks)), "dp": grid.dp_group(r).ranks,
+                     "mp": grid.mp_group(r).ranks, "host": (r,),
+                     "hpz": hpz_group(r, cfg.hpz).ranks, "local": local_group(r, g).ranks,
+                     "global": global_group(r, g, grid.n_ranks).ranks}
+            if cfg.shard_group is not None:   # MiCS (zero/mics.py)
+                rings |= {"shard": shard_group(r, cfg.shard_group).ranks,
+                          "replica": replica_group(r, cfg.shard_group, grid.n_ranks).ranks}
             for op, dtype, numel, phase, step, src, group, n in self.rank_class(r).trace:
+                ring = rings[group]
+                k = ring.index(r)
                 ledger.book(r, op, dtype, numel, phase, step, src=src, group=group, n=n,
-                            index=where[group])
+                            index=0 if group == "host" else k, peer=ring[(k + 1) % len(ring)])
         if ranks is None:
             self._comm = ledger
         return ledger
@@ -153,7 +162,9 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             partition_activations: bool = False, cpu_checkpointing: bool = False,
             contiguous_checkpoints: bool = False, contiguous_gradients: bool = False,
             stage3_persistence_threshold: int = 0, stage3_max_reuse_distance: int = 0,
-            trace: bool = False) -> ScaleResult:
+            trace: bool = False, gpus_per_node: int | None = None, hpz: int = 1,
+            shard_group: int | None = None, qwz: bool = False, qgz: bool = False,
+            quant_group_size: int | None = None) -> ScaleResult:
     """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
 
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
@@ -169,6 +180,10 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     ``trace``: record each class's allocation trace for the caching allocator model
     (zerospec/runtime/trace.py; fragmentation, C30, C37): ``RankClass.allocations``, every
     storage (:class:`~zerospec.runtime.trace.StorageTrace`), and ``memory.trace``, the ledger's.
+    ``gpus_per_node``, ``hpz``: nodes and ZeRO++'s hpZ, as in TrainConfig (spec/nodes.md).
+    ``shard_group``: MiCS's partition group size p, as in TrainConfig (spec/mics.md); the ranks
+    of the first partition group stand for every replica.
+    ``qwz``, ``qgz``, ``quant_group_size``: ZeRO++'s quantized collectives (spec/zeropp.md).
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
@@ -182,14 +197,16 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
                       contiguous_checkpoints=contiguous_checkpoints,
                       contiguous_gradients=contiguous_gradients,
                       stage3_persistence_threshold=stage3_persistence_threshold,
-                      stage3_max_reuse_distance=stage3_max_reuse_distance)
+                      stage3_max_reuse_distance=stage3_max_reuse_distance,
+                      gpus_per_node=gpus_per_node, hpz=hpz, shard_group=shard_group, qwz=qwz,
+                      qgz=qgz, quant_group_size=quant_group_size)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
-    ledger, backend = CommLedger(cfg.n_ranks), MetaBackend(cfg.n_ranks)
+    ledger, backend = CommLedger(cfg.n_ranks, gpus_per_node), MetaBackend(cfg.n_ranks)
     t0 = time.perf_counter()
     classes = []
     with MetaKernelCache() if cache_kernels else contextlib.nullcontext():
-        for ranks in rank_classes(units, n_d, partitioned=units[0].pad):
+        for ranks in rank_classes(units, cfg.shard_size, partitioned=units[0].pad):
             r = ranks[0] * n_m                 # the DP index's MP rank 0
             make = _SetupOnlyContext if setup_only else RankContext
             ctx = make(r, cfg.n_ranks, MemoryLedger("meta", trace=trace), None)

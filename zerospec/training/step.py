@@ -23,11 +23,16 @@ from . import checkpoint
 from ..model import gpt
 from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
-from ..optim.update import Updater
+from ..optim.update import Reach, StepReport, Updater
+from ..offload import with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
+from ..zero.hpz import with_hpz
+from ..zero.mics import with_mics
+from ..zero.zeropp import with_zeropp
 from ..zero.fetch import ParamFetcher
-from ..comm.groups import Grid
+from ..comm.groups import Grid, mics_groups, replica_group, shard_group
+from ..model import megatron
 from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
 from ..runtime.opcount import OpCounter
@@ -107,10 +112,11 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
             kwargs["grad_buffer"] = GradientSlot(ctx.memory, units, cfg.policy.dtype)
         stage = cls(dp_ctx, units, init, cfg.adam, cfg.policy, **kwargs)
         if resume is not None:
-            resume.restore(stage)
+            resume.restore(stage, mp.index if mp is not None else 0)   # this MP index's slices
     meta = resume.meta if resume is not None else {}
     scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
-    updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0))
+    reach = mp and Reach.model_parallel(stage, ctx.comm, mp.comm, mp.index, megatron.replicated)
+    updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0), reach)
     master, model_states = stage.owned_master(), ctx.memory.model_states()
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
     blocks = block_runner(cfg.checkpoint_activations, fetcher, mp, keep)   # zero_r/
@@ -121,11 +127,23 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
 def _groups(ctx, cfg: TrainConfig, init):
     """The context the stage sees (its DP group's view with N_m > 1), the MP group (None without
     MP) and this rank's initial weights (its MP index's); see :func:`rank_main`."""
+    if cfg.shard_group is not None:   # MiCS: the stage sees its partition group (zero/mics.py)
+        return _mics_view(ctx, cfg.shard_group), None, init
     if cfg.n_m == 1:
         return ctx, None, init
     grid = Grid(cfg.n_d, cfg.n_m)
     dp_comm, mp_comm = ctx.comm.split(grid)
     return GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+
+
+def _mics_view(ctx, p: int) -> GroupView:
+    """The rank seen through its partition group, with its replication group's interconnect."""
+    make = getattr(ctx.comm.backend, "new_groups", None)
+    if make is not None:   # torch.distributed: every process makes every group, in order
+        make(mics_groups(ctx.n_ranks, p))
+    view = GroupView(ctx, ctx.comm.subgroup(shard_group(ctx.rank, p)))
+    view.replicas = ctx.comm.subgroup(replica_group(ctx.rank, p, ctx.n_ranks))
+    return view
 
 
 def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
@@ -151,6 +169,18 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                   if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
+    if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
+        cls = with_zeropp(cls)
+        kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
+                      gpus_per_node=cfg.gpus_per_node)
+    if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
+        cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
+    if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
+        cls = with_offload(cls, params=cfg.offload_params is not None)
+        kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
+                      nvme_path=cfg.nvme_path)
+    if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
+        cls = with_mics(cls)
     return cls, kwargs
 
 
@@ -165,6 +195,9 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     With N_m > 1 the rank sits on the N_d × N_m grid (comm/groups.py): the ZeRO stage sees its
     DP group only (a :class:`GroupView`: same stage code, sharding over N_d), the model its MP
     group (Megatron's operators), and both MP ranks of a replica read the same micro-batch."""
+    if save and cfg.dpu and max(save) >= cfg.dpu:
+        raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
+                         f"miss the gradient whose update is still pending (spec/offload.md)")
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
     out.step_end.append(time.perf_counter())
@@ -173,12 +206,15 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         idx, tgt = (b.to(ctx.device) for b in batches[step - 1])
         train_step(rank, cfg, idx, tgt, out)
         if save and step in save:
-            checkpoint.save_from_rank(ctx, rank.stage, save[step], cfg.model.unit_spec(),
-                                      resume_meta(cfg, step, rank.updater))
+            checkpoint.save_from_rank(ctx, rank.stage, save[step],
+                                      checkpoint.unit_spec(cfg.model, cfg.n_m),
+                                      resume_meta(cfg, step, rank.updater), cfg.n_m)
         if on_step is not None:
             on_step(step, rank.stage)
+    out.master = rank.stage.owned_master()   # the same tensors, or (NVMe) read from their files
     if keep_state:
-        out.state = {"pieces": checkpoint.rank_pieces(rank.stage),
+        out.state = {"pieces": checkpoint.rank_pieces(rank.stage, checkpoint.mp_prefix(
+                         cfg.n_m, Grid(cfg.n_d, cfg.n_m).mp_index(ctx.rank))),
                      "meta": resume_meta(cfg, ctx.step, rank.updater)}
     return out
 
@@ -187,11 +223,16 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
                out: RankOutput) -> None:
     """One step on the global batch ``idx`` → ``tgt``, in PHASES order: forward and backward of
     each of the G micro-batches, then grad_sync, step and param_sync; its results go to ``out``."""
-    stage, fetcher, G, r = rank.stage, rank.fetcher, cfg.grad_accum_steps, rank.dp_ctx.rank
+    # r: the rank's DP index (rank = dp_index · N_m + mp_index), whichever group its stage sees
+    stage, fetcher, G, r = rank.stage, rank.fetcher, cfg.grad_accum_steps, rank.ctx.rank // cfg.n_m
     phase = functools.partial(_timed, rank.ctx, out.seconds)
     stage.zero_grad()
     flops, micro = {"forward": 0, "backward": 0}, []
     ops = {"forward": Counter(), "backward": Counter()}
+    delayed = cfg.dpu and rank.ctx.step > cfg.dpu   # B8: the pending update, before FWD-BWD
+    if delayed:   # on a GPU the host runs it while FWD-BWD use the parameters it has not updated
+        with phase("step"):
+            report = rank.updater.step()
     for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
         fetcher.begin_step()
         fetcher.grad_scale = rank.updater.scale
@@ -209,8 +250,11 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
         micro.append(loss.detach())
     with phase("grad_sync"):
         stage.reduce_gradients()
-    with phase("step"):
-        report = rank.updater.step()
+    if cfg.dpu and rank.ctx.step == cfg.dpu:   # B8's step N: gradients down, the update waits
+        report = StepReport(True, rank.updater.scale, None, deferred=True)
+    elif not delayed:
+        with phase("step"):
+            report = rank.updater.step()
     with phase("param_sync"):
         if not report.skipped:   # skipped: the parameters did not change
             stage.sync_params()

@@ -169,6 +169,7 @@ class ParamFetcher:
         if missing:
             raise RuntimeError(f"units without a complete gradient after backward: {missing}")
         self.saved.release_unconsumed()
+        self.stage.end_backward()
 
 
 class _UnitViews(torch.autograd.Function):

@@ -102,6 +102,9 @@ class DataParallel:
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         """Unit i's local gradient is complete: kept until the synchronisation after backward."""
 
+    def end_backward(self) -> None:
+        """Backward is over: free what was held for it alone (hpZ's secondary shards, zero/hpz.py)."""
+
     def zero_grad(self) -> None:
         """Start a step: nothing to clear while each backward overwrites the gradient buffers
         (accumulating stages, zerospec/zero/exact.py, zero their sums here)."""
@@ -125,11 +128,22 @@ class DataParallel:
                         step, self.adam, grad_mul)
             self.optim_elements += self.master[i].numel()
 
+    @property
+    def master_apart(self) -> bool:
+        """Whether the fp32 masters are a copy apart from the parameters, which sync_params
+        refreshes from them: in mixed precision, and wherever ZeRO-Offload keeps them (the host)."""
+        return self.precision.master
+
     def sync_params(self) -> None:
         """Refresh the fp16 parameters from the updated masters."""
-        if self.precision.master:
+        if self.master_apart:
             for i in range(len(self.units)):
-                self._param_chunk(i).copy_(self.master[i])
+                self._param_up(i)
+
+    def _param_up(self, i: int) -> None:
+        """Unit i's fp16 chunk from its master (ZeRO-Offload copies it up from the host instead,
+        zerospec/offload/optimizer.py)."""
+        self._param_chunk(i).copy_(self.master[i])
 
     # -- results -------------------------------------------------------------------------------
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]:

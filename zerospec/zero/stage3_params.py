@@ -41,6 +41,6 @@ class Parameters(Gradients):
 
     def sync_params(self) -> None:
         """Refresh my fp16 chunk only; the next forward gathers what it needs."""
-        if self.precision.master:
+        if self.master_apart:
             for i in range(len(self.units)):
-                self.param16[i].copy_(self.master[i])
+                self._param_up(i)

@@ -164,7 +164,7 @@ def test_explain_json_has_the_three_tables(capsys):
 
 
 @pytest.mark.parametrize("argv,named", [
-    (("plan", "--explain", "--gpus", "8", "--stage", "3"), "--explain needs --preset"),
+    (("plan", "--explain", "--gpus", "8", "--stage", "3"), "--explain needs one model: --preset NAME"),
     (("plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8"), "--explain needs --stage"),
     (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "1,3"), "give one --stage"),
     (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--seq", "9000"),
@@ -172,8 +172,18 @@ def test_explain_json_has_the_three_tables(capsys):
     (("plan", "--seq", "1024"), "add --explain"),
     (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--table1"),
      "does not take --table1"),
+    (("plan", "--explain", "--preset", "llama-4", "--stage", "3"),
+     "invalid choice: 'llama-4' (choose from '1.5B', '7.5B', '128B', '1T', 't4-1.5B-48x1600'"),
+    (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--gpus", "24", "--mp", "3"),
+     "n_m=3 must divide n_head=32"),
+    (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--gpus", "12", "--mp", "8"),
+     "--gpus 12 must be a multiple of --mp 8"),
+    (("plan", "--explain", "--preset", "llama-3-8b", "--stage", "3", "--preset", "1.5B",
+      "--hf-config", "nowhere.json"), "cannot read Hugging Face config 'nowhere.json'"),
+    (("plan", "--out", "x"), "add --explain"),
 ], ids=["no-preset", "no-stage", "two-stages", "seq-past-context", "seq-without-explain",
-        "with-table1"])
+        "with-table1", "unknown-preset", "mp-not-dividing-heads", "gpus-not-multiple-of-mp",
+        "hf-config-unreadable", "out-without-explain"])
 def test_explain_bad_input_is_one_line_exit_2(capsys, argv, named):
     """Bad --explain input: exit 2, one line naming what is wrong."""
     assert_usage_error(capsys, *argv, named=named)

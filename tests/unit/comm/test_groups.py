@@ -91,7 +91,6 @@ def test_a_rank_that_returns_fails_only_the_groups_it_belongs_to():
     (dict(n_m=2, partition_activations=True), "needs n_m >= 2 and checkpoint_activations >= 1"),
     (dict(checkpoint_activations=1, partition_activations=True), "got n_m=1"),
     (dict(n_m=2, checkpoint_activations=1, cpu_checkpointing=True), "needs partition_activations=True"),
-    (dict(n_m=2, clip_grad_norm=1.0), "not supported with model parallelism yet"),
 ])
 def test_model_parallel_configs_that_cannot_run_are_refused_naming_the_values(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -134,6 +133,23 @@ def test_zerospec_train_mp_flags_reach_the_run_and_its_table(capsys):
                          "--partition-activations", "--cpu-checkpointing")
     assert rc == 0 and "N_d = 2 × N_m = 2" in out and "P_a+cpu" in out
     assert "| MP elements | host link bytes |" in out and "checkpoints: 0 B on the device" in out
+
+
+def test_zerospec_train_mp_with_loss_scaling_and_clipping_runs_and_prints_their_columns(capsys):
+    """`--ranks 4 --mp 2 --loss-scale 1024 --clip-grad-norm 0.5`: train()'s run on the 2 × 2
+    grid, with the scale, skipped and norm columns; a bad combination is one line, exit 2."""
+    from tests.support.cli import assert_usage_error, run_cli
+    from zerospec.optim.loss_scale import LossScale
+    from zerospec.training.run import train
+    rc, out, _ = run_cli(capsys, "train", "--ranks", "4", "--mp", "2", "--steps", "1", "--model",
+                         "small", "--loss-scale", "1024", "--clip-grad-norm", "0.5")
+    assert rc == 0 and "N_d = 2 × N_m = 2" in out and "| loss scale | skipped | grad norm |" in out
+    r = train(TrainConfig(stage=3, n_d=2, n_m=2, steps=1, loss_scale=LossScale(1024.0),
+                          clip_grad_norm=0.5))
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 ")]
+    assert len(rows) == 1 and [float(x[-1]) for x in rows] == [float(f"{n:.6g}") for n in r.grad_norms]
+    assert_usage_error(capsys, "train", "--ranks", "4", "--mp", "2", "--grad-accum", "2",
+                       "--precision", "bf16", "--clip-grad-norm", "0.5", named="need precision='fp16', got 'bf16'")
 
 
 def test_zerospec_train_md_flags_reach_the_run(capsys):

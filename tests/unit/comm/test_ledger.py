@@ -42,3 +42,24 @@ def test_totals_filter_by_phase_and_step_and_normalise_by_psi():
     assert led.by_phase(0, step=1) == {"forward": 50, "backward": 50}
     assert led.in_psi(0, 100, step=1) == 1
     assert led.bytes(0) == 300
+
+
+def test_each_record_is_booked_on_the_link_its_sends_take():
+    """2 nodes × 2: the world ring's hops 1→2 and 3→0 leave a node; a group's hop goes to its
+    ring successor (peer); a rank's own copies to the host take its PCIe link."""
+    led = CommLedger(4, gpus_per_node=2)
+    for r in range(4):
+        led.book(r, "all_gather", torch.float16, 8, "forward", 1)
+    led.book(0, "all_gather", torch.float16, 8, "forward", 1, group="dp", n=2, index=0, peer=2)
+    led.book(1, "to_host", torch.float16, 8, "forward", 1, group="host", n=1, index=0)
+    assert [r.link for r in led.records(group="world")] == ["intra", "inter", "intra", "inter"]
+    assert [led.records(0)[-1].link, led.records(1)[-1].link] == ["inter", "host"]
+    assert led.crossing(0, group="world") == 6 and led.crossing(1) == 6 and led.crossing(0) == 6 + 4
+    assert CommLedger(4).crossing(0) == 0        # one node by default: nothing can cross
+
+
+def test_a_node_size_that_does_not_divide_the_ranks_is_refused():
+    """Nodes are whole: gpus_per_node must divide N, named with the accepted values."""
+    with pytest.raises(ValueError, match=r"gpus_per_node must be .* divides the 6 ranks .*got 4; "
+                                         r"accepted: 1, 2, 3, 6"):
+        CommLedger(6, gpus_per_node=4)

@@ -185,3 +185,17 @@ def test_a_degree_that_cannot_split_the_kv_heads_or_d_ff_is_refused_naming_both(
                  lambda: megatron.shard(cfg, gpt.init_params(cfg, 0), n_m, 0)):
         with pytest.raises(ValueError, match=match):
             call()
+
+
+@pytest.mark.parametrize("family", list(FAMILY))
+def test_replicated_names_exactly_the_parameters_every_mp_rank_holds_whole(family):
+    """megatron.replicated(unit, param) is True exactly where shard() hands every MP rank the
+    whole tensor (the norm counts those once): asked of shard's own output, not of SPLIT."""
+    cfg = FAMILY[family]
+    full = {u: {n: torch.randn_like(t) for n, t in ps.items()}
+            for u, ps in gpt.init_params(cfg, 0).items()}
+    parts = [megatron.shard(cfg, full, 2, j) for j in range(2)]
+    for u, ps in full.items():
+        for n, t in ps.items():
+            whole = all(torch.equal(q[u][n], t) for q in parts)
+            assert megatron.replicated(u, n) == whole, (u, n)

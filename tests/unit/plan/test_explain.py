@@ -80,3 +80,62 @@ def test_seq_beyond_the_context_names_both():
     """--seq past the preset's context is refused, naming the value and the context."""
     with pytest.raises(ValueError, match=r"--seq 9000 is outside 1\.\.8192, llama-3-8b's context"):
         explain(NAME, STAGE, GPUS, 10**9, "x", seq=9000)
+
+
+# what each estimator's number counts, beside the model states (MODEL_STATES) every one counts
+COUNTED_BESIDE_MODEL_STATES = {("paper", 3): set(), ("deepspeed", 3): {"gathered"},
+                               ("megatron", 3): set()}
+
+
+@pytest.mark.parametrize("estimator", ["paper", "deepspeed", "megatron"])
+def test_leaves_out_names_exactly_what_the_estimate_lacks(ex, estimator):
+    """An estimator's "leaves out" names every category held at the highest peak that its formula
+    does not count, and no other; with what it counts they add up to the step's peak, and
+    "fragmentation" is the allocator model's reserve above that peak."""
+    from zerospec.plan.explain import left_out
+    miss = left_out(ex, estimator)
+    counted = set(MODEL_STATES) | COUNTED_BESIDE_MODEL_STATES[(estimator, STAGE)]
+    held = {c for c, b in ex.highest.buffers.items() if b}
+    assert set(miss) - {"fragmentation"} == held - counted
+    assert sum(ex.highest.buffers[c] for c in counted) + sum(
+        b for c, b in miss.items() if c != "fragmentation") == ex.peak
+    assert miss["fragmentation"] == ex.reserved - ex.peak
+
+
+def test_the_figure_curve_is_the_ledger_trace(ex):
+    """--out's curve: per category after every event, its highest total is the step's peak, the
+    phases in step order; the points drawn keep that peak."""
+    from zerospec.plan.explain_figure import memory_over_step, turning_points
+    cls = max(ex.result.classes, key=lambda c: c.memory.peak_total)
+    curve = memory_over_step(cls.memory.trace)
+    assert max(curve.totals) == ex.peak
+    assert [p[0] for p in curve.phases] == [p.phase for p in ex.phases]
+    kept = turning_points(curve)
+    assert max(curve.totals[i] for i in kept) == ex.peak and len(kept) < len(curve.totals)
+    assert {a for _, a, _ in curve.phases} <= set(kept)     # each phase's line is drawn at its start
+
+
+@pytest.mark.slow   # two drawings: ~1.4 s
+def test_the_figure_is_the_same_bytes_twice(ex, tmp_path):
+    """--out draws the same SVG from the same step (no date, fixed ids)."""
+    from zerospec.plan.explain_figure import save
+    a, b = save(ex, tmp_path / "a"), save(ex, tmp_path / "b")
+    assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.slow   # one meta step per preset at seq 128: ~70 s in all
+@pytest.mark.parametrize("name", sorted(__import__("zerospec.model.presets", fromlist=["PRESETS"]).PRESETS))
+def test_explain_answers_for_every_preset(name):
+    """--explain runs for every preset (ZeRO-3, 64 GPUs): its phases' buffers sum to their peaks
+    and its highest is the ledger's peak of the explained rank class."""
+    e = explain(name, 3, 64, 80 * 10**9, "x", seq=128)
+    assert all(sum(p.buffers.values()) == p.peak for p in e.phases)
+    assert e.peak == max(c.memory.peak_total for c in e.result.classes)
+
+
+def test_every_ledger_category_has_a_label():
+    """The explainer names every category the memory ledger books (a new one, e.g. hpZ's
+    secondary shards, would otherwise fail the breakdown table with a KeyError)."""
+    from zerospec.plan.explain import LABELS
+    from zerospec.runtime.memory import CATEGORIES
+    assert set(LABELS) == set(CATEGORIES)

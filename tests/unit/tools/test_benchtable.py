@@ -73,19 +73,22 @@ def test_the_tables_are_rewritten_between_their_markers(tmp_path, page):
                                              + "<!-- benchmarks-summary: end -->\n")
 
 
-def test_the_summary_is_the_latest_run_one_row_per_benchmark_with_missed_cases_named():
-    """The first row's machine is the latest run: its cases of one benchmark share a row; a
-    missed case is named; another machine's rows are left out."""
+def test_the_summary_counts_the_latest_runs_targets_met_and_names_each_missed_case():
+    """The first row's machine is the latest run: benchmarks with a target are counted, one that
+    missed gets a line with its missed cases' figures and the target; another machine's rows are left out."""
     latest = {"datetime": "2026-12-05T05:00:00", "benchmarks": [
         {"name": "test_step[0]", "param": "0", "extra_info": {"ratio": 1.1, "target": 1.25, "plain_ratio": 1.0}},
         {"name": "test_step[3]", "param": "3", "extra_info": {"ratio": 1.4, "target": 1.25}},
         {"name": "test_lockstep", "extra_info": {"ratio": 1.0}}]}
     text = benchtable.summary(benchtable.table([latest, DATA]))
     assert text.splitlines() == [
-        "On ?, ? CPUs, torch ?, 2026-12-05:", "", "| benchmark | measured | target | met |",
-        "|---|---|---|---|",
-        "| `test_step` | 0: 1.10, 3: 1.40 | ≤ 1.25 | **no** (3) |",
-        "| `test_lockstep` | 1.00 | — | — |"]
+        "On ?, ? CPUs, torch ?, 2026-12-05: 0 of 1 benchmarks with a target met it (1 more only "
+        "measure); not met:", "",
+        "- `test_step`: 3: 1.40 (target ≤ 1.25)"]
+    met = {"datetime": "2026-12-05T05:00:00", "benchmarks": latest["benchmarks"][:1]}
+    assert benchtable.summary(benchtable.table([met])).splitlines() == [
+        "On ?, ? CPUs, torch ?, 2026-12-05: 1 of 1 benchmarks with a target met it (0 more only "
+        "measure)."]
 
 
 def test_runs_on_several_machines_share_one_table_each_row_naming_its_own():

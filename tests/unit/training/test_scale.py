@@ -94,6 +94,44 @@ def test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads(stage):
         assert len({full.comm.elements(r) for r in range(n_d)}) > 1   # the case is not trivial
 
 
+def test_representative_ranks_give_every_ranks_links_and_hpz_shards_as_threads():
+    """3 nodes × 4 GPUs, hpZ h = 2: each rank's records (their link class from its own ring
+    successor, hpZ's in-node gathers) and memory, rebuilt from the representatives, equal the
+    12 threads'."""
+    n_d, kw = 12, {"gpus_per_node": 4, "hpz": 2}
+    full = train(TrainConfig(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                             device="meta", **kw))
+    scaled = measure(ONE_LAYER, 3, n_d, **kw)
+    _assert_same_ledgers(full, scaled, n_d)
+    assert {r: full.comm.elements(r, link="inter") > 0 for r in range(n_d)} == {
+        r: r % 4 == 3 for r in range(n_d)}          # each node's last GPU sends across
+
+
+def test_representative_ranks_give_every_ranks_mics_groups_as_threads():
+    """3 nodes × 4 GPUs, MiCS with a partition group per node (p = 4): the representatives of
+    the first group, booked on each rank's own partition and replication rings, give the 12
+    threads' records (their links included) and memory."""
+    n_d, kw = 12, {"gpus_per_node": 4, "shard_group": 4}
+    full = train(TrainConfig(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                             device="meta", **kw))
+    scaled = measure(ONE_LAYER, 3, n_d, **kw)
+    _assert_same_ledgers(full, scaled, n_d)
+    assert {r: full.comm.elements(r, link="inter") == full.comm.elements(r, group="replica") > 0
+            for r in range(n_d)} == {r: True for r in range(n_d)}   # only replicas cross
+
+
+def test_representative_ranks_give_every_ranks_quantized_all_to_alls_as_threads():
+    """3 nodes × 4 GPUs with hpZ, qwZ and qgZ: each rank's int8 gathers and int4 all-to-alls
+    (qgZ's node and one-GPU-per-node groups, booked on their link classes) and its memory,
+    rebuilt from the representatives, equal the 12 threads'; every GPU sends across."""
+    n_d, kw = 12, {"gpus_per_node": 4, "hpz": 2, "qwz": True, "qgz": True}
+    full = train(TrainConfig(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                             device="meta", **kw))
+    scaled = measure(ONE_LAYER, 3, n_d, **kw)
+    _assert_same_ledgers(full, scaled, n_d)
+    assert all(full.comm.bytes(r, op="all_to_all", link="inter") > 0 for r in range(n_d))
+
+
 def test_the_kernel_cache_changes_no_ledger():
     cached, plain = measure(ODD, 3, 8), measure(ODD, 3, 8, cache_kernels=False)
     for a, b in zip(cached.classes, plain.classes):

@@ -80,11 +80,12 @@ def test_plan_measures_a_deepspeed_zero3_config_on_meta_before_anyone_launches_i
     """`plan --deepspeed-config --preset`: with a reuse distance past 2Ψ and no persistence,
     DeepSpeed's ZeRO-3 moves Ψ of forward gathers (the tied embedding twice) and Ψ of
     reduce-scatters — no backward gathers: read off the meta step's ledger, to the element."""
-    from zerospec.cli.argtypes import DS_DEFAULTS
     from zerospec.model.presets import preset
+    from zerospec.plan import ds_config
     from zerospec.plan.deepspeed import deepspeed_measured_table
-    ds = dict(DS_DEFAULTS, stage=3, stage3_param_persistence_threshold=0,
-              stage3_max_reuse_distance=10**12, reduce_bucket_size=0, given=[])
+    ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 10**12,
+        "reduce_bucket_size": 0}})
     rows = _rows(deepspeed_measured_table(ds, "1.5B", 8))
     units = preset("1.5B").model.units(8)
     psi_p, embed = sum(u.padded for u in units), units[0].padded
@@ -94,7 +95,7 @@ def test_plan_measures_a_deepspeed_zero3_config_on_meta_before_anyone_launches_i
 
 def test_plan_preset_without_a_deepspeed_config_is_refused_in_one_line(capsys):
     from tests.support.cli import assert_usage_error
-    assert_usage_error(capsys, "plan", "--preset", "1.5B", named="--preset is used with --deepspeed-config")
+    assert_usage_error(capsys, "plan", "--preset", "1.5B", named="--preset is used with --deepspeed-config or --explain")
 
 
 @pytest.mark.slow   # one meta step of GPT-2 1.5B: ~2 s
@@ -102,9 +103,10 @@ def test_deepspeeds_default_zero3_config_moves_2_68_psi_on_gpt2_1_5b_at_64_gpus(
     """spec/deepspeed.md's figure: DeepSpeed's defaults (threshold 1e5, reuse distance 1e9,
     buckets 5e8) on 1.5B at N_d = 64 — the distance covers the later blocks only, so between
     2Ψ and 3Ψ: 2.681138Ψ of elements sent per GPU per step."""
-    from zerospec.cli.argtypes import DS_DEFAULTS
+    from zerospec.plan import ds_config
     from zerospec.plan.deepspeed import deepspeed_measured_table
-    rows = _rows(deepspeed_measured_table(dict(DS_DEFAULTS, stage=3, given=[]), "1.5B", 64))
+    ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    rows = _rows(deepspeed_measured_table(ds, "1.5B", 64))
     assert rows["elements sent per step"] == "4,176,170,775 = 2.681138Ψ"
     elements, in_psi = rows["elements sent per step"].split(" = ")
     assert md_snapshot == "\n".join([

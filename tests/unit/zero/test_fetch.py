@@ -36,6 +36,9 @@ class _Stage:
     def release(self, i, full16):
         pass
 
+    def end_backward(self):
+        pass
+
     def grad_slot(self, i):
         return self.slots[i]
 

@@ -1,0 +1,228 @@
+"""ZeRO++'s quantized collectives (spec/zeropp.md): qwZ's int8 weight all-gathers and qgZ's int4
+hierarchical all-to-all, in bytes on the wire (D2's qwZ and qgZ rows, D3), and D1/D2's headline,
+3M → 0.75M per node, on meta at 384 GPUs as 48 nodes × 8.
+
+Runs: the ODD model on 2 nodes × 2 and 2 × 4 GPUs over the ring transport, whose wire counts every
+hop (ring neighbours, and an all-to-all's point-to-point sends) with its bytes, classed by the
+nodes of its two ends. Byte counts are what the quantizers produce: int8 codes (1 B), packed int4
+codes (1/2 B) and fp32 scales (4 B a group); DeepSpeed's fall-back units go as fp16.
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+import torch
+
+from zerospec.cluster.threads import VirtualCluster
+from zerospec.comm.quantize import group_size, n_groups
+from zerospec.model.gpt import ODD
+from zerospec.model.presets import PRESETS
+from zerospec.paper import theory
+from zerospec.render.format import markdown
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
+from zerospec.training.scale import measure
+from zerospec.zero.zeropp import falls_back
+
+SHAPES = [(4, 2), (8, 4)]        # (N, GPUs per node): 2 nodes each
+SHAPE_IDS = [f"{n // g}x{g}" for n, g in SHAPES]
+BIG = "t4-100B-125x8192"         # the 100B shape: its blocks' shards split in whole int4 bytes
+
+
+@functools.lru_cache(maxsize=None)
+def wired(n: int, g: int, hpz: int = 1, qwz: bool = False, qgz: bool = False):
+    """(cluster, Result) of one step of stage 3 on n // g nodes of g GPUs, ring transport."""
+    cluster = VirtualCluster(n, transport="ring", gpus_per_node=g)
+    cfg = TrainConfig(stage=3, n_d=n, model=ODD, steps=1, gpus_per_node=g, hpz=hpz, qwz=qwz,
+                      qgz=qgz)
+    return cluster, train(cfg, cluster=cluster)
+
+
+def left(cluster, node: int = 0) -> Counter:
+    """Bytes that left ``node`` on the wire, by (op, dtype): the wire's own records."""
+    out: Counter = Counter()
+    g = cluster.wire.nodes
+    for rec in cluster.wire.records:
+        out[rec.op, rec.dtype] += sum(b for (s, d), b in rec.bytes.items()
+                                      if g.node(s) == node != g.node(d))
+    return out
+
+
+def ledger_left(led, node: int = 0, **where) -> Counter:
+    """The same from the ledger: bytes node ``node``'s GPUs booked on inter links, by (op, dtype)."""
+    out: Counter = Counter()
+    for r in led.nodes.ranks_of(node):
+        for rec in led.records(r, link="inter", **where):
+            out[rec.op, rec.dtype] += rec.bytes_sent
+    return out
+
+
+@pytest.mark.parametrize("n,g", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.claim("D2")
+def test_qwz_halves_the_weight_all_gathers_bytes_across_nodes(n, g, claim_values):
+    """qwZ's all-gathers carry int8 codes: exactly half of stage 3's fp16 bytes leave each node
+    (D2: M → 0.5M), plus one fp32 scale per group, (N−1)·⌈c/g⌉·4 B per gathered unit; the wire
+    and the ledger agree, forward and backward."""
+    cluster, r = wired(n, g, qwz=True)
+    base, _ = wired(n, g)
+    fp16 = ledger_left(base.comm_ledger, op="all_gather")[("all_gather", torch.float16)]
+    got, seen = ledger_left(cluster.comm_ledger, op="all_gather"), left(cluster)
+    assert got[("all_gather", torch.int8)] * 2 == fp16 > 0
+    gathers = Counter(rec.numel for rec in base.comm_ledger.records(n - 1, op="all_gather"))
+    scales = sum(times * (n - 1) * n_groups(padded // n, group_size(padded // n, None)) * 4
+                 for padded, times in gathers.items())
+    assert got[("all_gather", torch.float32)] == scales
+    assert {k: v for k, v in seen.items() if v and k[0] == "all_gather"} == got
+    m = Fraction(got[("all_gather", torch.int8)], fp16) * 2 * 3      # of stage 3's 2M, in 3M
+    claim_values(f"int8 {got[('all_gather', torch.int8)]:,} B = ½ × fp16 {fp16:,} B "
+                 f"(+{scales:,} B scales)", "forward all-gather M → 0.5M (D2, qwZ)",
+                 f"{n // g} × {g}, both all-gathers ({float(m) / 3:.2f} of fp16)")
+
+
+def qgz_bytes(units, n: int, g: int) -> dict[str, int]:
+    """Bytes qgZ sends out of one node per step, from first principles: each GPU sends (n−1)
+    chunks of int4 (c/2 B) and their ⌈c/g_q⌉ fp32 scales across; a fall-back unit goes as stage
+    3's fp16 ring reduce-scatter, (N−1)·c·2 B from the node's last GPU."""
+    nodes = n // g
+    out = Counter()
+    for u in units:
+        if falls_back(u, n):
+            out["fp16 fall-back"] += (n - 1) * u.chunk * 2
+        else:
+            out["int4"] += g * (nodes - 1) * u.chunk // 2
+            out["scales"] += g * (nodes - 1) * n_groups(u.chunk, group_size(u.chunk, None)) * 4
+    return dict(out)
+
+
+@pytest.mark.parametrize("n,g", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.claim("D2")
+@pytest.mark.claim("D3")
+def test_qgz_sends_a_quarter_of_the_gradient_bytes_across_spread_over_the_nodes_gpus(n, g,
+                                                                                    claim_values):
+    """qgZ's all-to-alls carry packed int4: each GPU of a node sends (n−1)/n of its 1/G share
+    across, M/(Z·G)·(n−1)/n with Z = 4 (D3), and the node M/Z·(n−1)/n (D2: M → 0.25M), the scales
+    on top; the final LayerNorm (all 1-D) falls back to stage 3's fp16 reduce-scatter, counted.
+    The wire sees the same bytes leave."""
+    cluster, r = wired(n, g, qgz=True)
+    led, units = cluster.comm_ledger, r.units
+    want = qgz_bytes(units, n, g)
+    got = ledger_left(led, phase="backward")
+    assert {"int4": got[("all_to_all", torch.uint8)], "scales": got[("all_to_all", torch.float32)],
+            "fp16 fall-back": got[("reduce_scatter", torch.float16)]} == want
+    assert [u.name for u in units if falls_back(u, n)] == ["ln_f"]
+    quantized = sum(u.padded for u in units if not falls_back(u, n))
+    assert want["int4"] == 2 * theory.zeropp_node_crossing(quantized, n, g, qgz=True)[
+        "reduce-scatter"]                                        # bytes = 2 × fp16 elements
+    per_gpu = [sum(rec.bytes_sent for rec in led.records(k, op="all_to_all", link="inter")
+                   if rec.dtype == torch.uint8) for k in range(g)]
+    assert per_gpu == [2 * theory.qgz_crossing_per_gpu(quantized, n, g)] * g   # every GPU alike
+    assert left(cluster)[("all_to_all", torch.uint8)] == want["int4"]
+    claim_values(f"int4 {want['int4']:,} B per node = {Fraction(want['int4'], 2 * quantized)}·M "
+                 f"(fp16 elements), {per_gpu[0]:,} B from each of its {g} GPUs",
+                 "M → 0.25M ×(n−1)/n; per GPU M/(Z·G) ×(n−1)/n (D2, D3)",
+                 f"{n // g} × {g}, M = the quantized units")
+
+
+@pytest.mark.parametrize("n,g", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.claim("D2")
+def test_every_quantized_hop_is_booked_on_the_link_class_the_wire_saw(n, g):
+    """With hpZ, qwZ and qgZ together, per sender, collective, dtype and link class the ledger's
+    bytes equal the wire's: the node's all-to-all on intra links, the cross-node one on inter."""
+    cluster, _ = wired(n, g, hpz=g, qwz=True, qgz=True)
+    led, wire = cluster.comm_ledger, cluster.wire
+    seen, booked = Counter(), Counter()
+    for rec in wire.records:
+        for (src, dst), b in rec.bytes.items():
+            seen[src, rec.op, rec.dtype, "intra" if src // g == dst // g else "inter"] += b
+    for rec in led.records():
+        if rec.bytes_sent:
+            booked[rec.rank, rec.op, rec.dtype, rec.link] += rec.bytes_sent
+    assert booked == seen
+    assert {(r.group, r.link) for r in led.records(op="all_to_all")} == {("local", "intra"),
+                                                                          ("global", "inter")}
+
+
+# -- D1/D2's headline at the paper's scale ----------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def at_scale(**kw):
+    """The 100B shape, stage 3 on 384 meta GPUs as 48 nodes × 8, node 0's 8 GPUs booked."""
+    r = measure(PRESETS[BIG].model, 3, 384, gpus_per_node=8, **kw)
+    return r, r.comm_ledger(range(8))
+
+
+def headline() -> list[dict]:
+    """Per collective, node 0's cross-node bytes / 2 in M (fp16 elements; M = Ψ padded), as each
+    of ZeRO++'s pieces is added; then what of the last column is neither int8 nor int4."""
+    psi = at_scale()[0].psi_padded
+    rows = {"forward all-gather": dict(phase="forward", op="all_gather"),
+            "backward all-gather": dict(phase="backward", op="all_gather"),
+            "gradient reduce-scatter": dict(phase="backward")}
+    runs = {"ZeRO-3": at_scale()[1], "+ hpZ": at_scale(hpz=8)[1],
+            "+ hpZ + qwZ": at_scale(hpz=8, qwz=True)[1],
+            "+ hpZ + qwZ + qgZ": at_scale(hpz=8, qwz=True, qgz=True)[1]}
+    paper = {"forward all-gather": ("M", "0.5M"), "backward all-gather": ("M", "0"),
+             "gradient reduce-scatter": ("M", "0.25M"), "total": ("3M", "0.75M")}
+    out = []
+    for name, where in list(rows.items()) + [("total", {})]:
+        row = {"collective": name}
+        for run, led in runs.items():
+            b = led.crossing_bytes(0, **where)
+            if name == "gradient reduce-scatter":
+                b -= led.crossing_bytes(0, phase="backward", op="all_gather")
+            row[run] = Fraction(b, 2 * psi)
+        row["paper: ZeRO"], row["paper: ZeRO++"] = paper[name]
+        out.append(row)
+    last = runs["+ hpZ + qwZ + qgZ"]
+    extra = Counter()
+    for r in range(8):
+        for rec in last.records(r, link="inter"):
+            if rec.dtype == torch.float32:
+                extra["of which fp32 scales"] += rec.bytes_sent
+            elif rec.dtype == torch.float16:
+                extra["of which fp16 fall-back units (embed, ln_f)"] += rec.bytes_sent
+    for name, b in extra.items():
+        out.append({"collective": name, **{run: "" for run in runs}})
+        out[-1]["+ hpZ + qwZ + qgZ"] = Fraction(b, 2 * psi)
+        out[-1]["paper: ZeRO"] = out[-1]["paper: ZeRO++"] = ""
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.claim("D1")
+@pytest.mark.claim("D2")
+def test_at_384_gpus_zeropp_cuts_3M_to_0_75M_across_each_node(md_snapshot, claim_values):
+    """The 100B shape on 48 × 8 meta GPUs: node 0 sends 3M(N−1)/N across with ZeRO-3 (D1); with
+    hpZ + qwZ + qgZ exactly half of stage 3's forward all-gather bytes (int8), none of its
+    backward ones, and qgZ's int4 from all 8 GPUs, plus the fp32 scales and the two units that
+    fall back to fp16 (embed, ln_f), each counted from first principles (D2: 0.75M)."""
+    base, led = at_scale()
+    psi, units = base.psi_padded, base.units
+    assert led.crossing_bytes(0) == 2 * sum(theory.stage3_node_crossing(psi, 384).values())
+    zpp = at_scale(hpz=8, qwz=True, qgz=True)[1]
+    got = ledger_left(zpp)
+    fwd16 = ledger_left(led, phase="forward")[("all_gather", torch.float16)]
+    assert got[("all_gather", torch.int8)] * 2 == fwd16          # qwZ: 1 B for 2
+    gathers = Counter(rec.numel for rec in base.comm_ledger([383]).records(383, op="all_gather",
+                                                                          phase="forward"))
+    scales = sum(times * 383 * n_groups(p // 384, group_size(p // 384, None)) * 4
+                 for p, times in gathers.items())
+    want = qgz_bytes(units, 384, 8)
+    assert {k: v for k, v in got.items() if v} == {
+        ("all_gather", torch.int8): fwd16 // 2, ("all_gather", torch.float32): scales,
+        ("all_to_all", torch.uint8): want["int4"],
+        ("all_to_all", torch.float32): want["scales"],
+        ("reduce_scatter", torch.float16): want["fp16 fall-back"]}
+    quantized = sum(u.padded for u in units if not falls_back(u, 384))
+    assert want["int4"] == 2 * theory.zeropp_node_crossing(quantized, 384, 8, qgz=True)[
+        "reduce-scatter"]
+    rows = headline()
+    assert rows[1]["+ hpZ"] == 0 == rows[1]["+ hpZ + qwZ + qgZ"]
+    cells = [[v if isinstance(v, str) else f"{float(v):.4f}M" for v in row.values()] for row in rows]
+    assert markdown(list(rows[0]), cells) == md_snapshot
+    total = rows[3]
+    claim_values(f"{float(total['ZeRO-3']):.4f}M → {float(total['+ hpZ + qwZ + qgZ']):.4f}M per "
+                 f"node ({float(total['ZeRO-3'] / total['+ hpZ + qwZ + qgZ']):.2f}×)",
+                 "3M → 0.75M, 4× (D1, D2)", "100B shape, 48 × 8 meta GPUs")

@@ -1,0 +1,58 @@
+"""ZeRO-Offload's switches: what is refused, with one clear error each (TrainConfig and CLI)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.support.cli import assert_usage_error
+from zerospec.training.config import TrainConfig
+
+
+@pytest.mark.parametrize("kw, named", [
+    ({"stage": 1, "offload_optimizer": "cpu"}, "needs stage 2 or 3, got stage=1"),
+    ({"stage": 2, "offload_optimizer": "gpu"}, "offload_optimizer must be one of cpu, nvme"),
+    ({"stage": 2, "offload_optimizer": "cpu", "offload_mode": "zero"}, "offload_mode must be"),
+    ({"stage": 2, "offload_params": "cpu"}, "offload_params='cpu' fetches each stage-3 chunk"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "nvme"}, "NVMe tier for parameters is not built"),
+    ({"stage": 2, "offload_optimizer": "nvme", "nvme_path": "/no/such/dir"},
+     "nvme_path '/no/such/dir' is not a directory"),
+    ({"stage": 2, "offload_optimizer": "cpu", "nvme_path": "/tmp"}, "needs offload_optimizer='nvme'"),
+    ({"stage": 2, "dpu": 2}, "dpu=2 delays ZeRO-Offload's host update: it needs offload_optimizer"),
+    ({"stage": 2, "offload_optimizer": "cpu", "dpu": -1}, "dpu (warm-up steps"),
+    ({"stage": 2, "offload_optimizer": "cpu", "grad_accum_steps": 2}, "not combined with grad_accum"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_bad_offload_setting_is_one_error_naming_it(kw, named):
+    with pytest.raises(ValueError) as e:
+        TrainConfig(n_d=2, **kw)
+    assert named in str(e.value)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--stage", "1", "--offload-optimizer", "cpu"], "stage=1"),
+    (["--stage", "2", "--offload-optimizer", "nvme", "--nvme-path", "/no/such/dir"], "/no/such/dir"),
+    (["--stage", "2", "--dpu", "1"], "dpu=1"),
+])
+def test_the_cli_refuses_them_in_one_line(capsys, argv, named):
+    assert_usage_error(capsys, "train", "--steps", "1", *argv, named=named)
+
+
+def test_a_dpu_run_refuses_a_checkpoint_it_could_not_resume_from():
+    """A checkpoint at or after step N would miss the pending gradient: refused, naming both."""
+    from zerospec.training.run import train
+    from zerospec.model.gpt import ODD
+    with pytest.raises(Exception, match=r"save=\[2\].*dpu=2"):
+        train(TrainConfig(stage=2, n_d=2, model=ODD, steps=3, offload_optimizer="cpu", dpu=2),
+              save={2: "/tmp/never"})
+
+
+def test_the_cli_flags_reach_the_run_and_its_table(capsys):
+    """``--offload-optimizer cpu`` trains the same losses as the plain stage and adds the host
+    link's bytes per step to the table: 4M in the paper's mode (ODD, N = 4: M = 1,640)."""
+    from tests.support.cli import run_cli
+    base = ["train", "--stage", "2", "--steps", "2", "--model", "odd"]
+    rc, plain, _ = run_cli(capsys, *base)
+    rc2, off, _ = run_cli(capsys, *base, "--offload-optimizer", "cpu")
+    assert rc == rc2 == 0 and "optimizer offloaded to cpu (paper)" in off
+    rows = [line.split(" | ") for line in off.splitlines() if line.startswith("| 2 ")]
+    assert rows[0][-1].rstrip(" |") == "6,560"
+    loss = [line.split(" | ")[1] for line in plain.splitlines() if line.startswith("| ")][1:]
+    assert loss == [line.split(" | ")[1] for line in off.splitlines() if line.startswith("| ")][1:]

@@ -1,0 +1,173 @@
+"""plan/ds_config.py: one reader of DeepSpeed configs — settings, DeepSpeed's batch rule, and every
+key it does not model listed, never ignored."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.cli import assert_usage_error, run_cli
+from zerospec.model.presets import preset
+from zerospec.plan import ds_config
+from zerospec.plan.deepspeed import config_kwargs
+
+
+def test_defaults_are_deepspeeds_and_overlap_comm_follows_the_stage():
+    """An empty zero section reads as DeepSpeed 0.19.8's defaults; overlap_comm is on at stage 3
+    only (DeepSpeed's overlap_comm_valid); no fp16/bf16 section is fp32."""
+    ds = ds_config.parse({"train_batch_size": 8})
+    assert (ds.stage, ds.reduce_bucket_size, ds.allgather_bucket_size, ds.contiguous_gradients,
+            ds.stage3_prefetch_bucket_size, ds.stage3_param_persistence_threshold,
+            ds.stage3_max_live_parameters, ds.stage3_max_reuse_distance, ds.precision) == \
+        (0, 5 * 10**8, 5 * 10**8, True, 5 * 10**7, 10**5, 10**9, 10**9, "fp32")
+    assert not ds.overlap_comm and not ds.given
+    assert ds_config.parse({"zero_optimization": {"stage": 3}}).overlap_comm
+    assert ds_config.parse({"bf16": {"enabled": True}}).precision == "bf16"
+    assert ds_config.parse({"fp16": {"enabled": True}}).precision == "fp16"
+
+
+@pytest.mark.parametrize("keys,n_d,batch", [
+    ({"train_micro_batch_size_per_gpu": 4}, 8, (4, 1, 32)),
+    ({"train_batch_size": 64}, 8, (8, 1, 64)),
+    ({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 8, (4, 2, 64)),
+    ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2}, 8, (2, 4, 64)),
+    ({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 8, (2, 3, 48)),
+    ({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 3}, 8, (2, 3, 48)),
+])
+def test_batch_keys_resolve_by_deepspeeds_rule(keys, n_d, batch):
+    """Two of train_batch_size, the micro-batch and the accumulation steps give the third:
+    train_batch_size = micro × gas × N_d."""
+    b = ds_config.parse(keys).batch(n_d)
+    assert (b.micro, b.gas, b.train) == batch
+
+
+@pytest.mark.parametrize("keys,n_d,named", [
+    ({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 3}, 4, "train_batch_size 48 != train_micro_batch_size_per_gpu 2 "
+                                            "× gradient_accumulation_steps 3 × N_d 4"),
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3}, 1, "10 != "),
+    ({"train_batch_size": 4}, 8, "train_batch_size 4 != train_micro_batch_size_per_gpu 0"),
+    ({"gradient_accumulation_steps": 2}, 8, "neither train_batch_size nor"),
+])
+def test_inconsistent_batch_keys_are_refused_naming_the_values(keys, n_d, named):
+    """A batch DeepSpeed's assertion refuses is refused here, with all the values."""
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        ds_config.parse(keys).batch(n_d)
+
+
+def test_every_key_it_does_not_model_is_listed_with_why():
+    """Offload, ZeRO++ and MiCS keys are recognised as 'not modelled yet'; keys it does not read
+    at all are listed too; the modelled ones are not."""
+    ds = ds_config.parse({
+        "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}, "foo": 1,
+        "fp16": {"enabled": True, "loss_scale": 0},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                              "offload_param": {"device": "cpu"}, "zero_hpz_partition_size": 8,
+                              "zero_quantized_weights": True, "zero_quantized_gradients": True,
+                              "mics_shard_size": 8, "sub_group_size": 10**9,
+                              "reduce_bucket_size": 10**6},
+        "activation_checkpointing": {"partition_activations": True, "number_checkpoints": 4}})
+    left = dict(ds.not_modelled)
+    for key in ("offload_optimizer", "offload_param", "zero_hpz_partition_size",
+                "zero_quantized_weights", "zero_quantized_gradients", "mics_shard_size"):
+        assert left[f"zero_optimization.{key}"].endswith("not modelled yet"), key
+    assert "removed" in left["zero_optimization.mics_shard_size"]
+    assert set(left) == {"optimizer", "foo", "zero_optimization.offload_optimizer",
+                         "zero_optimization.offload_param", "zero_optimization.zero_hpz_partition_size",
+                         "zero_optimization.zero_quantized_weights",
+                         "zero_optimization.zero_quantized_gradients",
+                         "zero_optimization.mics_shard_size", "zero_optimization.sub_group_size",
+                         "activation_checkpointing.number_checkpoints", "fp16.loss_scale"}
+    assert ds.given == {"stage", "reduce_bucket_size", "partition_activations"}
+    _, notes = config_kwargs(ds, 8)
+    assert sum("offload_optimizer" in n for n in notes) == 1
+
+
+@pytest.mark.parametrize("doc,named", [
+    ({"zero_optimization": {"stage": True}}, "zero_optimization.stage = True"),
+    ({"zero_optimization": {"overlap_comm": 1}},
+     "zero_optimization.overlap_comm = 1; accepted: true or false"),
+    ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu = 0; accepted: an integer >= 1"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16 and bf16 are both enabled"),
+    ({"activation_checkpointing": {"cpu_checkpointing": "yes"}}, "cpu_checkpointing = 'yes'"),
+])
+def test_values_deepspeed_refuses_are_refused_naming_key_and_value(doc, named):
+    with pytest.raises(ValueError, match=named):
+        ds_config.parse(doc)
+
+
+def test_the_configs_settings_reach_the_meta_step():
+    """Micro-batch (DeepSpeed's rule), precision, buckets and contiguous gradients become
+    scale.measure's keywords; P_a without model parallelism is reported, not dropped."""
+    ds = ds_config.parse({"train_batch_size": 64, "gradient_accumulation_steps": 2,
+                          "bf16": {"enabled": True},
+                          "activation_checkpointing": {"partition_activations": True},
+                          "zero_optimization": {"stage": 2, "reduce_bucket_size": 10**7}})
+    kw, left = config_kwargs(ds, 8)
+    assert kw == {"precision": "bf16", "micro_batch": 4, "bucket_elements": 10**7,
+                  "contiguous_gradients": True}
+    assert any(n.startswith("gradient_accumulation_steps 2") for n in left)
+    assert any(n.startswith("partition_activations") and "N_m = 1" in n for n in left)
+    kw, left = config_kwargs(ds, 8, n_m=2, checkpoint_activations=1)   # P_a where it applies
+    assert kw["partition_activations"] and not kw["cpu_checkpointing"]
+    assert not any(n.startswith("partition_activations") for n in left)
+
+
+def _write(tmp_path, doc) -> str:
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def test_explain_with_a_deepspeed_config_steps_its_micro_batch_and_precision(capsys, tmp_path):
+    """`plan --explain --deepspeed-config`: the step explained is the config's (micro-batch 2 per
+    GPU from train_batch_size 16 on 8 GPUs, bf16), the same peak as the explainer given them, and
+    not the peak of one sequence."""
+    from zerospec.plan.explain import explain
+    cfg = _write(tmp_path, {"train_batch_size": 16, "bf16": {"enabled": True},
+                            "zero_optimization": {"stage": 3}})
+    rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "t4-1.16B-24x1920", "--gpus", "8",
+                         "--seq", "64", "--deepspeed-config", cfg, "--format", "json")
+    assert rc == 0
+    t = {t["name"]: t for t in json.loads(out)["tables"]}["explain_phases"]
+    assert "micro-batch 2" in t["title"] and "bf16" in t["title"]
+    kw, _ = config_kwargs(ds_config.read(cfg), 8)
+    kw.pop("micro_batch")
+    ex = explain("t4-1.16B-24x1920", 3, 8, 32 * 10**9, "x", seq=64, micro_batch=2, settings=kw)
+    assert max(r[1] for r in t["rows"]) == ex.peak
+    one = explain("t4-1.16B-24x1920", 3, 8, 32 * 10**9, "x", seq=64, micro_batch=1, settings=kw)
+    assert one.peak < ex.peak
+    assert any(n.startswith("Not modelled:") for n in t["notes"])
+
+
+def test_closed_forms_beside_a_preset_are_for_the_presets_psi(capsys, tmp_path):
+    """`plan --deepspeed-config X --preset 1.5B`: the closed-form section is for Ψ of 1.5B (the
+    model measured below it), not the default 7.5B."""
+    from zerospec.render.format import fmt_count
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}})
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", cfg, "--preset", "1.5B", "--gpus", "8",
+                         "--format", "json")
+    assert rc == 0
+    titles = [t["title"] for t in json.loads(out)["tables"]]
+    psi = fmt_count(preset("1.5B").psi)
+    assert f"Ψ = {psi}" in titles[0] and f"Ψ = {psi}" in titles[-1]
+    assert not any("7.5" in x for x in titles)
+    assert_usage_error(capsys, "plan", "--deepspeed-config", cfg, "--preset", "1.5B", "--params", "2B",
+                       named="--preset sets Ψ")
+
+
+def test_a_stage_or_micro_batch_contradicting_the_config_is_refused(capsys, tmp_path):
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})
+    base = ("plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8", "--deepspeed-config", cfg)
+    assert_usage_error(capsys, *base, "--stage", "2", named="--stage 2 contradicts")
+    assert_usage_error(capsys, *base, "--micro-batch", "1", named="--micro-batch 1 contradicts")
+
+
+def test_the_closed_form_section_lists_the_keys_it_does_not_model(capsys, tmp_path):
+    """`plan --deepspeed-config` without a preset still names every key it does not read."""
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "cpu"}}})
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", cfg, "--gpus", "8", "--format", "json")
+    notes = json.loads(out)["tables"][0]["notes"]
+    assert rc == 0 and any("zero_optimization.offload_optimizer (ZeRO-Offload" in n for n in notes)

@@ -1,0 +1,39 @@
+"""The numbers spec/models.md shows: the presets' exact Ψ, and the worked `plan --explain`
+(Llama-3-70B on 64 H100s), pinned as integers the ledgers count."""
+from __future__ import annotations
+
+import pytest
+
+from zerospec.model.presets import PAPER, PUBLISHED
+
+
+def presets_table() -> str:
+    rows = ["| preset | layers | d | heads | kv heads | d_ff | vocab | context | Ψ |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, p in {**PAPER, **PUBLISHED}.items():
+        m = p.model
+        rows.append(f"| {name} | {m.n_layer} | {m.n_embd:,} | {m.n_head} | {m.kv_heads} | {m.ff:,} "
+                    f"| {m.vocab_size:,} | {m.block_size:,} | {p.psi:,} |")
+    return "\n".join(rows)
+
+
+def test_presets_table(md_snapshot):
+    """Each paper and published preset's shape and exact Ψ (the decoder family's closed form)."""
+    assert md_snapshot == presets_table()
+
+
+@pytest.mark.slow   # one traced meta step of Llama-3-70B: ~4 s
+def test_worked_example(md_snapshot):
+    """`plan --explain` of Llama-3-70B, ZeRO-3, 64 H100s, seq 8192, a checkpoint every block: its
+    tables as the command prints them (bytes from the ledgers; GB from those integers)."""
+    from tools import specfigures
+    from zerospec.plan.explain import tables
+    from zerospec.render.format import render
+    assert md_snapshot == render(tables(specfigures.explain_example()), "markdown")
+
+
+@pytest.mark.slow   # the same step (cached when run with test_worked_example)
+def test_explain_figure_data(md_snapshot):
+    """What spec/figures/explain_memory.svg draws: the step's curve, its peak, the GPU's memory."""
+    from tools import specfigures
+    assert md_snapshot == specfigures.explain_figure_data()

@@ -1,0 +1,114 @@
+"""MiCS / HSDP (zerospec/zero/mics.py): its groups, its two-hop mean against the derived bound,
+the stage-3 paths it keeps bit-identical, and the inputs it refuses."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.support.runs import SCALER, assert_same_training
+from zerospec.cluster.threads import VirtualCluster
+from zerospec.comm.groups import Nodes, mics_groups, replica_group, shard_group
+from zerospec.model.gpt import ODD
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
+
+U16, U32 = 2.0 ** -11, 2.0 ** -24   # unit roundoff of fp16 and fp32
+FP16_SUBNORMAL_HALF_ULP = 2.0 ** -25
+BASE = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, gpus_per_node=2)
+
+
+def gamma(k: int, u: float) -> float:
+    return k * u / (1 - k * u)
+
+
+def test_partition_groups_are_nodes_and_replication_groups_cross_them():
+    """p = G: each partition group is one node's GPUs; each replication group takes one GPU of
+    every node; together they tile the ranks twice, in the order torch.distributed makes them."""
+    nodes = Nodes(8, 4)
+    assert [shard_group(r, 4).ranks for r in (0, 5)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert all({nodes.node(k) for k in shard_group(r, 4).ranks} == {nodes.node(r)} for r in range(8))
+    assert [replica_group(r, 4, 8).ranks for r in (0, 6)] == [(0, 4), (2, 6)]
+    assert [g.name for g in mics_groups(8, 4)] == ["shard"] * 2 + ["replica"] * 4
+
+
+@pytest.mark.parametrize("n,p", [(4, 2), (8, 2), (8, 4)])
+def test_the_two_hop_fp16_mean_stays_within_its_derived_bound(n, p):
+    """Hop 1 (reduce-scatter over p: an fp32 sum, /p, one fp16 rounding) and hop 2 (all-reduce over
+    R = n/p of the rounded means: the same again) err from the exact mean by at most
+    E1 + γ_R(B + E1) + u16(|mean| + E1 + γ_R(B + E1)) + h, E1 = (1+u16)γ_p·A/n + u16·B + h,
+    A = Σ_r|x_r|, B = Σ_j|S_j| / n over the groups' exact sums S_j (spec/mics.md); the flat mean
+    within (1+u16)γ_n·A/n + u16|mean| + h (tests/unit/comm/test_ring.py). Two roundings against
+    one: the results differ."""
+    g = torch.Generator().manual_seed(n + p)
+    xs = [torch.randn(1000, generator=g).to(torch.float16) for _ in range(n)]
+    exact = torch.stack([x.double() for x in xs]).sum(0) / n
+    a = torch.stack([x.double().abs() for x in xs]).sum(0) / n
+    b = sum((torch.stack([x.double() for x in xs[j:j + p]]).sum(0)).abs()
+            for j in range(0, n, p)) / n
+    r, h = n // p, FP16_SUBNORMAL_HALF_ULP
+
+    def two_hops(ctx):
+        c = 1000 // p
+        out = torch.empty(c, dtype=torch.float16)
+        ctx.comm.subgroup(shard_group(ctx.rank, p)).reduce_scatter(out, xs[ctx.rank].clone(), "mean")
+        ctx.comm.subgroup(replica_group(ctx.rank, p, n)).all_reduce(out, "mean")
+        return out
+    outs = VirtualCluster(n).run(two_hops)
+    mics = torch.cat(outs[:p]).double()
+    assert all(torch.equal(outs[k], outs[k % p]) for k in range(n))   # replicas agree
+    flat = VirtualCluster(n).run(lambda ctx: ctx.comm.all_reduce(xs[ctx.rank].clone(), "mean"))[0]
+    e1 = (1 + U16) * gamma(p, U32) * a + U16 * b + h
+    hop2 = gamma(r, U32) * (b + e1)
+    assert ((mics - exact).abs() <= e1 + hop2 + U16 * (exact.abs() + e1 + hop2) + h).all()
+    assert ((flat.double() - exact).abs()
+            <= (1 + U16) * gamma(n, U32) * a + U16 * exact.abs() + h).all()
+    assert not torch.equal(mics, flat.double())
+
+
+def test_a_partition_group_of_every_rank_is_the_flat_stage_bit_for_bit():
+    """p = N: one group, replicas of one rank, no second hop: the same sums in the same order as
+    stage 3, rounded means included."""
+    assert_same_training(train(BASE), train(dataclasses.replace(BASE, shard_group=4)))
+
+
+PATHS = {"checkpointing": {"checkpoint_activations": 1},
+         "clipping+loss-scale": {"clip_grad_norm": 0.5, "loss_scale": SCALER},
+         "contiguous-checkpoints": {"checkpoint_activations": 1, "contiguous_checkpoints": True}}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_with_exact_sums_mics_equals_stage3_on_every_path(path):
+    """Checkpointing, clipping with loss scaling (the norm and the overflow vote over the
+    partition group see the replicated mean), M_D: MiCS (p = 2) = stage 3 at N = 4, bit for bit."""
+    cfg = dataclasses.replace(BASE, exact_grads=True, **PATHS[path])
+    assert_same_training(train(cfg), train(dataclasses.replace(cfg, shard_group=2)))
+
+
+@pytest.mark.parametrize("p", [3, 0, 8, "2"])
+def test_a_partition_group_that_does_not_divide_n_d_is_refused_naming_the_accepted(p):
+    """p must divide N_d: the error names the value and the accepted sizes."""
+    with pytest.raises(ValueError, match=rf"shard_group \(MiCS's partition group size p\)={p!r} "
+                                         r"must be an integer that divides the 4 data-parallel "
+                                         r"ranks; accepted: 1, 2, 4"):
+        dataclasses.replace(BASE, shard_group=p)
+
+
+@pytest.mark.parametrize("kw", [{"stage": 0}, {"hpz": 2}, {"stage": 3, "qwz": True},
+                                {"stage": 3, "qgz": True}])
+def test_mics_without_a_sharded_stage_or_beside_hpz_or_quantized_collectives_is_refused(kw):
+    """Stage 0 shards nothing; hpZ's partition is another split of the same ranks; qwZ's and
+    qgZ's collectives run over the whole data-parallel world (a rank failed in setup before)."""
+    with pytest.raises(ValueError, match="shard_group=2 shards the model states of stage 1, 2 or 3"):
+        dataclasses.replace(BASE, shard_group=2, **kw)
+
+
+def test_checkpoints_of_a_mics_run_are_refused_before_any_rank_starts(tmp_path):
+    """Replicas hold the same shards, which the checkpoint layout does not model: save and
+    keep_state are refused, naming shard_group."""
+    cfg = dataclasses.replace(BASE, shard_group=2)
+    for kw in ({"save": {1: tmp_path / "ck"}}, {"keep_state": True}):
+        with pytest.raises(ValueError, match="shard_group=2: checkpoints of a MiCS run are not "
+                                             "modelled"):
+            train(cfg, **kw)

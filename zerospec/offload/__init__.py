@@ -1,0 +1,64 @@
+"""The host and NVMe tiers: ZeRO-Offload (B1–B6) over stages 2 and 3, its one-step delayed
+parameter update (DPU, B8), swap files on NVMe (spec/offload.md).
+
+A TrainConfig asks for it with ``offload_optimizer`` ("cpu" or "nvme"), ``offload_mode``
+("paper" or "deepspeed"), ``nvme_path`` and ``dpu``; :func:`check` refuses what is not built.
+"""
+from .nvme import NvmeError, SwapDir, check_dir
+from .optimizer import HostOptimizer, with_offload
+
+TIERS = ("cpu", "nvme")
+MODES = ("paper", "deepspeed")
+
+
+def check(cfg) -> None:
+    """A TrainConfig's offload fields: ValueError naming the value and what is accepted."""
+    o = cfg.offload_optimizer
+    if o is not None and o not in TIERS:
+        raise ValueError(f"offload_optimizer must be one of {', '.join(TIERS)} or None, got {o!r}")
+    p = cfg.offload_params
+    if p is not None and p != "cpu":
+        raise ValueError(f"offload_params={p!r} (ZeRO-Infinity's parameter offload): accepted "
+                         f"'cpu' or None (the NVMe tier for parameters is not built yet)")
+    if p is not None and (cfg.stage != 3 or o != "cpu" or cfg.dpu):
+        raise ValueError(f"offload_params={p!r} fetches each stage-3 chunk from the host: it needs "
+                         f"stage 3 and offload_optimizer='cpu' without dpu, got stage={cfg.stage}, "
+                         f"offload_optimizer={o!r}, dpu={cfg.dpu}")
+    if cfg.offload_mode not in MODES:
+        raise ValueError(f"offload_mode must be one of {', '.join(MODES)}, got {cfg.offload_mode!r}")
+    if cfg.nvme_path is not None:
+        if o != "nvme":
+            raise ValueError(f"nvme_path={str(cfg.nvme_path)!r} is the NVMe tier's directory: it "
+                             f"needs offload_optimizer='nvme', got {o!r}")
+        check_dir(cfg.nvme_path)
+    d = cfg.dpu
+    if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+        raise ValueError(f"dpu (warm-up steps before the delayed parameter update) must be an "
+                         f"integer >= 0 (0: off), got {d!r}")
+    if d and o is None:
+        raise ValueError(f"dpu={d} delays ZeRO-Offload's host update: it needs offload_optimizer "
+                         f"'cpu' or 'nvme', got None")
+    if d and cfg.loss_scale is not None:
+        raise ValueError(f"dpu={d} with loss scaling is not built: an overflow found one step late "
+                         f"would skip an update whose parameters the device already used")
+    if o is None:
+        return
+    if cfg.stage not in (2, 3):
+        raise ValueError(f"offload_optimizer={o!r} (ZeRO-Offload) is built on ZeRO-2: it needs "
+                         f"stage 2 or 3, got stage={cfg.stage}")
+    refused = {"grad_accum_steps > 1 / exact_grads": cfg.exact,
+               "bucket_elements": cfg.bucket_elements is not None,
+               "contiguous_gradients": cfg.contiguous_gradients,
+               "n_m > 1": cfg.n_m > 1, "hpz > 1": cfg.hpz > 1,
+               "shard_group (MiCS)": cfg.shard_group is not None,
+               "qwz / qgz (ZeRO++)": cfg.qwz or cfg.qgz,
+               "stage3_* (DeepSpeed's ZeRO-3)": bool(cfg.stage3_persistence_threshold
+                                                    or cfg.stage3_max_reuse_distance),
+               "device='meta'": cfg.device == "meta"}
+    bad = [k for k, v in refused.items() if v]
+    if bad:
+        raise ValueError(f"offload_optimizer={o!r} is not combined with {', '.join(bad)} yet")
+
+
+__all__ = ["TIERS", "MODES", "check", "HostOptimizer", "with_offload", "SwapDir", "NvmeError",
+           "check_dir"]

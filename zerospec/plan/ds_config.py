@@ -1,0 +1,177 @@
+"""One reader of DeepSpeed JSON configs (``plan --deepspeed-config``; ZeRO++ and offload read it too).
+
+:func:`read` turns a config into a :class:`DeepSpeedConfig`: the settings zerospec models, each with
+DeepSpeed 0.19.8's default where the file is silent (deepspeed/runtime/zero/config.py), the batch
+keys as given (:meth:`DeepSpeedConfig.batch` resolves them for N_d GPUs by DeepSpeed's rule), and
+every other key of the file in :attr:`DeepSpeedConfig.not_modelled`, each with why: nothing is
+ignored silently. Torch-free: the command line reads a config before it imports anything heavy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+# zero_optimization settings zerospec reads, with DeepSpeed 0.19.8's defaults. overlap_comm's
+# default depends on the stage (True at 3, else False: DeepSpeed's overlap_comm_valid).
+ZERO_DEFAULTS = {"stage": 0, "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
+                 "use_multi_rank_bucket_allreduce": True, "contiguous_gradients": True,
+                 "overlap_comm": None, "stage3_prefetch_bucket_size": 50_000_000,
+                 "stage3_param_persistence_threshold": 100_000,
+                 "stage3_max_live_parameters": 1_000_000_000,
+                 "stage3_max_reuse_distance": 1_000_000_000}
+# activation_checkpointing settings (DeepSpeed's defaults: all off)
+ACTIVATION_DEFAULTS = {"partition_activations": False, "cpu_checkpointing": False,
+                       "contiguous_memory_optimization": False}
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+# keys later work will model: recognised, reported as not modelled yet
+LATER = {
+    "zero_optimization.offload_optimizer": "ZeRO-Offload (optimizer states in host memory)",
+    "zero_optimization.offload_param": "ZeRO-Infinity parameter offload",
+    "zero_optimization.zero_hpz_partition_size": "ZeRO++ hpZ (a secondary parameter partition)",
+    "zero_optimization.zero_quantized_weights": "ZeRO++ qwZ (int8 weight all-gather)",
+    "zero_optimization.zero_quantized_gradients": "ZeRO++ qgZ (int4 gradient reduce-scatter)",
+    "zero_optimization.mics_shard_size": "MiCS (DeepSpeed 0.19 removed it and refuses the key)",
+}
+# read but changing no byte the ledger counts
+NO_BYTES = {"steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
+            "gradient_predivide_factor", "gradient_clipping"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """The batch keys resolved for a data-parallel world of N_d GPUs (DeepSpeed's rule)."""
+
+    micro: int        # train_micro_batch_size_per_gpu
+    gas: int          # gradient_accumulation_steps
+    train: int        # train_batch_size = micro × gas × N_d
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepSpeedConfig:
+    path: str
+    stage: int
+    precision: str                      # "fp16" | "bf16" | "fp32" (neither enabled)
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    use_multi_rank_bucket_allreduce: bool
+    contiguous_gradients: bool
+    overlap_comm: bool
+    stage3_prefetch_bucket_size: int
+    stage3_param_persistence_threshold: int
+    stage3_max_live_parameters: int
+    stage3_max_reuse_distance: int
+    partition_activations: bool
+    cpu_checkpointing: bool
+    contiguous_memory_optimization: bool
+    train_batch_size: int | None
+    train_micro_batch_size_per_gpu: int | None
+    gradient_accumulation_steps: int | None
+    given: frozenset[str]               # the zero_optimization / activation keys the file sets
+    not_modelled: tuple[tuple[str, str], ...]   # (dotted key, why) for every other key
+
+    def batch(self, n_d: int) -> Batch:
+        """DeepSpeed's batch rule for N_d GPUs: two of the three keys give the third (floor
+        division, as DeepSpeed), then train_batch_size = micro × gas × N_d must hold exactly."""
+        t, m, g = (self.train_batch_size, self.train_micro_batch_size_per_gpu,
+                   self.gradient_accumulation_steps)
+        if t is None and m is None:
+            raise ValueError(f"{self.path!r}: neither train_batch_size nor "
+                             f"train_micro_batch_size_per_gpu is set; DeepSpeed needs one")
+        if m is None:
+            m = t // n_d // (g or 1)
+        if g is None:
+            g = 1 if t is None or m == 0 else t // m // n_d
+        if t is None:
+            t = m * g * n_d
+        if m < 1 or g < 1 or t != m * g * n_d:
+            raise ValueError(f"{self.path!r}: train_batch_size {t} != train_micro_batch_size_per_gpu "
+                             f"{m} × gradient_accumulation_steps {g} × N_d {n_d} (DeepSpeed's rule)")
+        return Batch(m, g, t)
+
+
+def _number(path: str, key: str, value, *, bool_: bool = False, positive: bool = False):
+    if bool_:
+        if not isinstance(value, bool):
+            raise ValueError(f"{path!r}: {key} = {value!r}; accepted: true or false")
+        return value
+    # DeepSpeed accepts 5e8 for an integer setting
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and float(value) == int(value) and value >= (1 if positive else 0))
+    if not ok:
+        raise ValueError(f"{path!r}: {key} = {value!r}; accepted: an integer >= {int(positive)}")
+    return int(value)
+
+
+def _section(path: str, doc: dict, name: str) -> dict:
+    sec = doc.get(name, {})
+    if not isinstance(sec, dict):
+        raise ValueError(f"{path!r}: {name} must be an object, got {sec!r}")
+    return sec
+
+
+def _precision(path: str, doc: dict) -> str:
+    on = []
+    for key in ("fp16", "bf16", "bfloat16"):
+        sec = _section(path, doc, key)
+        if sec.get("enabled", False) is True:
+            on.append("fp16" if key == "fp16" else "bf16")
+        elif sec.get("enabled", False) not in (False,):
+            raise ValueError(f"{path!r}: {key}.enabled = {sec['enabled']!r}; accepted: true or false")
+    if len(on) > 1 and set(on) != {"bf16"}:
+        raise ValueError(f"{path!r}: fp16 and bf16 are both enabled; DeepSpeed accepts one")
+    return on[0] if on else "fp32"
+
+
+def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
+    """A DeepSpeed config (a parsed JSON object) → :class:`DeepSpeedConfig`; a value DeepSpeed
+    would refuse raises ValueError naming the key, the value and what is accepted."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path!r}: a DeepSpeed config is a JSON object, got a {type(doc).__name__}")
+    zero, act = _section(path, doc, "zero_optimization"), _section(path, doc, "activation_checkpointing")
+    kw = {}
+    for key, default in ZERO_DEFAULTS.items():
+        value = zero.get(key, default)
+        if value is None:             # overlap_comm: DeepSpeed's stage-dependent default
+            value = kw["stage"] == 3
+        kw[key] = _number(path, f"zero_optimization.{key}", value,
+                          bool_=default is None or isinstance(default, bool))
+    if kw["stage"] not in (0, 1, 2, 3):
+        raise ValueError(f"{path!r}: zero_optimization.stage = {kw['stage']!r}; accepted: 0, 1, 2 or 3")
+    for key, default in ACTIVATION_DEFAULTS.items():
+        kw[key] = _number(path, f"activation_checkpointing.{key}", act.get(key, default), bool_=True)
+    for key in BATCH_KEYS:
+        kw[key] = None if doc.get(key) is None else _number(path, key, doc[key], positive=True)
+    left = []
+    for key in doc:
+        if key in BATCH_KEYS or key in ("zero_optimization", "activation_checkpointing", "fp16",
+                                        "bf16", "bfloat16"):
+            continue
+        left.append((key, "changes no byte of the step" if key in NO_BYTES else
+                     "Adam's states are modelled (K = 12), its settings are not" if key == "optimizer"
+                     else "not read by zerospec"))
+    for key in zero:
+        if key not in ZERO_DEFAULTS:
+            dotted = f"zero_optimization.{key}"
+            left.append((dotted, LATER.get(dotted, "not read by zerospec") +
+                         (": not modelled yet" if dotted in LATER else "")))
+    for sec in ("fp16", "bf16", "bfloat16"):   # loss scaling and the like: no byte of the step
+        left += [(f"{sec}.{k}", "changes no byte of the step") for k in doc.get(sec, {})
+                 if k != "enabled"]
+    for key in act:
+        if key not in ACTIVATION_DEFAULTS:
+            left.append((f"activation_checkpointing.{key}", "not read by zerospec"))
+    given = frozenset([k for k in zero if k in ZERO_DEFAULTS] + [k for k in act if k in ACTIVATION_DEFAULTS])
+    return DeepSpeedConfig(path=path, precision=_precision(path, doc), given=given,
+                           not_modelled=tuple(left), **kw)
+
+
+def read(path: str) -> DeepSpeedConfig:
+    """Read and :func:`parse` the DeepSpeed JSON config at ``path``."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read DeepSpeed config {path!r} ({exc}); accepted: a JSON file "
+                         f"such as deepspeed.initialize(config=...) takes") from None
+    return parse(doc, path)

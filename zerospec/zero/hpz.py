@@ -1,0 +1,92 @@
+"""ZeRO++'s hpZ (hierarchical partitioning, ``zero_hpz_partition_size`` = h): stage 3 whose
+backward all-gather stays inside a node (D2's middle row, D6).
+
+Forward gathers each unit over the whole DP group, as stage 3 does, and each GPU keeps a
+*secondary* fp16 shard of it: 1/h of the unit, its slice for the h consecutive ranks of its
+secondary partition (comm/groups.py ``hpz_group``; h dividing the GPUs per node puts the
+partition inside a node). Backward — the re-gather of C24/C57, and a checkpointed segment's
+recompute, which runs in backward — gathers the unit over those h ranks from their secondary
+shards: on intra-node links only, so backward's cross-node volume is 0 (stage 3: M).
+
+Memory (D6): the secondary shards of every unit, 2Ψ/h bytes (padded), live from forward to the
+end of backward, then are freed: +2Ψ/h per GPU at the peak between forward and backward, none
+after the step.
+
+No arithmetic: a secondary shard holds the bits forward gathered, so backward's gather returns
+the bits stage 3's would, and hpZ trains bit-identically to stage 3 on every path (checkpointing,
+accumulation, clipping, checkpoints). Rank r's secondary partition is in DP index space, so
+hpZ runs without model parallelism (N_m = 1).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..comm.groups import Nodes, divisors, hpz_group, hpz_groups
+
+
+def check(cfg) -> None:
+    """``gpus_per_node`` and ``hpz`` of a TrainConfig: ValueError naming the value and what is
+    accepted."""
+    nodes = Nodes(cfg.n_ranks, cfg.gpus_per_node)     # refuses a G that does not divide N
+    h = cfg.hpz
+    if not isinstance(h, int) or isinstance(h, bool) or h < 1:
+        raise ValueError(f"hpz (zero_hpz_partition_size) must be an integer >= 1 (1: off), got {h!r}")
+    if h == 1:
+        return
+    g = nodes.per_node
+    if g % h:
+        raise ValueError(f"hpz (zero_hpz_partition_size)={h} must divide the GPUs per node "
+                         f"({g}) so that each secondary partition lies inside one node; accepted: "
+                         f"{', '.join(map(str, divisors(g)))}")
+    if cfg.stage != 3 or cfg.n_m != 1:
+        raise ValueError(f"hpz={h} is a ZeRO-3 setting over the data-parallel ranks: it needs "
+                         f"stage 3 and n_m=1, got stage={cfg.stage}, n_m={cfg.n_m}")
+
+
+class SecondaryPartition:
+    """hpZ in front of a stage-3 class (see the module doc): forward keeps a 1/h secondary shard
+    of each unit it gathers; backward gathers from those shards over the h-rank partition."""
+
+    def __init__(self, ctx, *args, hpz: int, **kwargs):
+        self.h = hpz
+        make = getattr(ctx.comm.backend, "new_groups", None)
+        if make is not None:   # torch.distributed: every process makes every group, in order
+            make(hpz_groups(ctx.n_ranks, hpz))
+        self.hpz_comm = ctx.comm.subgroup(hpz_group(ctx.rank, hpz))
+        self.secondary: dict[int, torch.Tensor] = {}
+        super().__init__(ctx, *args, **kwargs)
+
+    def acquire(self, i: int) -> torch.Tensor:
+        if self.is_resident(i):
+            return super().acquire(i)
+        if self.ctx.phase_name == "backward":   # the re-gather, or a recompute inside backward
+            return self._from_secondary(i)
+        full = super().acquire(i)   # over the DP group, across nodes
+        if i not in self.secondary:
+            c = self.units[i].padded // self.h
+            j = self.hpz_comm.rank
+            sec = self.memory.alloc("secondary16", (c,), self.dtype, zero=False)   # 2·padded/h B
+            self.secondary[i] = sec.copy_(full[j * c:(j + 1) * c])
+        return full
+
+    def _from_secondary(self, i: int) -> torch.Tensor:
+        sec = self.secondary.get(i)
+        if sec is None:
+            raise RuntimeError(f"hpZ: unit {self.units[i].name!r} is gathered in backward but "
+                               f"forward kept no secondary shard of it")
+        full = self.memory.alloc("gathered", (self.units[i].padded,), self.dtype, zero=False)
+        return self.hpz_comm.all_gather(full, sec)   # inside the node
+
+    def end_backward(self) -> None:
+        """Backward is over: the secondary shards go (the next forward makes new ones)."""
+        for sec in self.secondary.values():
+            self.memory.free(sec)
+        self.secondary.clear()
+
+
+@functools.cache
+def with_hpz(cls: type) -> type:
+    """``cls`` (a stage-3 class: the paper's, the exact one, DeepSpeed's) with hpZ in front."""
+    return type(f"Hpz{cls.__name__}", (SecondaryPartition, cls), {})

@@ -1,0 +1,79 @@
+"""MiCS (Zhang et al., arXiv:2205.00119) and FSDP2's HSDP: shard over a group of p GPUs,
+replicate over N/p such groups (``TrainConfig.shard_group`` = p; spec/mics.md).
+
+The N data-parallel ranks split into N/p *partition groups* of p consecutive ranks (comm/groups.py
+``shard_group``; with p the GPUs per node, a node) and p *replication groups* of the N/p ranks at
+the same position in each (``replica_group``). A stage (1, 2 or 3) runs unchanged over its
+partition group, as if p were the whole world: units are padded for p and rank r holds chunk
+r mod p, so the model states are those of stage k at N_d = p (M1: 16Ψ/p in stage 3). Every
+all-gather and reduce-scatter stays inside the partition group.
+
+Gradients take two hops (M2): the stage's own reduction inside the group (each micro-step in
+stages 2–3), then one all-reduce of each gradient shard, Ψ/p elements, across the replication
+group at the accumulation boundary (grad_sync), once per step whatever G is. Then every replica
+holds the same mean gradient shard, so the overflow vote and the clipping norm, taken over the
+partition group, are the global ones, and the replicas step identically.
+
+Arithmetic: with exact sums (fp64 of fp16 gradients, zerospec/zero/exact.py) the second hop sums
+fp64 partial sums and the one division is by N·G: the result is the exact mean, so MiCS trains
+bit-identically to the flat stage at N. Without them, each hop's mean is rounded to the gradient
+dtype: (Σ_group / p) rounded, then (Σ_replicas / (N/p)) rounded, against the flat ring's one
+rounding of Σ_all / N — the bound is derived in spec/mics.md.
+"""
+from __future__ import annotations
+
+import functools
+
+from ..comm.groups import divisors
+
+
+def check(cfg) -> None:
+    """``shard_group`` of a TrainConfig: ValueError naming the value and what is accepted."""
+    p = cfg.shard_group
+    if p is None:
+        return
+    if not isinstance(p, int) or isinstance(p, bool) or p < 1 or cfg.n_d % p:
+        raise ValueError(f"shard_group (MiCS's partition group size p)={p!r} must be an integer "
+                         f"that divides the {cfg.n_d} data-parallel ranks; accepted: "
+                         f"{', '.join(map(str, divisors(cfg.n_d)))}")
+    qwz, qgz = getattr(cfg, "qwz", False), getattr(cfg, "qgz", False)
+    if cfg.stage == 0 or cfg.n_m != 1 or cfg.hpz != 1 or qwz or qgz:
+        raise ValueError(f"shard_group={p} shards the model states of stage 1, 2 or 3 over p of "
+                         f"the data-parallel ranks: it needs stage >= 1, n_m=1, hpz=1 and neither "
+                         f"qwZ nor qgZ (their groups span the whole data-parallel world), got "
+                         f"stage={cfg.stage}, n_m={cfg.n_m}, hpz={cfg.hpz}, qwz={qwz}, qgz={qgz}")
+
+
+class ReplicatedShards:
+    """A stage over its partition group, whose gradient shards are all-reduced across the
+    replication group at the accumulation boundary (see the module doc). ``ctx``: the partition
+    group's view of the rank, with ``replicas``, the replication group's interconnect."""
+
+    def __init__(self, ctx, *args, **kwargs):
+        self.replicas = ctx.replicas
+        super().__init__(ctx, *args, **kwargs)
+
+    def reduce_gradients(self) -> None:
+        super().reduce_gradients()           # inside the partition group (exact: then _average)
+        if not hasattr(self, "accum_steps"):   # rounded means: the second hop's mean
+            self._across_replicas("mean")
+
+    def _average(self) -> None:
+        """Exact sums: add the replicas' fp64 partial sums (exact), then the one division by N·G."""
+        self._across_replicas("sum")
+        n = self.ctx.n_ranks * self.replicas.n_ranks * self.accum_steps
+        for i in range(len(self.units)):
+            self.grad_for_step(i).div_(n)
+
+    def _across_replicas(self, op: str) -> None:
+        if self.replicas.n_ranks == 1:
+            return
+        with self.replicas.batch():
+            for i in range(len(self.units)):
+                self.replicas.all_reduce(self.grad_for_step(i), op)
+
+
+@functools.cache
+def with_mics(cls: type) -> type:
+    """``cls`` (a stage class 1–3, exact or not) over a partition group, replicated."""
+    return type(f"Mics{cls.__name__}", (ReplicatedShards, cls), {})
