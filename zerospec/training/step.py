@@ -96,6 +96,7 @@ class Rank:
     master: list[tuple[slice, torch.Tensor]]   # the rank's fp32 master shards
     model_states: int               # bytes right after setup, before the fetcher is made
     first_step: int                 # 1, or the step after the resumed checkpoint's
+    mp: object = None               # the MP group (model/megatron.TensorParallel), None without MP
 
 
 def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
@@ -120,7 +121,7 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
     blocks = block_runner(cfg.checkpoint_activations, fetcher, mp, keep)   # zero_r/
     return Rank(ctx, dp_ctx, stage, updater, fetcher, blocks, master, model_states,
-                meta.get("step", 0) + 1)
+                meta.get("step", 0) + 1, mp)
 
 
 def _groups(ctx, cfg: TrainConfig, init):
@@ -238,7 +239,8 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
         with phase("forward"), _flops(cfg.count_flops, ops["forward"]) as oc:
             with fetcher.hooks():
                 loss = gpt.forward(cfg.model, micro_batch(idx, r, cfg.n_d, k, G),
-                                   micro_batch(tgt, r, cfg.n_d, k, G), fetcher.fetch, rank.blocks)
+                                   micro_batch(tgt, r, cfg.n_d, k, G), fetcher.fetch, rank.blocks,
+                                   rank.mp)
             fetcher.end_forward()
         flops["forward"] += oc.flops if oc is not None else 0
         with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as oc:
