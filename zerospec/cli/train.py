@@ -81,9 +81,14 @@ def add_parser(sub) -> None:
                    help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
                         "deepspeed: fp32 gradients down (6); default paper")
     o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host, "
-                        "fetched over PCIe for each use (cpu; needs --offload-optimizer cpu; "
-                        "nvme is not built yet)")
+                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host "
+                        "(cpu) or in NVMe swap files (nvme), fetched NVMe -> host -> device for "
+                        "each use; needs --stage 3 and --offload-optimizer")
+    o.add_argument("--offload-partition", choices=("bandwidth", "owner"), default="bandwidth",
+                   help="where offloaded parameters live: bandwidth (C-I8: every rank 1/N, "
+                        "each PCIe link 1/N per fetch, then an all-gather) or owner (the "
+                        "baseline: one rank holds each unit, its link carries all, then a "
+                        "broadcast); default bandwidth")
     o.add_argument("--nvme-path", default=None, metavar="DIR",
                    help="an existing directory for the NVMe tier's swap files (default: a "
                         "temporary one)")
@@ -148,6 +153,7 @@ def _config(args, n_ranks: int):
                        gpus_per_node=args.gpus_per_node, hpz=args.hpz,
                        offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
                        offload_params=args.offload_params, nvme_path=args.nvme_path,
+                       offload_partition=args.offload_partition,
                        dpu=args.dpu,
                        shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
                        quant_group_size=args.quant_group_size)

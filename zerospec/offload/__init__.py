@@ -6,6 +6,7 @@ A TrainConfig asks for it with ``offload_optimizer`` ("cpu" or "nvme"), ``offloa
 """
 from .nvme import NvmeError, SwapDir, check_dir
 from .optimizer import HostOptimizer, with_offload
+from .params import PARTITIONS
 
 TIERS = ("cpu", "nvme")
 MODES = ("paper", "deepspeed")
@@ -17,19 +18,26 @@ def check(cfg) -> None:
     if o is not None and o not in TIERS:
         raise ValueError(f"offload_optimizer must be one of {', '.join(TIERS)} or None, got {o!r}")
     p = cfg.offload_params
-    if p is not None and p != "cpu":
+    if p is not None and p not in TIERS:
         raise ValueError(f"offload_params={p!r} (ZeRO-Infinity's parameter offload): accepted "
-                         f"'cpu' or None (the NVMe tier for parameters is not built yet)")
-    if p is not None and (cfg.stage != 3 or o != "cpu" or cfg.dpu):
+                         f"{', '.join(TIERS)} or None")
+    if p is not None and (cfg.stage != 3 or o is None or cfg.dpu):
         raise ValueError(f"offload_params={p!r} fetches each stage-3 chunk from the host: it needs "
-                         f"stage 3 and offload_optimizer='cpu' without dpu, got stage={cfg.stage}, "
-                         f"offload_optimizer={o!r}, dpu={cfg.dpu}")
+                         f"stage 3 and offload_optimizer 'cpu' or 'nvme' without dpu, got "
+                         f"stage={cfg.stage}, offload_optimizer={o!r}, dpu={cfg.dpu}")
+    if cfg.offload_partition not in PARTITIONS:
+        raise ValueError(f"offload_partition must be one of {', '.join(PARTITIONS)}, got "
+                         f"{cfg.offload_partition!r}")
+    if cfg.offload_partition != "bandwidth" and p is None:
+        raise ValueError(f"offload_partition={cfg.offload_partition!r} says where offloaded "
+                         f"parameters live: it needs offload_params 'cpu' or 'nvme', got None")
     if cfg.offload_mode not in MODES:
         raise ValueError(f"offload_mode must be one of {', '.join(MODES)}, got {cfg.offload_mode!r}")
     if cfg.nvme_path is not None:
-        if o != "nvme":
+        if o != "nvme" and p != "nvme":
             raise ValueError(f"nvme_path={str(cfg.nvme_path)!r} is the NVMe tier's directory: it "
-                             f"needs offload_optimizer='nvme', got {o!r}")
+                             f"needs offload_optimizer='nvme' or offload_params='nvme', got "
+                             f"offload_optimizer={o!r}, offload_params={p!r}")
         check_dir(cfg.nvme_path)
     d = cfg.dpu
     if not isinstance(d, int) or isinstance(d, bool) or d < 0:
@@ -60,5 +68,5 @@ def check(cfg) -> None:
         raise ValueError(f"offload_optimizer={o!r} is not combined with {', '.join(bad)} yet")
 
 
-__all__ = ["TIERS", "MODES", "check", "HostOptimizer", "with_offload", "SwapDir", "NvmeError",
+__all__ = ["TIERS", "MODES", "PARTITIONS", "check", "HostOptimizer", "with_offload", "SwapDir", "NvmeError",
            "check_dir"]

@@ -178,6 +178,9 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
         cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
                       nvme_path=cfg.nvme_path)
+        if cfg.offload_params:   # ZeRO-Infinity: the fp16 parameters too (offload/params.py)
+            kwargs.update(offload_params=cfg.offload_params,
+                          offload_partition=cfg.offload_partition)
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
         cls = with_mics(cls)
     return cls, kwargs
@@ -197,6 +200,12 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     if save and cfg.dpu and max(save) >= cfg.dpu:
         raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
                          f"miss the gradient whose update is still pending (spec/offload.md)")
+    if (save or resume is not None) and cfg.offload_params and (
+            cfg.offload_params == "nvme" or cfg.offload_partition == "owner"):
+        raise ValueError(f"checkpoints with offload_params={cfg.offload_params!r}, "
+                         f"offload_partition={cfg.offload_partition!r} are not built: the fp16 "
+                         f"chunks are not in this rank's host memory (offload_params='cpu' with "
+                         f"the bandwidth partition is)")
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
     out.step_end.append(time.perf_counter())
