@@ -12,6 +12,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.support.runs import assert_same_training
 from zerospec.model.gpt import ODD
@@ -134,3 +135,119 @@ def test_bandwidth_centric_puts_1_nth_on_every_link_the_owner_all_on_one(tier, c
                      f"{total['owner']} B over all links", "each PCIe link carries 1/dp of each "
                      f"parameter, not one link all of it (C-I8)", f"N = {N}, forward + backward "
                      f"of step 2; the prefetcher is not built")
+
+
+# -- C-I3: memory-centric tiling -------------------------------------------------------------------
+HD, D_FF, TOKENS = 64, 256, 8     # the MLP of a small block; few tokens, so weights dominate
+
+
+def _tiled_run(tiles: int):
+    """Forward and backward of the tiled MLP on one rank: (y, dh, weight grads, observation,
+    comm ledger). The observer sees the storages; the ledger only names their categories."""
+    from types import SimpleNamespace
+    from zerospec.comm.ledger import CommLedger
+    from zerospec.offload.tiling import TiledMLP
+    from zerospec.runtime.memory import MemoryLedger
+    from zerospec.runtime.observe import Observer
+
+    g = torch.Generator().manual_seed(0)
+    w_fc, b_fc = torch.randn(D_FF, HD, generator=g) * .1, torch.randn(D_FF, generator=g) * .1
+    w_proj, b_proj = torch.randn(HD, D_FF, generator=g) * .1, torch.randn(HD, generator=g) * .1
+    h = torch.randn(TOKENS, HD, generator=g).requires_grad_()
+    dy = torch.randn(TOKENS, HD, generator=g)
+    ctx = SimpleNamespace(phase_name="forward", step=1, memory=MemoryLedger("cpu"))
+    comm = CommLedger(1)
+    link = SimpleNamespace(book_link=lambda op, t: comm.book(
+        0, op, t.dtype, t.numel(), ctx.phase_name, 1, group="host", n=1, index=0))
+    op = TiledMLP(w_fc, b_fc, w_proj, b_proj, tiles, ctx.memory, link)
+    with Observer(ctx) as o:
+        y = op(h)
+        ctx.phase_name = "backward"
+        y.backward(dy)
+    grads = [torch.cat([t[j] for t in op.grad_host], dim=1 if j == 2 else 0) for j in range(3)]
+    plain = F.linear(F.gelu(F.linear(h.detach(), *(x.half().float() for x in (w_fc, b_fc)))),
+                     w_proj.half().float()) + b_proj     # the bias added after, as the operator does
+    return y.detach(), h.grad, grads, o.observation, comm, plain
+
+
+def _working(peak, cats=("gathered", "grad16")) -> int:
+    return sum(s.nbytes for s in peak.live if s.category in cats)
+
+
+@pytest.mark.claim("C-I3")
+def test_tiling_divides_the_operators_working_memory_by_t(claim_values):
+    """C-I3's MSWM is the fp16 parameters and gradients of the largest operator; tiling the MLP
+    into T tiles along d_ff, fetched and freed one by one, leaves one tile's worth live: the
+    observer sees exactly 4 bytes per parameter of one tile at backward's peak (2 per parameter
+    in forward), ÷ T, and the whole peak shrinks with T; the link bytes stay the same."""
+    from zerospec.offload.tiling import mswm_bytes
+    seen = {}
+    for t in (1, 2, 4, 8):
+        *_, obs, comm, _ = _tiled_run(t)
+        back, fwd = obs.peaks["backward@1"], obs.peaks["forward@1"]
+        assert _working(back) == mswm_bytes(HD, D_FF, t)
+        assert _working(fwd) == mswm_bytes(HD, D_FF, t) // 2
+        seen[t] = (_working(back), back.bytes)
+        per_pass = 2 * (2 * HD * D_FF + D_FF)
+        by = {}
+        for x in comm.records(0):
+            by[(x.op, x.phase)] = by.get((x.op, x.phase), 0) + x.bytes_sent + x.bytes_recv
+        assert by == {("from_host", "forward"): per_pass, ("from_host", "backward"): per_pass,
+                      ("to_host", "backward"): per_pass}
+    assert [seen[1][0] // seen[t][0] for t in seen] == list(seen)
+    assert all(seen[a][1] > seen[b][1] for a, b in ((1, 2), (2, 4), (4, 8)))
+    claim_values(f"MSWM observed {', '.join(f'T={t}: {w:,} B' for t, (w, _) in seen.items())}; "
+                 f"whole backward peak {seen[1][1]:,} → {seen[8][1]:,} B",
+                 "MSWM = 4 × hd × 4hd bytes for the largest operator; tiling divides it (C-I3)",
+                 f"hd {HD}, d_ff {D_FF}, MLP's c_fc + c_proj weights")
+
+
+@pytest.mark.claim("C-I3")
+def test_tiling_is_exact_along_the_output_dim_and_within_the_derived_bound_along_d_ff():
+    """Tiles along c_fc's output dim change no dot product: every weight gradient equals the
+    untiled one bit for bit, and T = 1 equals plain autograd. c_proj's output and the input
+    gradient are sums over d_ff that tiling regroups: each element within the derived bound for
+    two fp32 summation orders, 2·γ_K·Σ|xᵢyᵢ|, K = d_ff + 1 (tiling.reorder_bound) — not zero."""
+    from zerospec.offload.tiling import reorder_bound
+    y1, dh1, g1, *_, plain = _tiled_run(1)
+    assert torch.equal(y1, plain)
+    for t in (2, 4, 8):
+        y, dh, g, *_ = _tiled_run(t)
+        assert all(torch.equal(a, b) for a, b in zip(g, g1))
+        assert torch.all((y - y1).abs() <= reorder_bound(_abs_terms_y(), D_FF + 1))
+        assert torch.all((dh - dh1).abs() <= reorder_bound(_abs_terms_dh(), D_FF + 1))
+    assert not torch.equal(y, y1) or not torch.equal(dh, dh1)   # the order did change something
+
+
+def _weights():
+    g = torch.Generator().manual_seed(0)
+    w_fc, b_fc = torch.randn(D_FF, HD, generator=g) * .1, torch.randn(D_FF, generator=g) * .1
+    w_proj, b_proj = torch.randn(HD, D_FF, generator=g) * .1, torch.randn(HD, generator=g) * .1
+    h = torch.randn(TOKENS, HD, generator=g)
+    dy = torch.randn(TOKENS, HD, generator=g)
+    return [x.half().float() for x in (w_fc, b_fc, w_proj)] + [b_proj, h, dy]
+
+
+def _abs_terms_y():
+    """Σⱼ |aⱼ · W_proj[:, j]| + |b|: the terms of y's sum over d_ff."""
+    w_fc, b_fc, w_proj, b_proj, h, _ = _weights()
+    a = F.gelu(F.linear(h, w_fc, b_fc))
+    return a.abs() @ w_proj.abs().T + b_proj.abs()
+
+
+def _abs_terms_dh():
+    """Σⱼ |dzⱼ · W_fc[j, :]|: the terms of dh's sum over d_ff."""
+    w_fc, b_fc, w_proj, _, h, dy = _weights()
+    z = F.linear(h, w_fc, b_fc).requires_grad_()
+    a = F.gelu(z)
+    dz, = torch.autograd.grad(a, z, dy @ w_proj)
+    return dz.abs() @ w_fc.abs()
+
+
+def test_a_tile_count_that_does_not_divide_d_ff_is_one_clear_error():
+    """T must divide d_ff (equal tiles): one ValueError naming T, d_ff and what is accepted."""
+    from zerospec.offload.tiling import check_tiles
+    for bad in (3, 0, -2, 2.0, True):
+        with pytest.raises(ValueError, match=rf"tiles={bad!r} cannot split the MLP's d_ff=256"):
+            check_tiles(256, bad)
+    assert check_tiles(256, 8) == 8
