@@ -8,6 +8,7 @@ Runs: the ODD model (units divide by no N, so padding shows) on N = 4 virtual GP
 from __future__ import annotations
 
 import functools
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 
 N, STEPS = 4, 3
+GB = 10**9
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,6 +143,7 @@ def test_bandwidth_centric_puts_1_nth_on_every_link_the_owner_all_on_one(tier, c
 HD, D_FF, TOKENS = 64, 256, 8     # the MLP of a small block; few tokens, so weights dominate
 
 
+@functools.lru_cache(maxsize=None)
 def _tiled_run(tiles: int):
     """Forward and backward of the tiled MLP on one rank: (y, dh, weight grads, observation,
     comm ledger). The observer sees the storages; the ledger only names their categories."""
@@ -251,3 +254,195 @@ def test_a_tile_count_that_does_not_divide_d_ff_is_one_clear_error():
         with pytest.raises(ValueError, match=rf"tiles={bad!r} cannot split the MLP's d_ff=256"):
             check_tiles(256, bad)
     assert check_tiles(256, 8) == 8
+
+
+# -- C-I5, C-I6: the efficiency model from measured FLOPs and bytes ---------------------------------
+@functools.lru_cache(maxsize=None)
+def _measured():
+    """One GPU (the paper's per-GPU view), everything offloaded to NVMe, a checkpoint per block,
+    FLOPs counted: (ait per data type, tokens, result)."""
+    from zerospec.evaluation import infinity as ev
+    r = train(TrainConfig(stage=3, n_d=1, model=ODD, steps=2, offload_optimizer="nvme",
+                          offload_params="nvme", checkpoint_activations=1, count_flops=True,
+                          global_batch=4))
+    return ev.measured_ait(r), 4 * ODD.block_size, r
+
+
+@pytest.mark.claim("C-I5", status="modelled_differs", page="spec/infinity.md#the-efficiency-model-c-i5-c-i6")
+def test_arithmetic_intensity_measured_per_data_type(claim_values):
+    """C-I5's ait = FLOPs / bytes moved, from the op counter's FLOPs and the ledgers' bytes on one
+    GPU: parameters and gradients 4/3 × seq·bsz (zerospec gathers each unit twice per step, once
+    in forward and once in backward for recompute and gradients together, where the paper counts
+    three loads), optimizer states 4/3 × seq·bsz/4 (24 bytes per parameter cross NVMe, the paper
+    counts 32 with fp32 gradients), each within the FLOPs the model adds beyond 8·tokens·Ψ."""
+    from zerospec.evaluation import infinity as ev
+    from zerospec.paper import hardware
+    from zerospec.paper import infinity as zi
+    aits, tokens, r = _measured()
+    f, psi = ev.step_flops(r), r.psi_padded
+    moved = ev.moved_bytes(r)
+    assert moved["params"] == (2 + 2 + 2) * psi          # 2 loads + 1 gradient, fp16
+    assert moved["optimizer"] == 2 * 12 * psi            # master, momentum, variance: in and out
+    assert aits["params"] == Fraction(f, 6 * psi) and aits["optimizer"] == Fraction(f, 24 * psi)
+    scale = Fraction(f, 8 * tokens * psi)                # the model's FLOPs against C-I5's count
+    assert abs(scale - 1) < Fraction(1, 100)
+    paper = {d: zi.ait(d, seq=ODD.block_size, bsz=4) for d in ("params", "optimizer")}
+    assert {d: aits[d] / paper[d] / scale for d in paper} == {"params": Fraction(4, 3),
+                                                             "optimizer": Fraction(4, 3)}
+    eff = zi.efficiency(aits["params"], hardware.DGX2.host_bytes_per_s)
+    claim_values(f"ait params {float(aits['params']):.1f}, optimizer {float(aits['optimizer']):.1f}, "
+                 f"checkpoints {float(aits['checkpoints']):.1f} (tokens {tokens}); at this ait a DGX-2 "
+                 f"GPU's PCIe runs at {float(eff):.1%}", f"seq·bsz = {tokens}, seq·bsz/4 = {tokens // 4}, "
+                 f"24·hd·ci = {24 * ODD.n_embd} (C-I5)", "one GPU, ODD, NVMe tier, checkpoint per block")
+
+
+@pytest.mark.claim("C-I6", status="modelled")
+def test_the_bandwidth_thresholds_of_figure_3(claim_values):
+    """C-I6 at Fig. 3's peak of 70 TFLOPS, from C-I5's model: 70 GB/s gives > 50% on parameters
+    at batch 1 (seq 1024); optimizer states need 4× that bandwidth for the same efficiency and
+    about 1.5 TB/s (1.23) for 90% at batch 2; checkpoints at 2 GB/s give > 50% at hd 2K and need
+    under 1 GB/s beyond hd 8K; a DGX-2 GPU's PCIe (15.75 GB/s, of which the paper uses 3) gives >
+    80% at hd ≥ 8K. The same thresholds hold with zerospec's measured aits (4/3 of the paper's)."""
+    from zerospec.paper import hardware
+    from zerospec.paper import infinity as zi
+    aits, tokens, r = _measured()
+    ratio = {"params": Fraction(4, 3), "optimizer": Fraction(4, 3), "checkpoints": Fraction(1)}
+    rows = {}
+    for label, k in (("paper", {d: 1 for d in ratio}), ("zerospec", ratio)):
+        a = lambda d, **kw: zi.ait(d, **kw) * k[d]        # noqa: E731
+        e_p = zi.efficiency(a("params", seq=1024, bsz=1), 70 * GB)
+        need_os = zi.bandwidth_for(e_p, a("optimizer", seq=1024, bsz=1))
+        os90 = zi.bandwidth_for(Fraction(9, 10), a("optimizer", seq=1024, bsz=2))
+        ck2k = zi.efficiency(a("checkpoints", hd=2048), 2 * GB)
+        ck8k_need = zi.bandwidth_for(Fraction(1, 2), a("checkpoints", hd=8192))
+        pcie = zi.efficiency(a("checkpoints", hd=8192), 3 * GB)
+        dgx2 = zi.efficiency(a("checkpoints", hd=8192), hardware.DGX2.host_bytes_per_s)
+        assert e_p > Fraction(1, 2) and need_os / (70 * GB) >= 4 if label == "paper" else e_p > Fraction(1, 2)
+        assert 1.2e12 < os90 < 1.5e12 or label != "paper"
+        assert ck2k > Fraction(1, 2) and ck8k_need < GB and pcie > Fraction(8, 10) and dgx2 > pcie
+        rows[label] = (e_p, os90, ck2k, pcie)
+    assert round(float(rows["paper"][2]), 3) == 0.584       # the sanity check: 98.3/(98.3+70)
+    p = rows["paper"]
+    claim_values(f"params @70 GB/s {float(p[0]):.1%}; optimizer 90% @bsz 2 needs "
+                 f"{float(p[1]) / 1e12:.2f} TB/s; checkpoints hd 2K @2 GB/s {float(p[2]):.1%}, hd 8K "
+                 f"@3 GB/s {float(p[3]):.1%}", "> 50%; ~1.5 TB/s; > 50%; > 80% (C-I6)",
+                 f"peak 70 TFLOPS; zerospec's aits: params {float(rows['zerospec'][0]):.1%}")
+
+
+def efficiency_table() -> str:
+    """Fig. 3 as a table: C-I5's efficiency per data type and bandwidth at the paper's aits."""
+    from zerospec.paper import infinity as zi
+    from zerospec.render.format import markdown
+    cases = [("params & grads, bsz 1", zi.ait("params", seq=1024, bsz=1)),
+             ("params & grads, bsz 16", zi.ait("params", seq=1024, bsz=16)),
+             ("optimizer, bsz 2", zi.ait("optimizer", seq=1024, bsz=2)),
+             ("optimizer, bsz 16", zi.ait("optimizer", seq=1024, bsz=16)),
+             ("checkpoints, hd 2K", zi.ait("checkpoints", hd=2048)),
+             ("checkpoints, hd 8K", zi.ait("checkpoints", hd=8192))]
+    bws = (1, 3, 16, 70, 300, 1500)
+    rows = [[name, f"{int(a):,}"] + [f"{float(zi.efficiency(a, b * GB)):.0%}" for b in bws]
+            for name, a in cases]
+    return markdown(["data", "ait"] + [f"{b} GB/s" for b in bws], rows)
+
+
+def test_efficiency_table(md_snapshot):
+    """The spec's Fig. 3 table: efficiency per data type and bandwidth (C-I5, peak 70 TFLOPS)."""
+    assert efficiency_table() == md_snapshot
+
+
+# -- C-I7: the largest model per tier --------------------------------------------------------------
+def _per_param(**kw):
+    from zerospec.evaluation import infinity as ev
+    return ev.bytes_per_param_per_tier(run(3, **kw) if kw else run(3))
+
+
+@pytest.mark.claim("C-I7", status="differs", page="spec/infinity.md#capacity-per-tier-c-i7")
+def test_the_largest_model_per_tier_on_one_dgx2_and_512_gpus(claim_values):
+    """C-I7 from the model-state bytes per parameter each tier holds, read off the ledgers of
+    runs with nothing, the host and NVMe offloaded (16 on the GPU; 16 on the host; 2 on the host
+    and 14 on NVMe), and the tiers' spec-sheet capacities: one DGX-2 fits 32B on its GPUs, 93B
+    with the host and 750B with NVMe — short of the paper's 1T, because zerospec's NVMe tier keeps
+    the fp16 gradients in host memory (2 bytes per parameter, 1.5 TB); with the paper's 20 bytes
+    all on NVMe, 1.5T. 512 GPUs: 24T with NVMe here, 49T with the paper's placement (≥ 32T). NVMe
+    is 60× the GPUs' memory and 20× the host's (the paper: about 50× and 20×)."""
+    from zerospec.evaluation import infinity as ev
+    from zerospec.paper import hardware
+    from zerospec.paper import infinity as zi
+    t = hardware.DGX2_TIERS
+    per = {"GPU": _per_param(), "+ CPU": _per_param(offload_optimizer="cpu", offload_params="cpu",
+                                                    offload_partition="bandwidth"),
+           "+ NVMe": _per_param(offload_optimizer="cpu", offload_params="nvme",
+                                offload_partition="bandwidth")}
+    assert per == {"GPU": {"gpu": 16, "cpu": 0, "nvme": 0}, "+ CPU": {"gpu": 0, "cpu": 16, "nvme": 0},
+                   "+ NVMe": {"gpu": 0, "cpu": 14, "nvme": 2}}
+    per["+ NVMe"] = ev.bytes_per_param_per_tier(_measured()[2])    # the optimizer on NVMe too
+    assert per["+ NVMe"] == {"gpu": 0, "cpu": 2, "nvme": 14}
+    fit = {(k, nodes): ev.largest_model(v, t, nodes) for k, v in per.items() for nodes in (1, 32)}
+    assert {k: round(v / 1e9) for k, v in fit.items()} == {
+        ("GPU", 1): 32, ("GPU", 32): 1024, ("+ CPU", 1): 94, ("+ CPU", 32): 3000,
+        ("+ NVMe", 1): 750, ("+ NVMe", 32): 24000}
+    papers = {n: ev.largest_model({"nvme": Fraction(zi.BYTES_PER_PARAM)}, t, n) for n in (1, 32)}
+    assert papers[1] >= 10**12 and papers[32] >= 32 * 10**12
+    assert round(t.nvme_bytes / t.gpu_bytes) == 60 and round(t.nvme_bytes / t.host_bytes) == 20
+    claim_values(f"one DGX-2: GPU {fit['GPU', 1] / 1e9:.0f}B, +CPU {fit['+ CPU', 1] / 1e9:.0f}B, "
+                 f"+NVMe {fit['+ NVMe', 1] / 1e9:.0f}B (20 B on NVMe: {papers[1] / 1e12:.2f}T); "
+                 f"512 GPUs +NVMe {fit['+ NVMe', 32] / 1e12:.0f}T ({papers[32] / 1e12:.0f}T)",
+                 "1T on one DGX-2; 32T on 512 V100s; NVMe ~50× GPU, ~20× CPU (C-I7)",
+                 "model states only; spec-sheet capacities")
+
+
+# -- C-I1, C-I2, C-I4: the byte counts -------------------------------------------------------------
+@pytest.mark.claim("C-I1", status="differs", page="spec/infinity.md#the-byte-counts-c-i1-c-i2-c-i4")
+def test_model_state_bytes_per_parameter(claim_values):
+    """C-I1: the ledgers hold 16 bytes of model states per parameter wherever they sit (fp16
+    parameter and gradient, fp32 master, momentum, variance), not the paper's 20, which counts an
+    fp32 gradient the host Adam here never makes (it reads the fp16 one, cast exactly). Ψ ≈
+    12·nl·hd²: the model's own parameter count is within 1% at hd 8K, nl 100."""
+    from zerospec.model.config import GPTConfig
+    from zerospec.model.units import make_units
+    from zerospec.paper import infinity as zi
+    from zerospec.evaluation import infinity as ev
+    for kw in ({}, {"offload_optimizer": "cpu", "offload_params": "cpu",
+                    "offload_partition": "bandwidth"}):
+        assert sum(_per_param(**kw).values()) == 16
+    assert sum(ev.bytes_per_param_per_tier(_measured()[2]).values()) == 16
+    big = GPTConfig(vocab_size=50257, block_size=1024, n_layer=100, n_head=64, n_embd=8192)
+    psi = sum(u.numel for u in make_units(big.unit_spec(), 1, pad=False))
+    assert abs(Fraction(psi, zi.params(100, 8192)) - 1) < Fraction(1, 100)
+    claim_values(f"16 B/param on the ledgers; Ψ / 12·nl·hd² = {psi / zi.params(100, 8192):.4f}",
+                 "20 B/param, Ψ ≈ 12·nl·hd² (C-I1)", "hd 8192, nl 100")
+
+
+@pytest.mark.claim("C-I2")
+def test_checkpoint_bytes_are_two_bsz_seq_hd_nl_over_ci():
+    """C-I2, on meta: the device ledger's checkpoints are exactly 2·bsz·seq·hd·nl/ci bytes."""
+    from zerospec.model.config import GPTConfig
+    from zerospec.paper import infinity as zi
+    from zerospec.training.scale import measure
+    m = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=8, n_embd=256)
+    for ci in (1, 2, 4):
+        r = measure(m, 0, 1, micro_batch=2, checkpoint_activations=ci)
+        assert r.memory(0).peak["checkpoints"] == zi.checkpoint_bytes(2, 128, 256, 4, ci)
+
+
+@pytest.mark.claim("C-I4", status="differs", page="spec/infinity.md#the-byte-counts-c-i1-c-i2-c-i4")
+def test_activation_working_memory_per_token(claim_values):
+    """C-I4, on meta: the recomputed blocks' activations per token are 32·hd + 2·heads·seq bytes
+    (and a constant) per block — the heads·seq term the paper's, the hd term twice its 16·hd:
+    autograd keeps 16 hd-sized fp16 tensors per block here (LN inputs, qkv, the MLP's 4hd input
+    and its GELU output …), the paper counts 8."""
+    from zerospec.model.config import GPTConfig
+    from zerospec.paper import infinity as zi
+    from zerospec.training.scale import measure
+
+    def per_token(hd, heads, seq, ci=1):
+        m = GPTConfig(vocab_size=1024, block_size=seq, n_layer=2, n_head=heads, n_embd=hd)
+        r = measure(m, 0, 1, micro_batch=2, checkpoint_activations=ci)
+        return Fraction(r.memory(0).peak["recomputed"], 2 * seq * ci)
+    base = per_token(256, 8, 128)
+    assert per_token(512, 8, 128) - base == 32 * 256            # ∂/∂hd: 32 bytes
+    assert per_token(256, 16, 128) - base == 2 * 8 * 128        # ∂/∂heads: 2·seq bytes
+    assert per_token(256, 8, 128, ci=2) == base                 # ci blocks: ci × per block
+    paper = Fraction(zi.awm_bytes(1, 128, 1, 256, 8), 128)
+    claim_values(f"{float(base):,.0f} B per token per block at hd 256, 8 heads, seq 128",
+                 f"{float(paper):,.0f} = 16·hd + 2·heads·seq (C-I4)", "meta, fp16")
