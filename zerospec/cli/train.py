@@ -177,7 +177,8 @@ def summary(result, backend: str) -> str:
                  ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
                  *extra]
     if cfg.offload_optimizer:   # ZeRO-Offload's PCIe (and NVMe) copies, apart from collectives
-        links = ("host", "nvme") if cfg.offload_optimizer == "nvme" else ("host",)
+        links = ("host", "nvme") if "nvme" in (cfg.offload_optimizer, cfg.offload_params) \
+            else ("host",)
         extra += [(f"{k} link bytes", lambda s, k=k: f"{comm.link_bytes(0, step=s + 1, group=k):,}")
                   for k in links]
     sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
@@ -194,7 +195,9 @@ def summary(result, backend: str) -> str:
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                 if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
              + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
-                if cfg.offload_optimizer else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
+                if cfg.offload_optimizer else "")
+             + (f", parameters offloaded to {cfg.offload_params} ({cfg.offload_partition} "
+                f"partition)" if cfg.offload_params else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
              + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else "")
              + (", qwZ" if cfg.qwz else "") + (", qgZ" if cfg.qgz else ""),
              f"model states on rank 0: {result.model_states(0):,} B"

@@ -68,5 +68,16 @@ def check(cfg) -> None:
         raise ValueError(f"offload_optimizer={o!r} is not combined with {', '.join(bad)} yet")
 
 
-__all__ = ["TIERS", "MODES", "PARTITIONS", "check", "HostOptimizer", "with_offload", "SwapDir", "NvmeError",
+def check_checkpointable(cfg, save, resume) -> None:
+    """ValueError when a checkpoint is asked of a run whose fp16 chunks are not in host memory
+    (ZeRO-Infinity's parameters on NVMe, or whole on their owners: zerospec/offload/params.py)."""
+    if (save or resume is not None) and cfg.offload_params and (
+            cfg.offload_params == "nvme" or cfg.offload_partition == "owner"):
+        raise ValueError(f"checkpoints with offload_params={cfg.offload_params!r}, "
+                         f"offload_partition={cfg.offload_partition!r} are not built: the fp16 "
+                         f"chunks are not in this rank's host memory (offload_params='cpu' with "
+                         f"the bandwidth partition is)")
+
+
+__all__ = ["TIERS", "MODES", "PARTITIONS", "check_checkpointable", "check", "HostOptimizer", "with_offload", "SwapDir", "NvmeError",
            "check_dir"]

@@ -24,7 +24,7 @@ from ..model import gpt
 from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
 from ..optim.update import Reach, StepReport, Updater
-from ..offload import with_offload
+from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.hpz import with_hpz
@@ -200,12 +200,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     if save and cfg.dpu and max(save) >= cfg.dpu:
         raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
                          f"miss the gradient whose update is still pending (spec/offload.md)")
-    if (save or resume is not None) and cfg.offload_params and (
-            cfg.offload_params == "nvme" or cfg.offload_partition == "owner"):
-        raise ValueError(f"checkpoints with offload_params={cfg.offload_params!r}, "
-                         f"offload_partition={cfg.offload_partition!r} are not built: the fp16 "
-                         f"chunks are not in this rank's host memory (offload_params='cpu' with "
-                         f"the bandwidth partition is)")
+    check_checkpointable(cfg, save, resume)
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
     out.step_end.append(time.perf_counter())
