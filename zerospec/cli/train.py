@@ -89,6 +89,10 @@ def add_parser(sub) -> None:
                         "each PCIe link 1/N per fetch, then an all-gather) or owner (the "
                         "baseline: one rank holds each unit, its link carries all, then a "
                         "broadcast); default bandwidth")
+    o.add_argument("--offload-buffer-elements", type=int, default=None, metavar="N",
+                   help="with --offload-params nvme: read parameters through one host buffer of N "
+                        "elements (at least the largest unit a rank reads); default a buffer "
+                        "per fetch")
     o.add_argument("--nvme-path", default=None, metavar="DIR",
                    help="an existing directory for the NVMe tier's swap files (default: a "
                         "temporary one)")
@@ -154,6 +158,7 @@ def _config(args, n_ranks: int):
                        offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
                        offload_params=args.offload_params, nvme_path=args.nvme_path,
                        offload_partition=args.offload_partition,
+                       offload_buffer_elements=args.offload_buffer_elements,
                        dpu=args.dpu,
                        shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
                        quant_group_size=args.quant_group_size)

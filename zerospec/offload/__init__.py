@@ -28,6 +28,18 @@ def check(cfg) -> None:
     if cfg.offload_partition not in PARTITIONS:
         raise ValueError(f"offload_partition must be one of {', '.join(PARTITIONS)}, got "
                          f"{cfg.offload_partition!r}")
+    b = cfg.offload_buffer_elements
+    if b is not None:
+        if p != "nvme":
+            raise ValueError(f"offload_buffer_elements={b!r} sizes the host buffer NVMe parameter "
+                             f"reads land in: it needs offload_params='nvme', got {p!r}")
+        held = {u.name: u.padded if cfg.offload_partition == "owner" else u.chunk
+                for u in cfg.units()}
+        big = max(held, key=held.get)     # the largest unit a rank reads from NVMe at once
+        if not isinstance(b, int) or isinstance(b, bool) or b < held[big]:
+            raise ValueError(f"offload_buffer_elements={b!r} is smaller than the largest unit a "
+                             f"rank reads from NVMe ({big!r}: {held[big]} elements): accepted an "
+                             f"integer >= {held[big]}")
     if cfg.offload_partition != "bandwidth" and p is None:
         raise ValueError(f"offload_partition={cfg.offload_partition!r} says where offloaded "
                          f"parameters live: it needs offload_params 'cpu' or 'nvme', got None")

@@ -36,8 +36,9 @@ class HostParams:
     "cpu" or "nvme"; ``offload_partition``: "bandwidth" or "owner" (module doc)."""
 
     def __init__(self, ctx, *args, offload_params: str = "cpu", offload_partition: str = "bandwidth",
-                 **kwargs):
+                 offload_buffer_elements: int | None = None, **kwargs):
         self.offload_params, self.partition = offload_params, offload_partition
+        self.buffer_elements, self.staging = offload_buffer_elements, None
         # a second SwapDir on the same rank directory: its own commits, file names apart
         self.param_swap = (SwapDir(kwargs.get("nvme_path"), getattr(ctx, "global_rank", ctx.rank))
                            if offload_params == "nvme" else None)
@@ -80,9 +81,19 @@ class HostParams:
     # -- the hops: NVMe -> host, host -> device ------------------------------------------------------
     def _to_host(self, i: int) -> torch.Tensor:
         """This rank's bytes of unit i in host memory: the resident buffer, or read from the
-        swap file into a fresh host buffer (NVMe → host, booked on the nvme link)."""
+        swap file (NVMe → host, booked on the nvme link) into a fresh host buffer — or into the
+        one staging buffer of ``offload_buffer_elements``, allocated once (DeepSpeed's
+        ``offload_param.buffer_size``; no prefetch here, so one buffer is enough)."""
         if self.param_swap is None:
             return self.param16[i]
+        if self.buffer_elements is not None:
+            if self.staging is None:
+                self.staging = self._host_alloc("buffer", self.buffer_elements, self.dtype)
+            h = self.staging[:self._holds(i)]
+            with off_device():
+                self.param_swap.read(self._pname(i), h)
+            self.comm.book_link("from_nvme", h)
+            return h
         h = self._host_alloc("param16", self._holds(i), self.dtype)
         with off_device():
             self.param_swap.read(self._pname(i), h)
@@ -90,7 +101,7 @@ class HostParams:
         return h
 
     def _done_host(self, h: torch.Tensor) -> None:
-        if self.param_swap is not None:
+        if self.param_swap is not None and self.buffer_elements is None:
             self.host.free(h)
 
     def _store(self, i: int, value: torch.Tensor) -> None:

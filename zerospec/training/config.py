@@ -60,6 +60,7 @@ class TrainConfig:
     offload_mode: str = "paper"               # "paper": fp16 grads down; "deepspeed": fp32 down
     offload_params: str | None = None         # "cpu" | "nvme": ZeRO-Infinity's fp16 parameters
     offload_partition: str = "bandwidth"      # "bandwidth": 1/N per PCIe link (C-I8); "owner"
+    offload_buffer_elements: int | None = None  # NVMe params: one host staging buffer this big
     nvme_path: str | None = None              # the NVMe tier's directory (None: a temporary one)
     dpu: int = 0                              # delayed parameter update from step N (0: off, B8)
     # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p

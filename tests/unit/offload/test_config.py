@@ -18,6 +18,14 @@ from zerospec.training.config import TrainConfig
     ({"stage": 3, "offload_params": "nvme"}, "offload_optimizer 'cpu' or 'nvme' without dpu"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_partition": "x"},
      "offload_partition must be one of bandwidth, owner, got 'x'"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "nvme", "offload_buffer_elements": 100},
+     "offload_buffer_elements=100 is smaller than the largest unit a rank reads from NVMe ('h.0': "
+     "99136 elements): accepted an integer >= 99136"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "nvme", "offload_buffer_elements": 99136,
+      "offload_partition": "owner"}, "('h.0': 198272 elements): accepted an integer >= 198272"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_buffer_elements": 900},
+     "offload_buffer_elements=900 sizes the host buffer NVMe parameter reads land in: it needs "
+     "offload_params='nvme'"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_partition": "owner"},
      "offload_partition='owner' says where offloaded parameters live"),
     ({"stage": 2, "offload_optimizer": "nvme", "nvme_path": "/no/such/dir"},
