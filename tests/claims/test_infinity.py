@@ -136,7 +136,7 @@ def test_bandwidth_centric_puts_1_nth_on_every_link_the_owner_all_on_one(tier, c
                      f"bandwidth-centric {sum(busiest['bandwidth'])} B per step (÷{N}); same "
                      f"{total['owner']} B over all links", "each PCIe link carries 1/dp of each "
                      f"parameter, not one link all of it (C-I8)", f"N = {N}, forward + backward "
-                     f"of step 2; the prefetcher is not built")
+                     f"of step 2")
 
 
 # -- C-I3: memory-centric tiling -------------------------------------------------------------------
@@ -446,3 +446,43 @@ def test_activation_working_memory_per_token(claim_values):
     paper = Fraction(zi.awm_bytes(1, 128, 1, 256, 8), 128)
     claim_values(f"{float(base):,.0f} B per token per block at hd 256, 8 heads, seq 128",
                  f"{float(paper):,.0f} = 16·hd + 2·heads·seq (C-I4)", "meta, fp16")
+
+
+# -- C-I8: the prefetcher ---------------------------------------------------------------------------
+def _schedule(n: int) -> list[tuple[str, int]]:
+    """C-I8's order of hops for a step of n fetches: before operator i runs, the all-gather for
+    i+1, the host→device copy for i+2 and the NVMe→host read for i+3 (operator 0 fetched whole)."""
+    out, done = [], set()
+
+    def hop(op, q):
+        if q < n and (op, q) not in done:
+            out.append((op, q))
+            done.add((op, q))
+    for p in range(n):
+        for q in ([p] if p == 0 else []) + [p + 1]:
+            hop("from_nvme", q), hop("from_host", q), hop("all_gather", q)
+        hop("from_nvme", p + 2), hop("from_host", p + 2)
+        hop("from_nvme", p + 3)
+    return out
+
+
+@pytest.mark.claim("C-I8")
+def test_the_prefetcher_reads_i_plus_3_copies_i_plus_2_and_gathers_i_plus_1():
+    """C-I8's prefetcher, traced on the first step and followed from the second: the links carry
+    the hops in exactly the schedule — before operator i, NVMe→host for i+3, host→device for i+2,
+    the all-gather for i+1 — and each hop moves the bytes of the unit it is for (the trace of a
+    run without prefetch); the device holds more gathered bytes meanwhile; the training is stage
+    3's bit for bit."""
+    big = max(u.chunk for u in run(3).units)
+    pre = infinity("nvme", offload_prefetch=True, offload_buffer_elements=big)
+    plain = infinity("nvme")
+    assert_same_training(pre, run(3))
+    hops = ("from_nvme", "from_host", "all_gather")
+    for rank in range(N):
+        recs = [x for x in pre.comm.records(rank, step=2) if x.op in hops and x.phase != "param_sync"]
+        order = [x for x in plain.comm.records(rank, step=2) if x.op == "all_gather"]
+        want = _schedule(len(order))
+        assert [x.op for x in recs] == [op for op, _ in want]
+        assert [x.numel for x in recs] == [order[q].numel // (N if op != "all_gather" else 1)
+                                           for op, q in want]
+        assert pre.memory[rank].peak["gathered"] > plain.memory[rank].peak["gathered"]

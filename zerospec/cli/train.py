@@ -93,6 +93,9 @@ def add_parser(sub) -> None:
                    help="with --offload-params nvme: read parameters through one host buffer of N "
                         "elements (at least the largest unit a rank reads); default a buffer "
                         "per fetch")
+    o.add_argument("--offload-prefetch", action="store_true",
+                   help="C-I8's prefetcher for offloaded parameters (bandwidth partition): before "
+                        "operator i, read i+3 from NVMe, copy i+2 up, all-gather i+1")
     o.add_argument("--nvme-path", default=None, metavar="DIR",
                    help="an existing directory for the NVMe tier's swap files (default: a "
                         "temporary one)")
@@ -159,6 +162,7 @@ def _config(args, n_ranks: int):
                        offload_params=args.offload_params, nvme_path=args.nvme_path,
                        offload_partition=args.offload_partition,
                        offload_buffer_elements=args.offload_buffer_elements,
+                       offload_prefetch=args.offload_prefetch,
                        dpu=args.dpu,
                        shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
                        quant_group_size=args.quant_group_size)
@@ -202,7 +206,8 @@ def summary(result, backend: str) -> str:
              + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
                 if cfg.offload_optimizer else "")
              + (f", parameters offloaded to {cfg.offload_params} ({cfg.offload_partition} "
-                f"partition)" if cfg.offload_params else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
+                f"partition{', prefetch' if cfg.offload_prefetch else ''})" if cfg.offload_params
+                else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
              + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else "")
              + (", qwZ" if cfg.qwz else "") + (", qgZ" if cfg.qgz else ""),
              f"model states on rank 0: {result.model_states(0):,} B"

@@ -28,6 +28,13 @@ def check(cfg) -> None:
     if cfg.offload_partition not in PARTITIONS:
         raise ValueError(f"offload_partition must be one of {', '.join(PARTITIONS)}, got "
                          f"{cfg.offload_partition!r}")
+    if cfg.offload_prefetch not in (False, True):
+        raise ValueError(f"offload_prefetch must be True or False, got {cfg.offload_prefetch!r}")
+    if cfg.offload_prefetch and (p is None or cfg.offload_partition != "bandwidth"):
+        raise ValueError(f"offload_prefetch=True prefetches offloaded parameters in the bandwidth "
+                         f"layout: it needs offload_params 'cpu' or 'nvme' and offload_partition "
+                         f"'bandwidth', got offload_params={p!r}, offload_partition="
+                         f"{cfg.offload_partition!r}")
     b = cfg.offload_buffer_elements
     if b is not None:
         if p != "nvme":

@@ -18,8 +18,9 @@ swap file: write to ``.partial``, fsync, rename; zerospec/offload/nvme.py): in b
 nothing crosses PCIe in param_sync. No arithmetic changes, so training is bit-identical to stage
 3 in every mode. The swap files are the NVMe tier's observer (their sizes, ``os.stat``).
 
-Not built: C-I8's prefetcher (NVMe→CPU for operator i+3, CPU→GPU for i+2, the all-gather for
-i+1): each fetch happens when its unit is used, one hop after the other.
+C-I8's prefetcher (NVMe→CPU for operator i+3, CPU→GPU for i+2, the all-gather for i+1) sits in
+front of this class (zerospec/offload/prefetch.py); without it each fetch happens when its unit is
+used, one hop after the other.
 """
 from __future__ import annotations
 

@@ -181,7 +181,8 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
         if cfg.offload_params:   # ZeRO-Infinity: the fp16 parameters too (offload/params.py)
             kwargs.update(offload_params=cfg.offload_params,
                           offload_partition=cfg.offload_partition,
-                          offload_buffer_elements=cfg.offload_buffer_elements)
+                          offload_buffer_elements=cfg.offload_buffer_elements,
+                          offload_prefetch=cfg.offload_prefetch)
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
         cls = with_mics(cls)
     return cls, kwargs

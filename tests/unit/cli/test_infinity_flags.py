@@ -15,6 +15,15 @@ def test_train_with_parameters_on_nvme_writes_their_swap_files(capsys, tmp_path)
     assert sorted(p.name for p in (tmp_path / "rank0").glob("*.param16.swap"))
 
 
+def test_train_with_the_prefetcher_exits_0_and_says_so(capsys):
+    """--offload-prefetch with parameters on the host: exit 0, a 2-step run (the first traces)."""
+    code, out, err = run_cli(capsys, "train", "--stage", "3", "--ranks", "2", "--model", "odd",
+                             "--steps", "2", "--offload-optimizer", "cpu", "--offload-params", "cpu",
+                             "--offload-prefetch")
+    assert code == 0, err
+    assert "parameters offloaded to cpu (bandwidth partition, prefetch)" in out
+
+
 def test_an_owner_layout_without_offloaded_parameters_exits_2_naming_it(capsys):
     """--offload-partition owner alone: exit 2, one line naming the option and what it needs."""
     assert_usage_error(capsys, "train", "--stage", "3", "--ranks", "2", "--offload-optimizer",

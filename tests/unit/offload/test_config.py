@@ -26,6 +26,9 @@ from zerospec.training.config import TrainConfig
     ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_buffer_elements": 900},
      "offload_buffer_elements=900 sizes the host buffer NVMe parameter reads land in: it needs "
      "offload_params='nvme'"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_partition": "owner",
+      "offload_prefetch": True}, "offload_prefetch=True prefetches offloaded parameters in the "
+     "bandwidth layout: it needs offload_params 'cpu' or 'nvme' and offload_partition 'bandwidth'"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_partition": "owner"},
      "offload_partition='owner' says where offloaded parameters live"),
     ({"stage": 2, "offload_optimizer": "nvme", "nvme_path": "/no/such/dir"},
