@@ -1,8 +1,12 @@
 """The host and NVMe tiers: ZeRO-Offload (B1–B6) over stages 2 and 3, its one-step delayed
-parameter update (DPU, B8), swap files on NVMe (spec/offload.md).
+parameter update (DPU, B8), swap files on NVMe (spec/offload.md); ZeRO-Infinity's parameter
+offload, its owner baseline and prefetcher (C-I8), and memory-centric tiling (C-I3,
+spec/infinity.md).
 
 A TrainConfig asks for it with ``offload_optimizer`` ("cpu" or "nvme"), ``offload_mode``
-("paper" or "deepspeed"), ``nvme_path`` and ``dpu``; :func:`check` refuses what is not built.
+("paper" or "deepspeed"), ``offload_params`` ("cpu" or "nvme"), ``offload_partition``,
+``offload_buffer_elements``, ``offload_prefetch``, ``nvme_path`` and ``dpu``; :func:`check`
+refuses what is not built.
 """
 from .nvme import NvmeError, SwapDir, check_dir
 from .optimizer import HostOptimizer, with_offload
