@@ -24,7 +24,7 @@ from ..model import gpt
 from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
 from ..optim.update import Reach, StepReport, Updater
-from ..offload import with_offload
+from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.hpz import with_hpz
@@ -179,6 +179,11 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
         cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
                       nvme_path=cfg.nvme_path)
+        if cfg.offload_params:   # ZeRO-Infinity: the fp16 parameters too (offload/params.py)
+            kwargs.update(offload_params=cfg.offload_params,
+                          offload_partition=cfg.offload_partition,
+                          offload_buffer_elements=cfg.offload_buffer_elements,
+                          offload_prefetch=cfg.offload_prefetch)
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
         cls = with_mics(cls)
     return cls, kwargs
@@ -198,6 +203,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     if save and cfg.dpu and max(save) >= cfg.dpu:
         raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
                          f"miss the gradient whose update is still pending (spec/offload.md)")
+    check_checkpointable(cfg, save, resume)
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
     out.step_end.append(time.perf_counter())
