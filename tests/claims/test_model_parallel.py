@@ -19,7 +19,9 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 
 # 4 heads of width 5: every unit pads unevenly at N_d = 2 and 3; N_m in (2, 4)
-MP_ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=20)
+MP_ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=20, vocab_divisor=1)
+# the same at Megatron's default padding: V_p = 256 at N_m = 2, rank 1's rows all padding
+MP_PAD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=20)
 STEPS = 3
 PAGE = "spec/model_parallel.md"
 
@@ -50,7 +52,7 @@ def test_at_a_fixed_n_m_every_zero_stage_is_bit_identical(stage, n_d, n_m):
 @pytest.mark.claim("P10")
 @pytest.mark.parametrize("n_d,n_m", GRIDS, ids=lambda g: str(g))
 def test_replicated_parameters_stay_identical_on_every_mp_rank(n_d, n_m):
-    """LayerNorms, row-parallel biases, the embedding and ln_f are whole on every MP rank: their
+    """LayerNorms, row-parallel biases, the position table and ln_f are whole on every MP rank: their
     gradients come from identical inputs (the all-reduces hand every rank the same bits), so their
     masters stay bit-identical across the MP group without any extra communication."""
     r = mp_run(0, n_d, n_m)
@@ -59,7 +61,7 @@ def test_replicated_parameters_stay_identical_on_every_mp_rank(n_d, n_m):
         ranks = r.ranks[d * n_m:(d + 1) * n_m]
         for i, u in enumerate(units):
             for p in u.params:
-                if u.name.startswith("h.") and p.name in megatron.SPLIT:
+                if not megatron.replicated(u.name, p.name):
                     continue
                 sl = slice(p.offset, p.offset + p.numel)
                 first = ranks[0].master[i][1][sl]
@@ -75,13 +77,14 @@ def test_the_llama_family_at_n_m_2_is_bit_identical_in_every_zero_stage(stage):
 
 
 @pytest.mark.claim("P10")
-@pytest.mark.parametrize("model,n_m", [(MP_ODD, 2), (MP_ODD, 4), (MP_LLAMA, 2)],
-                         ids=["gpt2-2", "gpt2-4", "llama-2"])
+@pytest.mark.parametrize("model,n_m", [(MP_ODD, 2), (MP_ODD, 4), (MP_LLAMA, 2), (MP_PAD, 2)],
+                         ids=["gpt2-2", "gpt2-4", "llama-2", "gpt2-2-padded-to-256"])
 def test_model_parallel_training_is_the_same_model_within_the_adam_bound(model, n_m, claim_values):
     """N_m > 1 vs N_m = 1 differ only in the order row-parallel partial sums are added, so from
     the same weights every master stays within 2·Σ_t max|Adam update| + storage rounding
     (optim.adam.update_bound; spec/model_parallel.md) — and is not trivially equal. The same
-    for the Llama-style block (GQA sliced by kv heads, SwiGLU's gate and up by rows)."""
+    for the Llama-style block (GQA sliced by kv heads, SwiGLU's gate and up by rows), and with
+    Megatron's padding of the vocabulary to 128·N_m (219 rows no token uses, out of the loss)."""
     one, mp = mp_run(0, 2, 1, model), mp_run(0, 2, n_m, model)
     assert mp.master.keys() == one.master.keys()
     assert all(mp.master[k].shape == one.master[k].shape for k in one.master)
@@ -141,18 +144,21 @@ def block_message(r) -> int:
 def test_mp_moves_six_all_reduces_per_block_and_p_a_adds_one_twelfth(claim_values):
     """Per block and step: 2 all-reduces of b·s·hd in forward, 2 in the recompute, 2 in backward
     (ring: 2(N_m−1)/N_m each); P_a adds one all-gather of the checkpoint, (N_m−1)/N_m·b·s·hd:
-    1/12 of MP's traffic (C33), every figure read from the ledger's MP group."""
+    1/12 of the blocks' MP traffic (C33), every figure read from the ledger's MP group."""
     plain, pa = ckpt_run(0), ckpt_run(0, partition_activations=True)
     S, L, n = block_message(plain), MP_ODD.n_layer, 2
+    tokens = S // MP_ODD.n_embd
     for r in (plain, pa):
         ar = r.comm.records(0, group="mp", op="all_reduce", step=1)
-        assert len(ar) == 6 * L and {x.numel for x in ar} == {S}
-        assert sum(x.elements_sent for x in ar) == 6 * L * 2 * (n - 1) * S // n
+        # besides the blocks' 6·L: the vocab-parallel embedding's sum (forward) and the LM head's
+        # input gradient (backward), b·s·hd each; the cross-entropy's max, Σ exp and target logit, b·s
+        assert sorted(x.numel for x in ar) == [tokens] * 3 + [S] * (6 * L + 2)
+        blocks = sum(x.elements_sent for x in ar if x.numel == S) * 6 * L // (6 * L + 2)
+        assert blocks == 6 * L * 2 * (n - 1) * S // n
     gathers = pa.comm.records(0, group="mp", op="all_gather", step=1)
     assert len(gathers) == L and {x.numel for x in gathers} == {S}
     assert plain.comm.records(0, group="mp", op="all_gather") == []
-    mp_elems = sum(x.elements_sent for x in pa.comm.records(0, group="mp", op="all_reduce", step=1))
-    ratio = sum(x.elements_sent for x in gathers) / mp_elems
+    ratio = sum(x.elements_sent for x in gathers) / blocks
     claim_values(f"P_a all-gather / MP all-reduces = {ratio:.4f}", "1/12 ≈ 0.0833, < 10% (C33)",
                  "N_m = 2, a checkpoint per block")
     assert ratio * 12 == 1
@@ -195,13 +201,16 @@ def test_p_a_cpu_moves_twice_p_a_bytes_over_the_host_link_and_leaves_no_checkpoi
 
 def test_model_parallel_table(md_snapshot):
     """spec/model_parallel.md's tiny-GPT table (N_d = 2, N_m = 2, stage 3, a checkpoint per
-    block): per rank 0, Ψ held, model states, checkpoint bytes, and each group's traffic."""
-    rows = ["| variant | Ψ per rank | model states (B) | checkpoints (B) | host (B) "
-            "| DP elements | MP elements | host link (B) |", "|---|---|---|---|---|---|---|---|"]
+    block): per rank 0, Ψ held (the padded vocabulary row included), model states, checkpoint
+    bytes, and each group's traffic."""
+    rows = ["| variant | Ψ per rank | of which vocab padding (rank 0, 1) | model states (B) "
+            "| checkpoints (B) | host (B) | DP elements | MP elements | host link (B) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, kw in P_A.items():
         r = ckpt_run(3, **kw)
         led = r.comm
-        rows.append(f"| {name} | {r.psi:,} | {r.model_states(0):,} "
+        pad = ", ".join(str(megatron.psi_padding(MP_ODD, 2, j)) for j in range(2))
+        rows.append(f"| {name} | {r.psi:,} | {pad} | {r.model_states(0):,} "
                     f"| {r.memory[0].peak['checkpoints']:,} | {r.host[0].peak['checkpoints']:,} "
                     f"| {led.elements(0, group='dp'):,} | {led.elements(0, group='mp'):,} "
                     f"| {sum(x.bytes_sent + x.bytes_recv for x in led.records(0, group='host')):,} |")
@@ -209,36 +218,36 @@ def test_model_parallel_table(md_snapshot):
 
 
 @pytest.mark.claim("P10")
-@pytest.mark.parametrize("n_m", [2, 4])
-def test_step_one_loss_is_the_megatron_decomposition_of_the_same_model_bit_for_bit(n_m):
+@pytest.mark.parametrize("model,n_m", [(MP_ODD, 2), (MP_ODD, 4), (MP_PAD, 2)],
+                         ids=["2", "4", "2-padded-to-256"])
+def test_step_one_loss_is_the_megatron_decomposition_of_the_same_model_bit_for_bit(model, n_m):
     """Every rank's first loss equals, bit for bit, one process running the whole model (its fp16
     weights, cast as every use casts them) with each row-parallel layer split N_m ways and the
-    partials added in rank order — so an N_m > 1 run is the N_m = 1 model up to that sum order."""
-    import contextlib
+    partials added in rank order, and the LM head's logits cut by rows of the padded vocabulary
+    into Megatron's parallel cross-entropy (reference.vocab_parallel_loss) — so an N_m > 1 run is
+    the N_m = 1 model up to those sum orders; the embedding's masked lookups add exactly."""
+    import torch.nn.functional as F
 
     from zerospec.cluster.threads import torch_threads
     from zerospec.model import gpt
-    from zerospec.testing.reference import megatron_block
+    from zerospec.testing.reference import megatron_block, vocab_parallel_loss
     from zerospec.training.run import make_batches
     from zerospec.training.step import micro_batch
-    r = mp_run(0, 2, n_m)
+    r = mp_run(0, 2, n_m, model)
     full = {u: {n: t.half().float() for n, t in ps.items()}
-            for u, ps in gpt.init_params(MP_ODD, r.config.seed).items()}
-
-    @contextlib.contextmanager
-    def fetch(i, last=False):
-        yield full[r.config.model.unit_spec()[i][0]]
-
-    def blocks(cfg, x, fetch, layers):
-        for i in layers:
-            with fetch(1 + i) as p:
-                x = megatron_block(MP_ODD, x, [megatron.shard(MP_ODD, {"h.0": p}, n_m, j)["h.0"]
-                                               for j in range(n_m)])
-        return x
+            for u, ps in gpt.init_params(model, r.config.seed).items()}
+    wte = [megatron.shard(model, full, n_m, j)["embed"]["wte"] for j in range(n_m)]
     idx, tgt = make_batches(r.config)[0]
     with torch_threads(1), torch.no_grad():
         for d in range(2):
-            want = gpt.forward(MP_ODD, micro_batch(idx, d, 2, 0, 1), micro_batch(tgt, d, 2, 0, 1),
-                               fetch, blocks)
+            i, t = micro_batch(idx, d, 2, 0, 1), micro_batch(tgt, d, 2, 0, 1)
+            x = F.embedding(i, full["embed"]["wte"]) + full["embed"]["wpe"][:i.shape[1]]
+            for b in range(model.n_layer):
+                p = full[f"h.{b}"]
+                x = megatron_block(model, x, [megatron.shard(model, {"h.0": p}, n_m, j)["h.0"]
+                                              for j in range(n_m)])
+            x = gpt.norm(model.norm, x, full["ln_f"]["weight"], full["ln_f"]["bias"], model.norm_eps)
+            want = vocab_parallel_loss([F.linear(x, w).flatten(0, 1) for w in wte], t.reshape(-1),
+                                       model.vocab_size)
             for j in range(n_m):
                 assert torch.equal(r.rank_losses[d * n_m + j][0], want), (d, j)

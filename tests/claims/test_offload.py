@@ -295,4 +295,4 @@ def test_each_fetch_brings_one_nth_of_the_unit_over_every_ranks_pcie(claim_value
     per_fetch = {recs[k - 1].numel / recs[k].numel for k in gathers}
     claim_values(f"each fetch: {per_fetch.pop():.2f} of the unit over each rank's PCIe, then an "
                  f"all-gather", "1/dp of each parameter per PCIe link (C-I8)", f"N = {N}; the "
-                 f"prefetcher is not built")
+                 f"prefetcher: tests/claims/test_infinity.py")

@@ -111,6 +111,7 @@ def run(args) -> int:
     from ..render.format import markdown
     from ..render.spec_tables import scale_table
     from ..training.scale import measure
+    from ..model.megatron import psi_padding
     if args.list:
         print(markdown(["preset", "layers", "hidden", "heads", "Ψ", "source"],
                        [[p.name, p.model.n_layer, p.model.n_embd, p.model.n_head, f"{p.psi:,}", p.source]
@@ -137,7 +138,9 @@ def run(args) -> int:
     zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz, quant_group_size=args.quant_group_size)
     results = {s: measure(model, s, n_d, **(zpp if s == 3 else {}),
                           shard_group=args.shard_group if s else None, **kw, **off) for s in stages}
-    grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below)" if args.mp > 1 else "")
+    grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below, vocabulary padded to "
+                             f"{model.padded_vocab(args.mp):,} rows: {psi_padding(model, args.mp):,} "
+                             f"padding elements over the MP group, not in Ψ)" if args.mp > 1 else "")
     print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
           f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "
           f"measured on meta tensors, one step per stage "

@@ -81,9 +81,21 @@ def add_parser(sub) -> None:
                    help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
                         "deepspeed: fp32 gradients down (6); default paper")
     o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host, "
-                        "fetched over PCIe for each use (cpu; needs --offload-optimizer cpu; "
-                        "nvme is not built yet)")
+                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host "
+                        "(cpu) or in NVMe swap files (nvme), fetched NVMe -> host -> device for "
+                        "each use; needs --stage 3 and --offload-optimizer")
+    o.add_argument("--offload-partition", choices=("bandwidth", "owner"), default="bandwidth",
+                   help="where offloaded parameters live: bandwidth (C-I8: every rank 1/N, "
+                        "each PCIe link 1/N per fetch, then an all-gather) or owner (the "
+                        "baseline: one rank holds each unit, its link carries all, then a "
+                        "broadcast); default bandwidth")
+    o.add_argument("--offload-buffer-elements", type=int, default=None, metavar="N",
+                   help="with --offload-params nvme: read parameters through one host buffer of N "
+                        "elements (at least the largest unit a rank reads); default a buffer "
+                        "per fetch")
+    o.add_argument("--offload-prefetch", action="store_true",
+                   help="C-I8's prefetcher for offloaded parameters (bandwidth partition): before "
+                        "operator i, read i+3 from NVMe, copy i+2 up, all-gather i+1")
     o.add_argument("--nvme-path", default=None, metavar="DIR",
                    help="an existing directory for the NVMe tier's swap files (default: a "
                         "temporary one)")
@@ -148,6 +160,9 @@ def _config(args, n_ranks: int):
                        gpus_per_node=args.gpus_per_node, hpz=args.hpz,
                        offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
                        offload_params=args.offload_params, nvme_path=args.nvme_path,
+                       offload_partition=args.offload_partition,
+                       offload_buffer_elements=args.offload_buffer_elements,
+                       offload_prefetch=args.offload_prefetch,
                        dpu=args.dpu,
                        shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
                        quant_group_size=args.quant_group_size)
@@ -171,7 +186,8 @@ def summary(result, backend: str) -> str:
                  ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
                  *extra]
     if cfg.offload_optimizer:   # ZeRO-Offload's PCIe (and NVMe) copies, apart from collectives
-        links = ("host", "nvme") if cfg.offload_optimizer == "nvme" else ("host",)
+        links = ("host", "nvme") if "nvme" in (cfg.offload_optimizer, cfg.offload_params) \
+            else ("host",)
         extra += [(f"{k} link bytes", lambda s, k=k: f"{comm.link_bytes(0, step=s + 1, group=k):,}")
                   for k in links]
     sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
@@ -188,7 +204,10 @@ def summary(result, backend: str) -> str:
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                 if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
              + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
-                if cfg.offload_optimizer else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
+                if cfg.offload_optimizer else "")
+             + (f", parameters offloaded to {cfg.offload_params} ({cfg.offload_partition} "
+                f"partition{', prefetch' if cfg.offload_prefetch else ''})" if cfg.offload_params
+                else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
              + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else "")
              + (", qwZ" if cfg.qwz else "") + (", qgZ" if cfg.qgz else ""),
              f"model states on rank 0: {result.model_states(0):,} B"

@@ -35,9 +35,11 @@ class GPTConfig:
     tie_embeddings: bool = True    # untied: an lm_head unit of its own after the final norm
     bias: bool = True              # biases of every linear and of LayerNorm
     qkv_bias: bool | None = None   # q/k/v biases (Qwen2: True with bias=False); None: bias
+    vocab_divisor: int = 128       # Megatron-LM's make-vocab-size-divisible-by: with N_m > 1 the
+    #                                vocabulary pads to a multiple of vocab_divisor·N_m (padded_vocab)
 
     def __post_init__(self):
-        for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "vocab_divisor"):
             _positive(f, getattr(self, f))
         for f in ("d_ff", "n_kv_head"):
             if getattr(self, f) is not None:
@@ -94,12 +96,26 @@ class GPTConfig:
                                                      "tie_embeddings", "bias", "qkv_bias", "d_ff")
                 if getattr(self, f) != GPTConfig.__dataclass_fields__[f].default]
 
+    def padded_vocab(self, n_m: int = 1) -> int:
+        """V_p: the vocabulary as N_m model-parallel ranks hold it, split by rows
+        (zerospec/model/megatron.py). With N_m > 1, V rounded up to a multiple of
+        vocab_divisor·N_m, as Megatron-LM pads it (GPT-2's 50,257 → 50,432 at N_m = 2, 51,200 at
+        N_m = 8 or 16); the padded rows are memory, not parameters (Ψ leaves them out). At N_m = 1
+        V itself: nothing is split, and Megatron's own padding there (to 50,304) would change every
+        single-rank figure for rows no token uses."""
+        check_mp(self, n_m)
+        if n_m == 1:
+            return self.vocab_size
+        q = self.vocab_divisor * n_m
+        return -(-self.vocab_size // q) * q
+
     # -- shapes ----------------------------------------------------------------------------------
     def unit_spec(self, n_m: int = 1) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
         """Sharding units in forward order: embeddings, one per block, the final norm, and (untied)
         the LM head — as one of ``n_m`` model-parallel ranks holds them (Megatron-LM's slicing,
         zerospec/model/megatron.py: QKV and MLP-up (and gate) split by rows, attention-out and
-        MLP-down by columns; the rest replicated). GPT-2's names and order; a parameter the
+        MLP-down by columns, wte and an untied head by rows of the padded vocabulary
+        (:meth:`padded_vocab`); the rest replicated). GPT-2's names and order; a parameter the
         config leaves out (a bias, the position table) is absent, not zero."""
         check_mp(self, n_m)
         d, hd, f = self.n_embd, self.head_dim, self.ff // n_m
@@ -115,9 +131,10 @@ class GPTConfig:
                  + linear("attn.c_proj", d, q, False) + ([("attn.c_proj.bias", (d,))] if b else [])
                  + [(f"ln_2.{n}", (d,)) for n in norm]
                  + mlp_in + linear("mlp.c_proj", d, f, False) + ([("mlp.c_proj.bias", (d,))] if b else []))
-        embed = [("wte", (self.vocab_size, d))] + ([("wpe", (self.block_size, d))]
+        v = self.padded_vocab(n_m) // n_m                   # this rank's rows of the vocabulary
+        embed = [("wte", (v, d))] + ([("wpe", (self.block_size, d))]
                                                    if self.positions == "learned" else [])
-        head = [] if self.tie_embeddings else [("lm_head", [("weight", (self.vocab_size, d))])]
+        head = [] if self.tie_embeddings else [("lm_head", [("weight", (v, d))])]
         return ([("embed", embed)] + [(f"h.{i}", list(block)) for i in range(self.n_layer)]
                 + [("ln_f", [(n, (d,)) for n in norm])] + head)
 
@@ -160,8 +177,9 @@ def check_mp(cfg: GPTConfig, n_m) -> None:
     """ValueError unless ``n_m`` model-parallel ranks can slice ``cfg`` evenly (Megatron-LM,
     zerospec/model/megatron.py): ``n_m`` must divide the query heads, the kv heads (grouped-query
     attention: rank j holds kv heads j·KV/N_m …, as Megatron-core requires) and the MLP's
-    intermediate size d_ff. Every member of the family is sliced: RMSNorm, RoPE and an untied
-    head need no slicing of their own (norms and head are replicated, RoPE is per head)."""
+    intermediate size d_ff. Every member of the family is sliced: norms are replicated, RoPE is
+    per head, and the vocabulary is padded to divide (:meth:`GPTConfig.padded_vocab`), never
+    refused."""
     if not isinstance(n_m, int) or isinstance(n_m, bool) or n_m < 1:
         raise ValueError(f"n_m (model-parallel degree) must be an integer >= 1, got {n_m!r}")
     if cfg.n_head % n_m:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .config import ODD, SMALL, DecoderConfig, GPTConfig, check_mp
 from .layers import attention, norm, rms_norm, rope, rope_tables, swiglu
+from . import vocab
 
 __all__ = ["GPTConfig", "DecoderConfig", "SMALL", "ODD", "check_mp", "init_params", "attention",
            "rms_norm", "swiglu", "rope", "rope_tables", "block", "blocks", "fetch_order", "forward"]
@@ -110,27 +111,35 @@ def fetch_order(cfg: GPTConfig) -> list[int]:
     return [0, *range(1, L + 1), L + 1, 0 if cfg.tie_embeddings else L + 2]
 
 
+def _lookup(idx: torch.Tensor, wte: torch.Tensor, mp) -> torch.Tensor:
+    """The token embedding: the whole table's, or (``mp``) this rank's rows summed over MP."""
+    return F.embedding(idx, wte) if mp is None else vocab.embedding(idx, wte, mp)
+
+
 def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
-            run_blocks=blocks) -> torch.Tensor:
+            run_blocks=blocks, mp=None) -> torch.Tensor:
     """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.
 
     ``run_blocks(cfg, x, fetch, layers)`` runs the transformer blocks: :func:`blocks` by default,
     the seam activation checkpointing and model parallelism wrap (zerospec/zero_r/checkpointing.py).
-    The embedding, final norm and LM head are whole on every model-parallel rank (replicated,
-    not vocab-parallel: spec/model_parallel.md says why)."""
+    ``mp``: this rank's model-parallel group, whose rows of the vocabulary the embedding, the LM
+    head and the cross-entropy use as Megatron-LM does (zerospec/model/vocab.py); None: the whole
+    vocabulary here."""
     B, T = idx.shape
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
     L = cfg.n_layer
-    with fetch(0) as p:
-        if cfg.positions == "learned":                         # (B, T, C)
-            x = F.embedding(idx, p["wte"]) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
+    with fetch(0) as p:                                        # one expression: the lookup is a
+        if cfg.positions == "learned":                         # temporary, freed as before
+            x = _lookup(idx, p["wte"], mp) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
         else:
-            x = F.embedding(idx, p["wte"])
+            x = _lookup(idx, p["wte"], mp)                     # (B, T, C)
     x = run_blocks(cfg, x, fetch, range(L))                    # (B, T, C)
     with fetch(L + 1) as p:
         x = _norm(cfg, x, p, "")
     head, name = (0, "wte") if cfg.tie_embeddings else (L + 2, "weight")
     with fetch(head, last=True) as p:                          # LM head (tied: wte)
-        logits = F.linear(x, p[name])                          # (B, T, vocab)
-    return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+        logits = F.linear(x if mp is None else mp.enter(x), p[name])   # (B, T, vocab / N_m)
+    if mp is None:
+        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+    return vocab.cross_entropy(logits.view(B * T, -1), targets.reshape(-1), mp, cfg.vocab_size)

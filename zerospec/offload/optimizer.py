@@ -201,5 +201,7 @@ def with_offload(cls: type, params: bool = False) -> type:
     ZeRO-Infinity's parameter offload to the host before it (stage 3, zerospec/offload/params.py)."""
     if params:
         from .params import HostParams
-        return type(f"OffloadParams{cls.__name__}", (HostParams, HostOptimizer, cls), {})
+        from .prefetch import Prefetching
+        return type(f"OffloadParams{cls.__name__}", (Prefetching, HostParams, HostOptimizer, cls),
+                    {})
     return type(f"Offload{cls.__name__}", (HostOptimizer, cls), {})

@@ -1,45 +1,159 @@
-"""ZeRO-Infinity's parameter offload to the host (``offload_params="cpu"``), over stage 3 with
-the optimizer offloaded too: the fp16 parameter chunks live in host memory, not on the device.
+"""ZeRO-Infinity's parameter offload (``offload_params="cpu" | "nvme"``), over stage 3 with the
+optimizer offloaded too: the fp16 parameters live in host memory or in NVMe swap files, never on
+the device between uses.
 
-Each use of a unit copies this rank's chunk host→device (booked on its PCIe link) and all-gathers
-it on the devices: C-I8's *bandwidth-centric partitioning* — every rank's PCIe link carries 1/N of
-the parameter per fetch, where a broadcast from one owner would put all of it on one link. After
-the step the host Adam's fp16 result is written into the host chunk directly: nothing goes up
-over PCIe in param_sync. No arithmetic changes, so training is bit-identical to stage 3.
+**Where a unit's fp16 bytes live, and how a use fetches them** (``offload_partition``):
 
-Not built: the NVMe tier for parameters, and C-I8's prefetcher (NVMe→CPU for operator i+3,
-CPU→GPU for i+2, the all-gather for i+1): each fetch here happens when its unit is used.
+* ``"bandwidth"`` — C-I8's *bandwidth-centric partitioning*: every rank keeps its 1/N chunk of
+  every unit. A fetch reads the chunk NVMe → host (nvme tier, booked ``from_nvme`` on the rank's
+  ``nvme`` link), copies it host → device (``from_host`` on its PCIe link) and all-gathers it on
+  the devices: each rank's PCIe link carries 1/N of the unit per fetch.
+* ``"owner"`` — the baseline C-I8 compares against (ZeRO-3 / ZeRO-Offload's way): unit i lives
+  whole on its owner's host, rank ``i mod N``; a fetch copies all of it over the owner's one PCIe
+  link and broadcasts it from the owner. After the step the ranks' updated chunks go up, are
+  all-gathered and the owner copies the whole unit down (booked in param_sync).
+
+After the step the host Adam's fp16 result is written where the chunk lives (host buffer, or its
+swap file: write to ``.partial``, fsync, rename; zerospec/offload/nvme.py): in bandwidth mode
+nothing crosses PCIe in param_sync. No arithmetic changes, so training is bit-identical to stage
+3 in every mode. The swap files are the NVMe tier's observer (their sizes, ``os.stat``).
+
+C-I8's prefetcher (NVMe→CPU for operator i+3, CPU→GPU for i+2, the all-gather for i+1) sits in
+front of this class (zerospec/offload/prefetch.py); without it each fetch happens when its unit is
+used, one hop after the other.
 """
 from __future__ import annotations
 
 import torch
 
 from ..runtime.observe import off_device
+from .nvme import SwapDir
+
+PARTITIONS = ("bandwidth", "owner")
 
 
 class HostParams:
-    """In front of :class:`~zerospec.offload.optimizer.HostOptimizer` over stage 3."""
+    """In front of :class:`~zerospec.offload.optimizer.HostOptimizer` over stage 3; ``offload_params``:
+    "cpu" or "nvme"; ``offload_partition``: "bandwidth" or "owner" (module doc)."""
+
+    def __init__(self, ctx, *args, offload_params: str = "cpu", offload_partition: str = "bandwidth",
+                 offload_buffer_elements: int | None = None, **kwargs):
+        self.offload_params, self.partition = offload_params, offload_partition
+        self.buffer_elements, self.staging = offload_buffer_elements, None
+        # a second SwapDir on the same rank directory: its own commits, file names apart
+        self.param_swap = (SwapDir(kwargs.get("nvme_path"), getattr(ctx, "global_rank", ctx.rank))
+                           if offload_params == "nvme" else None)
+        super().__init__(ctx, *args, **kwargs)
+
+    # -- where this rank's bytes of unit i live -------------------------------------------------------
+    def owner(self, i: int) -> int:
+        """Unit i's owner in the owner mode: the units dealt round the ranks."""
+        return i % self.comm.n_ranks
+
+    def _holds(self, i: int) -> int:
+        """Elements of unit i this rank keeps (host or file): its chunk, or all of it / none."""
+        u = self.units[i]
+        if self.partition == "bandwidth":
+            return u.chunk
+        return u.padded if self.owner(i) == self.ctx.rank else 0
+
+    def _pname(self, i: int) -> str:
+        return f"{self.units[i].name.replace('/', '.')}.param16"
 
     def _allocate_params(self, init) -> None:
-        self.param16 = [self._host_alloc("param16", u.chunk, self.dtype) for u in self.units]
+        self.param16 = [None] * len(self.units)
+        for i, (u, w) in enumerate(zip(self.units, init)):
+            n = self._holds(i)
+            if not n:
+                continue
+            src = w[u.shard(self.ctx.rank)] if self.partition == "bandwidth" else w   # padded
+            p = self._host_alloc("param16", n, self.dtype)
+            with off_device():
+                p.copy_(src)
+            if self.param_swap is None:
+                self.param16[i] = p
+                continue
+            self.param_swap.write(self._pname(i), p)   # setup: not a step's traffic
+            self.param_swap.commit()
+            self.ctx.nvme.count_storage("param16", hash(str(self.param_swap.path(self._pname(i)))),
+                                    p.numel() * p.element_size())
+            self.host.free(p)
+
+    # -- the hops: NVMe -> host, host -> device ------------------------------------------------------
+    def _to_host(self, i: int) -> torch.Tensor:
+        """This rank's bytes of unit i in host memory: the resident buffer, or read from the
+        swap file (NVMe → host, booked on the nvme link) into a fresh host buffer — or into the
+        one staging buffer of ``offload_buffer_elements``, allocated once (DeepSpeed's
+        ``offload_param.buffer_size``; no prefetch here, so one buffer is enough)."""
+        if self.param_swap is None:
+            return self.param16[i]
+        if self.buffer_elements is not None:
+            if self.staging is None:
+                self.staging = self._host_alloc("buffer", self.buffer_elements, self.dtype)
+            h = self.staging[:self._holds(i)]
+            with off_device():
+                self.param_swap.read(self._pname(i), h)
+            self.comm.book_link("from_nvme", h)
+            return h
+        h = self._host_alloc("param16", self._holds(i), self.dtype)
         with off_device():
-            for u, p, w in zip(self.units, self.param16, init):
-                p.copy_(w[u.shard(self.ctx.rank)])
+            self.param_swap.read(self._pname(i), h)
+        self.comm.book_link("from_nvme", h)
+        return h
+
+    def _done_host(self, h: torch.Tensor) -> None:
+        if self.param_swap is not None and self.buffer_elements is None:
+            self.host.free(h)
+
+    def _store(self, i: int, value: torch.Tensor) -> None:
+        """Write the host tensor ``value`` where unit i's bytes of this rank live (host → NVMe)."""
+        if self.param_swap is None:
+            with off_device():
+                self.param16[i].copy_(value)
+            return
+        self.param_swap.write(self._pname(i), value)
+        self.param_swap.commit()
+        self.comm.book_link("to_nvme", value)
 
     def acquire(self, i: int) -> torch.Tensor:
-        """Unit i whole on the device: my chunk up over PCIe (1/N of it), then the all-gather."""
+        """Unit i whole on the device (module doc): bandwidth — my chunk up, then the all-gather;
+        owner — the owner's whole unit up, then its broadcast."""
         u = self.units[i]
-        chunk = self.memory.alloc("param16", (u.chunk,), self.dtype, zero=False)
-        self.comm.copy_from_host(chunk, self.param16[i])
         full = self.memory.alloc("gathered", (u.padded,), self.dtype, zero=False)
+        if self.partition == "owner":
+            if self._holds(i):
+                h = self._to_host(i)
+                self.comm.copy_from_host(full, h)
+                self._done_host(h)
+            return self.comm.broadcast(full, src=self.owner(i))
+        chunk = self.memory.alloc("param16", (u.chunk,), self.dtype, zero=False)
+        h = self._to_host(i)
+        self.comm.copy_from_host(chunk, h)
+        self._done_host(h)
         self.comm.all_gather(full, chunk)
         self.memory.free(chunk)
         return full
 
     def _param_up(self, i: int) -> None:
-        """The updated fp16 chunk stays on the host: copied into the host chunk, no PCIe."""
+        """The updated fp16 chunk to where it lives: bandwidth — this rank's host buffer or file,
+        no PCIe; owner — up, all-gathered, and the whole unit down to the owner's host."""
         up = self.param_up[i]
-        with off_device():
-            self.param16[i].copy_(up)
+        if self.partition == "bandwidth":
+            self._store(i, up)
+        else:
+            u = self.units[i]
+            chunk = self.memory.alloc("param16", (u.chunk,), self.dtype, zero=False)
+            self.comm.copy_from_host(chunk, up)
+            full = self.memory.alloc("gathered", (u.padded,), self.dtype, zero=False)
+            self.comm.all_gather(full, chunk)
+            self.memory.free(chunk)
+            if self._holds(i) and self.param_swap is None:
+                self.comm.copy_to_host(self.param16[i], full)
+            elif self._holds(i):
+                h = self._host_alloc("param16", u.padded, self.dtype)
+                self.comm.copy_to_host(h, full)
+                self._store(i, h)
+                self.host.free(h)
+            self.memory.free(full)
         self.host.free(up)
         self.param_up[i] = None

@@ -183,3 +183,29 @@ DGX_H100 = _dgx("DGX H100 (8 × H100-SXM5-80GB)", memory_bytes=80 * GB,         
 # the names --machine accepts (zerospec plan, zerospec scale); `paper` keeps the DGX-2
 MACHINES = {"dgx2": DGX2, "h200": H200_NODE, "dgx-a100-40gb": DGX_A100_40GB,
             "dgx-a100-80gb": DGX_A100_80GB, "dgx-h100": DGX_H100}
+
+
+# -- ZeRO-Infinity's three tiers on a DGX-2 node (C-I7) ------------------------------------------------
+# [DGX-2] NVIDIA DGX-2 datasheet (2019): "System Memory 1.5TB", "Storage ... Internal Storage: 30TB
+#        (8X 3.84TB) NVMe SSDs"; 16 × 32 GB of GPU memory ([DGX-2], as DGX2 above).
+# [PCIe] each U.2 NVMe drive hangs off PCI Express 3.0 x4: 8 GT/s × 4 × 128b/130b = 3.94 GB/s
+#        per direction. That is the link's bound on a drive, not the drive's own rate (not
+#        sourced here): the node's NVMe bandwidth below is an UPPER bound.
+@dataclasses.dataclass(frozen=True)
+class Tiers:
+    """One node's memory tiers, capacities and the NVMe link (bytes, bytes/s per direction)."""
+
+    name: str
+    gpu_bytes: int            # per node: its GPUs' memory together
+    host_bytes: int           # per node: CPU memory
+    nvme_bytes: int           # per node: NVMe capacity
+    nvme_bytes_per_s: int     # per node, per direction: all its drives' links together
+    sources: tuple[str, ...] = ()
+
+
+DGX2_TIERS = Tiers(
+    name="DGX-2 tiers", gpu_bytes=16 * 32 * GB,           # [DGX-2]
+    host_bytes=1500 * GB,                                 # [DGX-2] 1.5 TB
+    nvme_bytes=8 * 3840 * GB,                             # [DGX-2] 8 × 3.84 TB
+    nvme_bytes_per_s=8 * 3_938_461_538,                   # [PCIe] 8 drives × Gen3 x4 (upper bound)
+    sources=("NVIDIA DGX-2 datasheet", "PCIe 3.0 spec"))

@@ -97,3 +97,30 @@ def megatron_block(cfg, x: torch.Tensor, parts: list[dict[str, torch.Tensor]]) -
         ms = [F.gelu(F.linear(h, q["mlp.c_fc.weight"], q.get("mlp.c_fc.bias"))) for h, q in zip(hs, parts)]
     return x + row([F.linear(m, q["mlp.c_proj.weight"]) for m, q in zip(ms, parts)],
                    p0.get("mlp.c_proj.bias"))
+
+
+def vocab_parallel_loss(logits: list[torch.Tensor], targets: torch.Tensor,
+                        vocab_size: int) -> torch.Tensor:
+    """Megatron-LM's vocabulary-parallel cross-entropy as ``len(logits)`` ranks compute it, in one
+    process: ``logits[j]`` rank j's (N, V_p/N_m) columns, in fp32 with the padded ones (global
+    column ≥ V) at −∞; the row max over the ranks, each rank's Σ exp(z − max) and its shifted
+    target logit (0 where it does not hold the target) added in rank order, as the MP all-reduces
+    add them. The oracle the MP runs' first loss is held to, bit for bit (model/vocab.py computes
+    it on the ranks)."""
+    per = logits[0].shape[-1]
+    zs = []
+    for j, l in enumerate(logits):
+        z = l.to(torch.promote_types(l.dtype, torch.float32), copy=True)
+        z[:, max(0, min(per, vocab_size - j * per)):] = float("-inf")
+        zs.append(z)
+    m = zs[0].amax(-1)
+    for z in zs[1:]:
+        m = torch.maximum(m, z.amax(-1))
+    zt, s = 0, 0
+    for j, z in enumerate(zs):
+        mine = (targets >= j * per) & (targets < min(vocab_size, (j + 1) * per))
+        shifted = z - m.unsqueeze(-1)
+        local = (targets - j * per).masked_fill(~mine, 0).unsqueeze(-1)
+        zt = zt + shifted.gather(1, local).squeeze(-1).masked_fill(~mine, 0.0)
+        s = s + shifted.exp().sum(-1)
+    return (s.log() - zt).mean()

@@ -58,7 +58,10 @@ class TrainConfig:
     # ZeRO-Offload (zerospec/offload/, spec/offload.md); None: everything on the device
     offload_optimizer: str | None = None      # "cpu" | "nvme": fp32 states and Adam on the host
     offload_mode: str = "paper"               # "paper": fp16 grads down; "deepspeed": fp32 down
-    offload_params: str | None = None         # "cpu": ZeRO-Infinity's fp16 parameters on the host
+    offload_params: str | None = None         # "cpu" | "nvme": ZeRO-Infinity's fp16 parameters
+    offload_partition: str = "bandwidth"      # "bandwidth": 1/N per PCIe link (C-I8); "owner"
+    offload_buffer_elements: int | None = None  # NVMe params: one host staging buffer this big
+    offload_prefetch: bool = False            # C-I8's prefetcher: i+1 gathered, i+2 up, i+3 read
     nvme_path: str | None = None              # the NVMe tier's directory (None: a temporary one)
     dpu: int = 0                              # delayed parameter update from step N (0: off, B8)
     # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p

@@ -14,6 +14,7 @@ from ..comm.groups import Nodes
 from ..comm.ledger import CommLedger
 from ..model import gpt, megatron
 from ..model.data import BigramData
+from ..offload import check_checkpointable
 from . import checkpoint
 from .config import TrainConfig
 from .result import Result, build_result
@@ -55,6 +56,7 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     ``checkpoint.load(dir, n_ranks=cfg.n_d)``, or ``Result.state()``) with steps ``step+1 …
     cfg.steps``; ``save={step: dir}`` writes a sharded checkpoint after those steps;
     ``keep_state`` keeps the final state for ``Result.state()``."""
+    check_checkpointable(cfg, save, resume)
     units = cfg.units()
     cluster = cluster or VirtualCluster(cfg.n_ranks, device=cfg.device, timeout=cfg.timeout,
                                         gpus_per_node=cfg.gpus_per_node)

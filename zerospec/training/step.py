@@ -24,7 +24,7 @@ from ..model import gpt
 from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
 from ..optim.update import Reach, StepReport, Updater
-from ..offload import with_offload
+from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
 from ..zero.hpz import with_hpz
@@ -96,6 +96,7 @@ class Rank:
     master: list[tuple[slice, torch.Tensor]]   # the rank's fp32 master shards
     model_states: int               # bytes right after setup, before the fetcher is made
     first_step: int                 # 1, or the step after the resumed checkpoint's
+    mp: object = None               # the MP group (model/megatron.TensorParallel), None without MP
 
 
 def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
@@ -120,7 +121,7 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
     blocks = block_runner(cfg.checkpoint_activations, fetcher, mp, keep)   # zero_r/
     return Rank(ctx, dp_ctx, stage, updater, fetcher, blocks, master, model_states,
-                meta.get("step", 0) + 1)
+                meta.get("step", 0) + 1, mp)
 
 
 def _groups(ctx, cfg: TrainConfig, init):
@@ -178,6 +179,11 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
         cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
                       nvme_path=cfg.nvme_path)
+        if cfg.offload_params:   # ZeRO-Infinity: the fp16 parameters too (offload/params.py)
+            kwargs.update(offload_params=cfg.offload_params,
+                          offload_partition=cfg.offload_partition,
+                          offload_buffer_elements=cfg.offload_buffer_elements,
+                          offload_prefetch=cfg.offload_prefetch)
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
         cls = with_mics(cls)
     return cls, kwargs
@@ -197,6 +203,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     if save and cfg.dpu and max(save) >= cfg.dpu:
         raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
                          f"miss the gradient whose update is still pending (spec/offload.md)")
+    check_checkpointable(cfg, save, resume)
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
     out.step_end.append(time.perf_counter())
@@ -238,7 +245,8 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
         with phase("forward"), _flops(cfg.count_flops, ops["forward"]) as oc:
             with fetcher.hooks():
                 loss = gpt.forward(cfg.model, micro_batch(idx, r, cfg.n_d, k, G),
-                                   micro_batch(tgt, r, cfg.n_d, k, G), fetcher.fetch, rank.blocks)
+                                   micro_batch(tgt, r, cfg.n_d, k, G), fetcher.fetch, rank.blocks,
+                                   rank.mp)
             fetcher.end_forward()
         flops["forward"] += oc.flops if oc is not None else 0
         with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as oc:

@@ -86,7 +86,8 @@ def test_two_mp_ranks_compute_the_megatron_decomposition_bit_for_bit(family):
 
 @pytest.mark.parametrize("n_m", [1, 2, 4])
 def test_slices_put_back_together_give_the_model_and_psi_per_rank_is_exact(n_m):
-    """unshard(shard) is the identity, and Ψ per MP rank is (V+T)·d + 2d + L·(12d²/N_m + 7d/N_m + 6d)."""
+    """unshard(shard) is the identity, and Ψ per MP rank is
+    V_p·d/N_m + T·d + 2d + L·(12d²/N_m + 7d/N_m + 6d), V_p = 37 padded to 128·N_m (V at N_m = 1)."""
     full = gpt.init_params(CFG, 0)
     parts = [megatron.shard(CFG, full, n_m, j) for j in range(n_m)]
     flat = [{f"{u}/{n}": t for u, ps in q.items() for n, t in ps.items()} for q in parts]
@@ -95,8 +96,10 @@ def test_slices_put_back_together_give_the_model_and_psi_per_rank_is_exact(n_m):
     assert psi(CFG.units(1, n_m=n_m)) == megatron.psi_per_rank(CFG, n_m)
     d, L = CFG.n_embd, CFG.n_layer
     assert megatron.psi_per_rank(CFG, 1) == CFG.psi
-    assert megatron.psi_per_rank(CFG, n_m) == (37 + 12) * d + 2 * d + L * (12 * d * d // n_m
-                                                                           + 7 * d // n_m + 6 * d)
+    v_p = {1: 37, 2: 256, 4: 512}[n_m]
+    assert CFG.padded_vocab(n_m) == v_p
+    assert megatron.psi_per_rank(CFG, n_m) == (v_p // n_m + 12) * d + 2 * d + L * (
+        12 * d * d // n_m + 7 * d // n_m + 6 * d)
 
 
 def test_rank_j_holds_its_heads_rows_of_q_k_and_v():
@@ -154,16 +157,20 @@ def test_rank_j_holds_its_query_heads_and_its_kv_heads_and_its_part_of_gate_and_
 
 @pytest.mark.parametrize("family,n_m", [("gpt2", 2), ("gpt2", 4), ("llama", 2), ("qwen2", 2)])
 def test_psi_summed_over_mp_ranks_counts_the_replicated_parts_n_m_times(family, n_m):
-    """Σ_j Ψ_j = Ψ + (N_m − 1)·Ψ_replicated, Ψ_replicated written from the shapes: the
-    embeddings, an untied head, the final norm, and per block the two norms and the two
-    row-parallel biases (GPT-2: LayerNorm weight + bias; Llama / Qwen2: RMSNorm weight, no bias)."""
+    """Σ_j Ψ_j = Ψ + (N_m − 1)·Ψ_replicated + the padding rows, Ψ_replicated written from the
+    shapes: the position table (GPT-2), the final norm, and per block the two norms and the two
+    row-parallel biases (GPT-2: LayerNorm weight + bias; Llama / Qwen2: RMSNorm weight, no bias);
+    the padding: V_p − V rows of wte (and of an untied head), V_p = 128·N_m here."""
     cfg = FAMILY[family]
     V, T, d = 37, 12, cfg.n_embd
-    replicated = {"gpt2": V * d + T * d + 2 * d + 1 * (2 * 2 * d + 2 * d),
-                  "llama": V * d + V * d + d + 1 * (2 * d),
-                  "qwen2": V * d + V * d + d + 1 * (2 * d)}[family]
-    assert megatron.psi_per_rank(cfg, 1) == cfg.psi
-    assert n_m * megatron.psi_per_rank(cfg, n_m) == cfg.psi + (n_m - 1) * replicated
+    replicated = {"gpt2": T * d + 2 * d + 1 * (2 * 2 * d + 2 * d),
+                  "llama": d + 1 * (2 * d),
+                  "qwen2": d + 1 * (2 * d)}[family]
+    padding = (128 * n_m - V) * d * (1 if family == "gpt2" else 2)
+    assert megatron.psi_per_rank(cfg, 1) == cfg.psi and megatron.psi_padding(cfg, 1) == 0
+    assert megatron.psi_padding(cfg, n_m) == padding
+    assert sum(megatron.psi_padding(cfg, n_m, j) for j in range(n_m)) == padding
+    assert n_m * megatron.psi_per_rank(cfg, n_m) == cfg.psi + (n_m - 1) * replicated + padding
     assert psi(cfg.units(1, n_m=n_m)) == megatron.psi_per_rank(cfg, n_m)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.cli import assert_usage_error
+from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
 
 
@@ -12,10 +13,27 @@ from zerospec.training.config import TrainConfig
     ({"stage": 2, "offload_optimizer": "gpu"}, "offload_optimizer must be one of cpu, nvme"),
     ({"stage": 2, "offload_optimizer": "cpu", "offload_mode": "zero"}, "offload_mode must be"),
     ({"stage": 2, "offload_params": "cpu"}, "offload_params='cpu' fetches each stage-3 chunk"),
-    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "nvme"}, "NVMe tier for parameters is not built"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "disk"},
+     "offload_params='disk' (ZeRO-Infinity's parameter offload): accepted cpu, nvme"),
+    ({"stage": 3, "offload_params": "nvme"}, "offload_optimizer 'cpu' or 'nvme' without dpu"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_partition": "x"},
+     "offload_partition must be one of bandwidth, owner, got 'x'"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "nvme", "offload_buffer_elements": 100},
+     "offload_buffer_elements=100 is smaller than the largest unit a rank reads from NVMe ('h.0': "
+     "99136 elements): accepted an integer >= 99136"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "nvme", "offload_buffer_elements": 99136,
+      "offload_partition": "owner"}, "('h.0': 198272 elements): accepted an integer >= 198272"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_buffer_elements": 900},
+     "offload_buffer_elements=900 sizes the host buffer NVMe parameter reads land in: it needs "
+     "offload_params='nvme'"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_partition": "owner",
+      "offload_prefetch": True}, "offload_prefetch=True prefetches offloaded parameters in the "
+     "bandwidth layout: it needs offload_params 'cpu' or 'nvme' and offload_partition 'bandwidth'"),
+    ({"stage": 3, "offload_optimizer": "cpu", "offload_partition": "owner"},
+     "offload_partition='owner' says where offloaded parameters live"),
     ({"stage": 2, "offload_optimizer": "nvme", "nvme_path": "/no/such/dir"},
      "nvme_path '/no/such/dir' is not a directory"),
-    ({"stage": 2, "offload_optimizer": "cpu", "nvme_path": "/tmp"}, "needs offload_optimizer='nvme'"),
+    ({"stage": 2, "offload_optimizer": "cpu", "nvme_path": "/tmp"}, "needs offload_optimizer='nvme' or offload_params='nvme'"),
     ({"stage": 2, "dpu": 2}, "dpu=2 delays ZeRO-Offload's host update: it needs offload_optimizer"),
     ({"stage": 2, "offload_optimizer": "cpu", "dpu": -1}, "dpu (warm-up steps"),
     ({"stage": 2, "offload_optimizer": "cpu", "grad_accum_steps": 2}, "not combined with grad_accum"),
@@ -56,3 +74,16 @@ def test_the_cli_flags_reach_the_run_and_its_table(capsys):
     assert rows[0][-1].rstrip(" |") == "6,560"
     loss = [line.split(" | ")[1] for line in plain.splitlines() if line.startswith("| ")][1:]
     assert loss == [line.split(" | ")[1] for line in off.splitlines() if line.startswith("| ")][1:]
+
+
+@pytest.mark.parametrize("params,partition", [("nvme", "bandwidth"), ("cpu", "owner")])
+def test_a_checkpoint_of_parameters_not_in_host_memory_is_refused_naming_the_settings(
+        tmp_path, params, partition):
+    """Parameters on NVMe, or whole on their owners: saving a checkpoint is one error naming both
+    settings (the checkpoint code reads each rank's fp16 chunk from host memory)."""
+    from zerospec.training.run import train
+    c = TrainConfig(stage=3, n_d=2, model=ODD, steps=1, offload_optimizer="cpu",
+                    offload_params=params, offload_partition=partition)
+    with pytest.raises(ValueError, match=f"checkpoints with offload_params='{params}', "
+                                         f"offload_partition='{partition}' are not built"):
+        train(c, save={1: str(tmp_path)})
