@@ -17,10 +17,12 @@ N = 4
 RUNS = {"paper": {"offload_optimizer": "cpu"},
         "deepspeed": {"offload_optimizer": "cpu", "offload_mode": "deepspeed"},
         "nvme": {"offload_optimizer": "nvme"},
-        "params": {"offload_optimizer": "cpu", "offload_params": "cpu"}}
+        "params": {"offload_optimizer": "cpu", "offload_params": "cpu"},
+        "params_nvme": {"offload_optimizer": "cpu", "offload_params": "nvme"}}
 # bytes per element of the rank's share M per step: (down, up) over PCIe, (write, read) NVMe
 EXPECTED = {"paper": (2, 2, 0, 0), "deepspeed": (4, 2, 0, 0), "nvme": (2, 2, 12, 12),
-            "params": (2, 4, 0, 0)}    # Infinity: each unit fetched up in forward and backward
+            "params": (2, 4, 0, 0),    # Infinity: each unit fetched up in forward and backward
+            "params_nvme": (2, 4, 2, 4)}   # ... read from NVMe each time, the update written back
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,7 +30,7 @@ def threads(stage: int, name: str):
     return train(TrainConfig(stage=stage, n_d=N, model=ODD, steps=2, global_batch=N, **RUNS[name]))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n == "nvme" else [])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if "nvme" in n else [])
                                   for n in RUNS])   # nvme: fsync-ed files, over a second
 @pytest.mark.claim("B5")
 def test_bytes_per_link_and_direction_per_step(name):
@@ -68,7 +70,8 @@ def test_the_closed_form_is_what_is_measured_without_padding(stage):
 def test_bytes_per_link_per_step_for_stage_2_offload_and_infinity(md_snapshot):
     """What spec/figures/offload_link_bytes.svg draws (7.5B on 16 meta GPUs, rank 0): stage 2
     moves nothing over PCIe; Offload 2M down and 2M up (paper) or 4M down (DeepSpeed); the NVMe
-    tier 12M each way; Infinity's parameters 2 × 2M up per step, nothing up in param_sync. The
+    tier 12M each way; Infinity's parameters 2 × 2M up per step, nothing up in param_sync (on
+    NVMe: 2 × 2M read, 2M written). The
     figure's bars are these bytes, each on its direction."""
     runs = O.figure_runs()
     m = {name: ob.share for name, ob in runs.items()}
@@ -79,6 +82,9 @@ def test_bytes_per_link_per_step_for_stage_2_offload_and_infinity(md_snapshot):
     assert moved["ZeRO-2 + Offload (DeepSpeed)"]["from_host"] == 2 * m["ZeRO-2"]
     assert moved["ZeRO-3 + Offload nvme (paper)"]["to_nvme"] == 12 * m["ZeRO-2"]
     assert moved["Infinity: ZeRO-3 + params cpu"]["from_host"] == 4 * m["ZeRO-2"]
+    nvme = moved["Infinity: ZeRO-3 + params nvme"]
+    assert (nvme["from_host"], nvme["from_nvme"], nvme["to_nvme"]) == \
+        (4 * m["ZeRO-2"], 4 * m["ZeRO-2"], 2 * m["ZeRO-2"])
     fig = O.figure(runs, O.FIGURE_TITLE)
     bars = {a.get_gid(): a.get_height() for ax in fig.axes for a in ax.patches if a.get_gid()}
     for ax_ops, ax in zip((["gpus"], list(O.LABELS)[1:]), fig.axes):

@@ -202,8 +202,7 @@ def run_label(cfg) -> str:
     return ", ".join(parts)
 
 
-# spec/offload.md's figure: one model on meta GPUs, stage 2 and each offload (the infinity work adds
-# its NVMe parameter run to FIGURE_RUNS)
+# spec/offload.md's figure: one model on meta GPUs, stage 2 and each offload
 FIGURE_MODEL, FIGURE_GPUS = "7.5B", 16
 FIGURE_RUNS = {
     "ZeRO-2": (2, {}),
@@ -212,6 +211,7 @@ FIGURE_RUNS = {
     "ZeRO-3 + Offload (paper)": (3, {"offload_optimizer": "cpu"}),
     "ZeRO-3 + Offload nvme (paper)": (3, {"offload_optimizer": "nvme"}),
     "Infinity: ZeRO-3 + params cpu": (3, {"offload_optimizer": "cpu", "offload_params": "cpu"}),
+    "Infinity: ZeRO-3 + params nvme": (3, {"offload_optimizer": "cpu", "offload_params": "nvme"}),
 }
 FIGURE_TITLE = "7.5B on 16 meta GPUs: bytes rank 0 moves per step, per link and direction"
 

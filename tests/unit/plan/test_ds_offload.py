@@ -194,3 +194,17 @@ def test_the_measured_table_beside_a_preset_counts_host_nvme_and_pinned_bytes():
 def preset_model(name):
     from zerospec.model.presets import preset
     return preset(name).model
+
+
+def test_parameter_offload_to_nvme_is_stepped_with_its_pinned_buffers(capsys, tmp_path):
+    """offload_param on NVMe: the step keeps its parameters in NVMe files (no model state on the
+    device), and buffer_count × buffer_size bf16 elements of pinned buffers count as host."""
+    t = _explain(capsys, tmp_path, {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                    "offload_param": {**NVME, "buffer_count": 2,
+                                                      "buffer_size": 20_000}})["offload_bytes"]
+    rows = _rows(t)
+    assert rows["device: model states after setup"] == 0
+    assert rows["host: DeepSpeed's pinned swap buffers (offload_param)"] == 2 * 20_000 * 2
+    units = TrainConfig(stage=3, n_d=4, model=_model(tmp_path)).units()
+    assert rows["NVMe: swap files"] == 2 * sum(u.chunk for u in units)     # fp16 chunks
+    assert rows["per step: NVMe read (NVMe → host)"] == 2 * rows["NVMe: swap files"]

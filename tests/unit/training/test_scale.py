@@ -249,7 +249,9 @@ def test_cli_scale_names_bad_input(argv, message, capsys):
     pytest.param(2, {"offload_optimizer": "cpu", "offload_mode": "deepspeed"},
                  marks=pytest.mark.slow),
     pytest.param(3, {"offload_optimizer": "nvme"}, marks=pytest.mark.slow),
-    (3, {"offload_optimizer": "cpu", "offload_params": "cpu"})], ids=["offload", "nvme", "infinity"])
+    (3, {"offload_optimizer": "cpu", "offload_params": "cpu"}),
+    pytest.param(3, {"offload_optimizer": "cpu", "offload_params": "nvme"}, marks=pytest.mark.slow)],
+    ids=["offload", "nvme", "infinity", "infinity-nvme"])
 def test_representative_ranks_give_every_ranks_host_and_nvme_ledgers_as_threads(stage, kw):
     """ZeRO-Offload and ZeRO-Infinity on meta (host and NVMe ledgers of meta tensors, no swap
     file written): every rank's device ledger, records (its PCIe and NVMe copies among them) and
