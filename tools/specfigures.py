@@ -184,6 +184,24 @@ def _draw_zeropp(out):
     return [nodes.save(zeropp_runs(), out, nodes.FIGURE_TITLE, "zeropp_node_bytes")]
 
 
+@functools.lru_cache(maxsize=None)
+def offload_runs():
+    """spec/offload.md's figure: rank 0's bytes per link and direction, 7.5B on 16 meta GPUs, for
+    stage 2, ZeRO-Offload (both modes, the NVMe tier) and ZeRO-Infinity (zerospec/plan/offload.py)."""
+    from zerospec.plan.offload import figure_runs
+    return figure_runs()
+
+
+def _offload_data() -> str:
+    from zerospec.plan.offload import markdown
+    return markdown(offload_runs())
+
+
+def _draw_offload(out):
+    from zerospec.plan import offload
+    return [offload.save(offload_runs(), out, offload.FIGURE_TITLE, "offload_link_bytes")]
+
+
 def _paper(*tables: tuple[str, Callable[[], str]]) -> Callable[[], dict[str, str]]:
     return lambda: {f"{SNAP}/test_evaluation/{name}.md": text() for name, text in tables}
 
@@ -218,6 +236,8 @@ C30_DATA = f"{SNAP}/test_allocator/test_fragmentation_figure_data.md"
 FIG7_DATA = f"{SNAP}/test_evaluation/test_figure7_cached_memory_curves_at_100b.md"
 ZEROPP_DATA = (f"{SNAP}/test_zeropp/"
                "test_bytes_inside_and_across_nodes_per_collective_at_384_gpus.md")
+OFFLOAD_DATA = (f"{SNAP}/test_offload_links/"
+                "test_bytes_per_link_per_step_for_stage_2_offload_and_infinity.md")
 EXPLAIN_DATA = "tests/unit/plan/__snapshots__/test_models_page/test_explain_figure_data.md"
 
 FIGURES = {f.name: f for f in [
@@ -245,6 +265,8 @@ FIGURES = {f.name: f for f in [
            lambda: {EXPLAIN_DATA: explain_figure_data()}, _draw_explain),
     Figure("zeropp_node_bytes", "zeropp.md", (ZEROPP_DATA,),
            lambda: {ZEROPP_DATA: _zeropp_data()}, _draw_zeropp),
+    Figure("offload_link_bytes", "offload.md", (OFFLOAD_DATA,),
+           lambda: {OFFLOAD_DATA: _offload_data()}, _draw_offload),
     Figure("paper_figure8", "evaluation.md", (f"{SNAP}/test_evaluation/test_figure8_table.md",),
            _paper(("test_figure8_table", lambda: _pf().bare(_pf().figure8()[0]))), _draw_paper(8)),
 ]}

@@ -59,9 +59,19 @@ def add_parser(sub) -> None:
                    help="ZeRO++'s qgZ for stage 3: an int4 all-to-all gradient reduction")
     p.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
                    help="elements per qwZ/qgZ scale (default: DeepSpeed's choice)")
+    p.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
+                   help="ZeRO-Offload for stages 2-3 (spec/offload.md): adds each stage's host, "
+                        "NVMe and per-link bytes per step")
+    p.add_argument("--offload-mode", choices=("paper", "deepspeed"), default="paper",
+                   help="with --offload-optimizer: fp16 (paper, default) or fp32 (deepspeed) "
+                        "gradients down")
+    p.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
+                   help="ZeRO-Infinity for stage 3: parameter partitions on the host or NVMe")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="with --gpus-per-node: write DIR/node_bytes.svg (and .png), node 0's bytes "
-                        "inside vs across nodes per collective, a bar per stage measured")
+                        "inside vs across nodes per collective, a bar per stage measured; with "
+                        "--offload-optimizer: DIR/link_bytes.svg, rank 0's bytes per link and "
+                        "direction per step, each stage with and without offload")
 
 
 def _stages(text: str) -> tuple[int, ...]:
@@ -116,11 +126,18 @@ def run(args) -> int:
               checkpoint_activations=args.checkpoint_activations,
               partition_activations=args.partition_activations,
               cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
-    if args.out is not None and args.gpus_per_node is None:
-        raise _usage("--out draws the bytes inside vs across nodes: add --gpus-per-node G")
+    off = {} if args.offload_optimizer is None and args.offload_params is None else dict(
+        offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
+        offload_params=args.offload_params)
+    if off and any(s < 2 for s in stages):
+        raise _usage(f"--offload-optimizer (ZeRO-Offload) is built on stages 2 and 3; got --stages "
+                     f"{args.stages} (accepted: 2, 3 or 2,3)")
+    if args.out is not None and args.gpus_per_node is None and not off:
+        raise _usage("--out draws the bytes inside vs across nodes: add --gpus-per-node G (or the "
+                     "bytes per link with offload: add --offload-optimizer cpu|nvme)")
     zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz, quant_group_size=args.quant_group_size)
     results = {s: measure(model, s, n_d, **(zpp if s == 3 else {}),
-                          shard_group=args.shard_group if s else None, **kw) for s in stages}
+                          shard_group=args.shard_group if s else None, **kw, **off) for s in stages}
     grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below, vocabulary padded to "
                              f"{model.padded_vocab(args.mp):,} rows: {psi_padding(model, args.mp):,} "
                              f"padding elements over the MP group, not in Ψ)" if args.mp > 1 else "")
@@ -131,6 +148,7 @@ def run(args) -> int:
     if args.machine is None:
         print(scale_table(results), end="")
         _crossing(results, args)
+        _links(results, args, model, n_d, kw, off)
         return 0
     from ..paper.hardware import MACHINES
     m = MACHINES[args.machine]
@@ -139,7 +157,29 @@ def run(args) -> int:
           f"buffers; no allocator fragmentation) against {m.memory_bytes / 1e9:g} GB per GPU of "
           f"--machine {args.machine}, {m.name}.")
     _crossing(results, args)
+    _links(results, args, model, n_d, kw, off)
     return 0
+
+
+def _links(results, args, model, n_d: int, kw: dict, off: dict) -> None:
+    """With offload: rank 0's tiers and links per stage (zerospec/plan/offload.py); with --out,
+    DIR/link_bytes.svg, each stage measured without offload too."""
+    if not off:
+        return
+    from ..plan.offload import LABELS, offload_bytes, run_label, save
+    print("\nTiers and links (rank 0, one step; spec/offload.md)")
+    runs = {}
+    for s, r in results.items():
+        ob = runs[run_label(r.config)] = offload_bytes(r)
+        print(f"  stage {s}: device {ob.device_states:,} B of model states, host {ob.host_states:,}"
+              f" B (peak {ob.host_peak:,}), NVMe {ob.nvme:,} B; per step "
+              + ", ".join(f"{LABELS[op]} {ob.moved[op]:,} B" for op in list(LABELS)[1:]))
+    if args.out is not None and args.gpus_per_node is None:
+        from ..training.scale import measure
+        plain = {s: offload_bytes(measure(model, s, n_d, **kw)) for s in results}
+        runs = {f"ZeRO-{s}": ob for s, ob in plain.items()} | runs
+        title = f"N_d = {n_d}: bytes rank 0 moves per step, per link and direction"
+        print(f"\nDrawn: {save(runs, args.out, title)}")
 
 
 def _crossing(results, args) -> None:

@@ -84,8 +84,7 @@ def check(cfg) -> None:
                "shard_group (MiCS)": cfg.shard_group is not None,
                "qwz / qgz (ZeRO++)": cfg.qwz or cfg.qgz,
                "stage3_* (DeepSpeed's ZeRO-3)": bool(cfg.stage3_persistence_threshold
-                                                    or cfg.stage3_max_reuse_distance),
-               "device='meta'": cfg.device == "meta"}
+                                                    or cfg.stage3_max_reuse_distance)}
     bad = [k for k, v in refused.items() if v]
     if bad:
         raise ValueError(f"offload_optimizer={o!r} is not combined with {', '.join(bad)} yet")

@@ -137,3 +137,30 @@ class SwapDir:
     def on_disk(self) -> dict[str, int]:
         """name -> bytes of every committed file (os.stat): the tier's independent observer."""
         return {p.name[:-len(SWAP)]: p.stat().st_size for p in self.dir.glob("*" + SWAP)}
+
+
+class MetaSwap:
+    """The NVMe tier on meta tensors (``plan``, ``scale``): no data, so no file; each write and
+    read is only booked by its caller, as a real one would be. Names its files as
+    :class:`SwapDir` does, so the NVMe ledger counts one per unit and state."""
+
+    def __init__(self, root, rank: int):
+        self.dir = pathlib.Path(root or "<meta>") / f"rank{rank}"
+
+    def path(self, name: str) -> pathlib.Path:
+        return self.dir / (name + SWAP)
+
+    def write(self, name: str, t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    def read(self, name: str, out: torch.Tensor) -> int:
+        return out.numel() * out.element_size()
+
+    def commit(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def on_disk(self) -> dict[str, int]:
+        return {}

@@ -33,7 +33,7 @@ import torch
 
 from ..runtime.memory import MemoryLedger
 from ..runtime.observe import off_device
-from .nvme import SwapDir
+from .nvme import MetaSwap, SwapDir
 
 STATES = ("master32", "exp_avg", "exp_avg_sq")     # ledger categories, in file-name order
 
@@ -54,7 +54,8 @@ class HostOptimizer:
         self.swap: SwapDir | None = None
         if offload == "nvme":
             self.nvme = ctx.nvme
-            self.swap = SwapDir(nvme_path, getattr(ctx, "global_rank", ctx.rank))
+            swap = MetaSwap if ctx.device.type == "meta" else SwapDir   # meta: bytes, no data
+            self.swap = swap(nvme_path, getattr(ctx, "global_rank", ctx.rank))
         # what the gradient crosses PCIe as: fp16 (the paper) or fp32 (DeepSpeed)
         self.grad_dtype = torch.float32 if offload_mode == "deepspeed" else None
         self.param_up: list[torch.Tensor | None] = []

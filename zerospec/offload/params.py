@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.observe import off_device
-from .nvme import SwapDir
+from .nvme import MetaSwap, SwapDir
 
 PARTITIONS = ("bandwidth", "owner")
 
@@ -41,7 +41,8 @@ class HostParams:
         self.offload_params, self.partition = offload_params, offload_partition
         self.buffer_elements, self.staging = offload_buffer_elements, None
         # a second SwapDir on the same rank directory: its own commits, file names apart
-        self.param_swap = (SwapDir(kwargs.get("nvme_path"), getattr(ctx, "global_rank", ctx.rank))
+        swap = MetaSwap if ctx.device.type == "meta" else SwapDir   # meta: bytes, no file
+        self.param_swap = (swap(kwargs.get("nvme_path"), getattr(ctx, "global_rank", ctx.rank))
                            if offload_params == "nvme" else None)
         super().__init__(ctx, *args, **kwargs)
 

@@ -16,6 +16,10 @@ GPU and traffic per step in the same ledgers every test reads:
   ``zero_hpz_partition_size`` → hpZ (needs the GPUs per node), ``zero_quantized_weights`` → qwZ,
   ``zero_quantized_gradients`` → qgZ; ``mics_shard_size`` → MiCS's partition groups, modelled
   though DeepSpeed 0.19 refuses the key (MiCS removed; FSDP2's HSDP is its peer, spec/mics.md);
+* ``offload_optimizer`` (device cpu or nvme) → ZeRO-Offload in DeepSpeed's mode (its fp32
+  gradients cross PCIe, spec/offload.md), ``offload_param`` → ZeRO-Infinity's parameter offload;
+  with device nvme, DeepSpeed's pinned swap buffers (``buffer_count`` × ``buffer_size``) count as
+  host memory (zerospec/plan/offload.py); settings offload is not combined with are dropped, said;
 * everything else (prefetch, live-parameter bound, overlap, allgather buckets, gradient
   accumulation, and every key ds_config does not read) is listed under "Not modelled", with why.
 """
@@ -26,6 +30,7 @@ from fractions import Fraction
 from ..model.presets import preset
 from ..render.format import Table, fmt_bytes, fmt_count, fmt_psi
 from .ds_config import DeepSpeedConfig
+from .ds_offload import offload_kwargs as _offload_kwargs, offload_rows as _offload_rows
 
 
 MICS_NOTE = ("mics_shard_size: modelled by zerospec (spec/mics.md), but DeepSpeed 0.19 removed MiCS "
@@ -65,6 +70,7 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
         left.append("stage3_prefetch_bucket_size, stage3_max_live_parameters, overlap_comm: when "
                     "parameters arrive, bounded by the units a step gathers at once")
     kw.update(_zeropp_kwargs(ds, gpus_per_node, left))
+    kw.update(_offload_kwargs(ds, kw, left))
     if kw.get("qgz") and kw.pop("bucket_elements", None):
         left.append("reduce_bucket_size with zero_quantized_gradients: qgZ's all-to-all reduces "
                     "each unit's gradient as one tensor (DeepSpeed: each bucket)")
@@ -119,6 +125,10 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
     model = preset(name).model
     kw, left = config_kwargs(ds, n_d, gpus_per_node=gpus_per_node)
     kw = merge(ds, kw, extra or {})
+    pinned = None
+    if kw.get("offload_optimizer"):
+        from .offload import config_pinned
+        pinned = config_pinned(ds, model, ds.stage, n_d)
     r = measure(model, ds.stage, n_d, **kw)
     led = r.comm_ledger([0])
     elements = led.elements(0)
@@ -140,6 +150,18 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
               f"= {nb.across() / (2 * nb.psi_padded):.4f}M (M = Ψ padded, in fp16 elements)")
         for c in nb.sent:
             t.add(f"  of which {c}", f"{nb.node_total(c, 'inter'):,} B")
+    if pinned is not None:   # ZeRO-Offload / Infinity: the host and NVMe tiers, each link
+        from .offload import LABELS, offload_bytes
+        ob = offload_bytes(r)
+        t.add("host memory per GPU (peak of the step)", fmt_bytes(ob.host_peak))
+        for sec, n in pinned.items():
+            t.add(f"  + DeepSpeed's pinned swap buffers ({sec})", fmt_bytes(n))
+        if pinned:
+            t.add("host memory per GPU with pinned buffers",
+                  fmt_bytes(ob.host_peak + sum(pinned.values())))
+        t.add("NVMe per GPU (swap files)", fmt_bytes(ob.nvme))
+        for op in list(LABELS)[1:]:
+            t.add(f"{LABELS[op]} per step", f"{ob.moved[op]:,} B")
     t.notes.append("Settings mapped: " + (", ".join(f"{k}={v:,}" if type(v) is int else f"{k}={v}"
                                                      for k, v in kw.items()) or "none")
                    + ".")
@@ -235,6 +257,7 @@ def deepspeed_table(ds, psi: int, n_d: int):
     else:
         k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
     _zeropp_rows(ds, psi, n_d, row)
+    _offload_rows(ds, psi, n_d, t)
     volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
               if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
                         "prediction is a follow-up)")

@@ -28,11 +28,29 @@ ZEROPP_DEFAULTS = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False
                    "zero_quantized_gradients": False, "mics_shard_size": -1}
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
-# keys later work will model: recognised, reported as not modelled yet
-LATER = {
-    "zero_optimization.offload_optimizer": "ZeRO-Offload (optimizer states in host memory)",
-    "zero_optimization.offload_param": "ZeRO-Infinity parameter offload",
-}
+# ZeRO-Offload's and ZeRO-Infinity's sections (deepspeed/runtime/zero/offload_config.py, 0.19.8):
+# each key with its default; the keys marked in OFFLOAD_READ change what is measured (spec/offload.md)
+OFFLOAD_DEFAULTS = {
+    "offload_optimizer": {"device": "none", "nvme_path": None, "buffer_count": 4, "pin_memory": True,
+                          "pipeline_read": False, "pipeline_write": False, "fast_init": False,
+                          "ratio": 1.0, "super_offload": False, "cpuadam_cores_perc": 0.8},
+    "offload_param": {"device": "none", "nvme_path": None, "buffer_count": 5,
+                      "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000, "pin_memory": True}}
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# why each offload key that changes no byte zerospec counts is not modelled
+OFFLOAD_NOT_MODELLED = {
+    "nvme_path": "where the swap files go on the machine that runs it: no byte changes",
+    "pin_memory": "page-locked or pageable host memory: the same bytes, a different speed",
+    "pipeline_read": "overlaps NVMe reads with the host Adam: when, not how much",
+    "pipeline_write": "overlaps NVMe writes with the host Adam: when, not how much",
+    "fast_init": "how the NVMe files are first written: no byte of the step",
+    "ratio": "ZeRO-3's partial offload (the rest of the states and Adam on the GPU): measured as 1, "
+             "everything on the host",
+    "super_offload": "a Superchip's CPU offload: measured as the plain host path",
+    "cpuadam_cores_perc": "CPU cores for the host Adam: speed only",
+    "max_in_cpu": "parameters kept in host memory before NVMe: measured as all on NVMe",
+    "buffer_count": "DeepSpeed's pinned swap buffers exist only with device nvme",
+    "buffer_size": "DeepSpeed's pinned swap buffers exist only with device nvme"}
 # read but changing no byte the ledger counts
 NO_BYTES = {"steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
             "gradient_predivide_factor", "gradient_clipping"}
@@ -45,6 +63,20 @@ class Batch:
     micro: int        # train_micro_batch_size_per_gpu
     gas: int          # gradient_accumulation_steps
     train: int        # train_batch_size = micro × gas × N_d
+
+
+@dataclasses.dataclass(frozen=True)
+class Offload:
+    """One of zero_optimization's offload sections: ``device`` "cpu" or "nvme" (an absent section
+    or device "none" is no Offload), and DeepSpeed's pinned swap buffers (used with nvme only):
+    ``buffer_count`` of ``buffer_size`` elements each (None: the optimizer's, sized by DeepSpeed
+    to the largest partition it swaps)."""
+
+    section: str                  # "offload_optimizer" | "offload_param"
+    device: str
+    buffer_count: int
+    buffer_size: int | None
+    nvme_path: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +100,8 @@ class DeepSpeedConfig:
     partition_activations: bool
     cpu_checkpointing: bool
     contiguous_memory_optimization: bool
+    offload_optimizer: Offload | None   # ZeRO-Offload (spec/offload.md)
+    offload_param: Offload | None       # ZeRO-Infinity's parameter offload
     train_batch_size: int | None
     train_micro_batch_size_per_gpu: int | None
     gradient_accumulation_steps: int | None
@@ -127,6 +161,39 @@ def _precision(path: str, doc: dict) -> str:
     return on[0] if on else "fp32"
 
 
+def _offload(path: str, zero: dict, name: str, left: list) -> Offload | None:
+    """zero_optimization.``name`` (an offload section) with DeepSpeed's defaults; every key that
+    changes no counted byte (:data:`OFFLOAD_NOT_MODELLED`) goes to ``left``, with why."""
+    sec, defaults = _section(path, zero, name), OFFLOAD_DEFAULTS[name]
+    where = f"zero_optimization.{name}"
+    unknown = sorted(set(sec) - set(defaults))
+    if unknown:
+        raise ValueError(f"{path!r}: {where}.{unknown[0]} is not a DeepSpeed 0.19.8 setting; "
+                         f"accepted: {', '.join(defaults)}")
+    device = sec.get("device", "none")
+    if device not in OFFLOAD_DEVICES:
+        raise ValueError(f"{path!r}: {where}.device = {device!r}; accepted: "
+                         f"{', '.join(OFFLOAD_DEVICES)}")
+    if device == "none":
+        left += [(f"{where}.{k}", "device none: nothing offloaded") for k in sec if k != "device"]
+        return None
+    nvme = sec.get("nvme_path")
+    if device == "nvme" and not (isinstance(nvme, str) and nvme):
+        raise ValueError(f"{path!r}: {where}.device = 'nvme' needs {where}.nvme_path, the "
+                         f"directory of the swap files; got {nvme!r}")
+    count = _number(path, f"{where}.buffer_count", sec.get("buffer_count", defaults["buffer_count"]))
+    size = None
+    if "buffer_size" in defaults:
+        size = _number(path, f"{where}.buffer_size", sec.get("buffer_size", defaults["buffer_size"]))
+    ratio = sec.get("ratio", 1.0)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+        raise ValueError(f"{path!r}: {where}.ratio = {ratio!r}; accepted: a number in [0, 1]")
+    read = ("device", "buffer_count", "buffer_size") if device == "nvme" else ("device",)
+    left += [(f"{where}.{k}", OFFLOAD_NOT_MODELLED[k]) for k in sec
+             if k not in read and not (k == "ratio" and sec[k] == 1)]
+    return Offload(name, device, count, size, nvme)
+
+
 def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
     """A DeepSpeed config (a parsed JSON object) → :class:`DeepSpeedConfig`; a value DeepSpeed
     would refuse raises ValueError naming the key, the value and what is accepted."""
@@ -158,27 +225,28 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
     for key in BATCH_KEYS:
         kw[key] = None if doc.get(key) is None else _number(path, key, doc[key], positive=True)
     left = []
+    offload = {k: _offload(path, zero, k, left) for k in OFFLOAD_DEFAULTS}
     for key in doc:
         if key in BATCH_KEYS or key in ("zero_optimization", "activation_checkpointing", "fp16",
                                         "bf16", "bfloat16"):
             continue
         left.append((key, "changes no byte of the step" if key in NO_BYTES else
                      "Adam's states are modelled (K = 12), its settings are not" if key == "optimizer"
-                     else "not read by zerospec"))
+                     else "DeepSpeed's async I/O tuning: how fast NVMe moves, not how many bytes"
+                     if key == "aio" else "not read by zerospec"))
     for key in zero:
-        if key not in ZERO_DEFAULTS and key not in ZEROPP_DEFAULTS:
-            dotted = f"zero_optimization.{key}"
-            left.append((dotted, LATER.get(dotted, "not read by zerospec") +
-                         (": not modelled yet" if dotted in LATER else "")))
+        if key not in ZERO_DEFAULTS and key not in ZEROPP_DEFAULTS and key not in OFFLOAD_DEFAULTS:
+            left.append((f"zero_optimization.{key}", "not read by zerospec"))
     for sec in ("fp16", "bf16", "bfloat16"):   # loss scaling and the like: no byte of the step
         left += [(f"{sec}.{k}", "changes no byte of the step") for k in doc.get(sec, {})
                  if k != "enabled"]
     for key in act:
         if key not in ACTIVATION_DEFAULTS:
             left.append((f"activation_checkpointing.{key}", "not read by zerospec"))
-    given = frozenset([k for k in zero if k in ZERO_DEFAULTS or k in ZEROPP_DEFAULTS] + [k for k in act if k in ACTIVATION_DEFAULTS])
+    given = frozenset([k for k in zero if k in ZERO_DEFAULTS or k in ZEROPP_DEFAULTS
+                       or k in OFFLOAD_DEFAULTS] + [k for k in act if k in ACTIVATION_DEFAULTS])
     return DeepSpeedConfig(path=path, precision=_precision(path, doc), given=given,
-                           not_modelled=tuple(left), **kw)
+                           not_modelled=tuple(left), **offload, **kw)
 
 
 def read(path: str) -> DeepSpeedConfig:

@@ -163,6 +163,9 @@ def _setting(ex: Explanation) -> str:
         extra = run_label(cfg).partition(", ")[2]
         grid += (f" ({cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                  + (f", {extra}" if extra else "") + ")")
+    if cfg.offload_optimizer:             # ZeRO-Offload / Infinity (zerospec/plan/offload.py)
+        from .offload import run_label as offload_label
+        prec += ", " + offload_label(cfg).partition(", ")[2]
     return (f"{ex.name}, {theory.stage(ex.stage).name}, {grid}, seq {ex.seq}, "
             f"micro-batch {ex.micro_batch}{ckpt}{prec}")
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 # plan's flags for the step's nodes, ZeRO++ and MiCS: (flag, measure()'s keyword)
 STEP_FLAGS = (("--gpus-per-node", "gpus_per_node"), ("--hpz", "hpz"), ("--qwz", "qwz"),
               ("--qgz", "qgz"), ("--shard-group", "shard_group"),
-              ("--quant-group-size", "quant_group_size"))
+              ("--quant-group-size", "quant_group_size"),
+              ("--offload-optimizer", "offload_optimizer"), ("--offload-mode", "offload_mode"),
+              ("--offload-params", "offload_params"))
 
 
 def add_arguments(p, T) -> None:
-    """plan's --gpus-per-node, --hpz, --qwz, --qgz, --quant-group-size, --shard-group."""
+    """plan's --gpus-per-node, --hpz, --qwz, --qgz, --quant-group-size, --shard-group,
+    --offload-optimizer, --offload-mode, --offload-params."""
     step = " (with --explain, or --deepspeed-config and --preset: the step measured)"
     p.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
                    help="GPUs per node, rank r on node r // G: adds bytes inside vs across nodes "
@@ -33,6 +36,15 @@ def add_arguments(p, T) -> None:
     p.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
                    help="MiCS / FSDP2's HSDP: shard over groups of P GPUs (P must divide N_d), "
                         "replicate across them" + step)
+    p.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
+                   help="ZeRO-Offload at stage 2 or 3: fp32 states and Adam on the host (cpu) or "
+                        "in NVMe files (nvme); adds the host, NVMe and PCIe bytes" + step)
+    p.add_argument("--offload-mode", choices=("paper", "deepspeed"), default=None,
+                   help="with --offload-optimizer: fp16 (paper) or fp32 (deepspeed) gradients "
+                        "down; default paper, a --deepspeed-config's: deepspeed" + step)
+    p.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
+                   help="ZeRO-Infinity at stage 3: fp16 parameter partitions on the host or "
+                        "NVMe, fetched for each use; needs --offload-optimizer" + step)
 
 
 def given_flags(args) -> list[str]:
@@ -87,7 +99,7 @@ def explain_tables(args, machine) -> list:
     if gpus % n_m:
         raise ValueError(f"--gpus {gpus} must be a multiple of --mp {n_m} (N = N_d × N_m)")
     flags, node_notes = node_settings(args, gpus, args.machine, machine.m)
-    micro, settings, notes = args.micro_batch, dict(flags), []
+    micro, settings, notes, pinned = args.micro_batch, dict(flags), [], {}
     if ds is not None:
         from .deepspeed import config_kwargs, merge
         if stage != ds.stage:
@@ -99,6 +111,13 @@ def explain_tables(args, machine) -> list:
             raise ValueError(f"--micro-batch {micro} contradicts {ds.path}'s micro-batch "
                              f"{settings['micro_batch']} per GPU; drop one")
         micro = settings.pop("micro_batch")
+        if settings.get("offload_optimizer"):   # refused before the step if they cannot hold it
+            import dataclasses
+            from ..model.presets import preset
+            from .offload import config_pinned
+            m = args.hf_config[1] if args.hf_config else preset(args.preset).model
+            m = dataclasses.replace(m, block_size=args.seq or m.block_size)
+            pinned = config_pinned(ds, m, stage, gpus // n_m, n_m)
         notes = [f"From {ds.path}: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".",
                  "Not modelled: " + ("; ".join(left) or "nothing") + "."]
     name, model = args.preset, None
@@ -116,6 +135,11 @@ def explain_tables(args, machine) -> list:
         nodes = node_bytes(ex.result)
         out.append(node_table(nodes, f"Bytes inside vs across nodes per collective, node 0: "
                                      f"{E._setting(ex)} (measured on meta)", args.units))
+    offload = ex.result.config.offload_optimizer is not None
+    if offload:
+        from .offload import offload_bytes, offload_table
+        out.append(offload_table(offload_bytes(ex.result), f"Tiers and links, rank 0: "
+                                 f"{E._setting(ex)} (measured on meta)", pinned, args.units))
     if args.out is not None:
         from .explain_figure import save
         out[0].notes.append(f"Memory over the step: {save(ex, args.out)}.")
@@ -124,6 +148,11 @@ def explain_tables(args, machine) -> list:
             from .nodes import run_label
             svg = save_nodes({run_label(ex.result.config): nodes}, args.out,
                              f"{name}, N = {gpus}: bytes node 0 sends per step")
+            out[-1 - offload].notes.append(f"Drawn: {svg}.")
+        if offload:
+            from .offload import run_label, save as save_links
+            svg = save_links({run_label(ex.result.config): offload_bytes(ex.result)}, args.out,
+                             f"{name}, N = {gpus}: bytes rank 0 moves per step")
             out[-1].notes.append(f"Drawn: {svg}.")
     if args.fit:
         from .fit import fit_table

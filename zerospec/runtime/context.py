@@ -57,8 +57,11 @@ class RankContext:
         self.rank = rank
         self.n_ranks = n_ranks
         self.memory = memory
-        self.host = MemoryLedger("cpu")   # host memory this rank's code holds (P_a+cpu, offload)
-        self.nvme = MemoryLedger("cpu")   # its swap files on the NVMe tier (zerospec/offload/)
+        # host memory this rank's code holds (P_a+cpu, offload) and its swap files on the NVMe
+        # tier (zerospec/offload/); a meta device's are meta too: bytes counted, none held
+        tier = "meta" if memory.device.type == "meta" else "cpu"
+        self.host = MemoryLedger(tier)
+        self.nvme = MemoryLedger(tier)
         self.comm = comm
         self.phase_name = "setup"
         self.failed_phase: str | None = None   # the innermost phase an exception left

@@ -24,6 +24,7 @@ different orders (spec/deepspeed.md).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -36,6 +37,9 @@ from .oracles import GPT, OPTIMIZERS, ZerospecAdam, mean_losses, zerospec_row
 
 SETTINGS = ("default", "paper")
 OFFLOAD = "offload"   # a third setting: DeepSpeed's defaults with offload_optimizer on the CPU
+OFFLOAD_PARAMS = "offload_params"   # ZeRO-3, and offload_param on the CPU too (ZeRO-Infinity)
+OFFLOAD_NVME = "offload_nvme"       # ZeRO-3, optimizer and parameters on NVMe (cfg.nvme_path)
+OFFLOADS = (OFFLOAD, OFFLOAD_PARAMS, OFFLOAD_NVME)
 PRECISIONS = ("fp32", "bf16")
 # DeepSpeed's comms-logger names -> the Interconnect's (what each op is, whatever DeepSpeed calls it)
 DS_OPS = {"all_gather_into_tensor": "all_gather", "allgather_fn": "all_gather",
@@ -62,8 +66,8 @@ def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) ->
         raise ValueError(f"DeepSpeed peer stage must be 1, 2 or 3, got {stage!r}")
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"DeepSpeed peer precision must be one of {PRECISIONS}, got {cfg.precision!r}")
-    if settings not in (*SETTINGS, OFFLOAD):
-        raise ValueError(f"settings must be one of {(*SETTINGS, OFFLOAD)}, got {settings!r}")
+    if settings not in (*SETTINGS, *OFFLOADS):
+        raise ValueError(f"settings must be one of {(*SETTINGS, *OFFLOADS)}, got {settings!r}")
     zero: dict = {"stage": stage}
     if stage == 3:
         zero["memory_efficient_linear"] = False   # same F.linear as zerospec (module docstring)
@@ -75,10 +79,18 @@ def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) ->
         else:   # nothing kept whole, nothing kept gathered from forward to backward
             zero.update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0,
                         stage3_prefetch_bucket_size=0)
-    if settings == OFFLOAD:   # ZeRO-Offload: fp32 partitions and the optimizer step on the CPU
-        if stage not in (2, 3):
-            raise ValueError(f"DeepSpeed's offload_optimizer needs stage 2 or 3, got {stage!r}")
-        zero["offload_optimizer"] = {"device": "cpu"}
+    if settings in OFFLOADS:   # ZeRO-Offload: fp32 partitions and the optimizer step on the CPU
+        if stage not in (2, 3) or (settings != OFFLOAD and stage != 3):
+            raise ValueError(f"DeepSpeed's {settings} needs stage "
+                             f"{'2 or 3' if settings == OFFLOAD else 3}, got {stage!r}")
+        if settings == OFFLOAD_NVME:   # ZeRO-Infinity's NVMe tier: DeepSpeed's async_io op
+            where = {"device": "nvme", "nvme_path": str(cfg.nvme_path)}
+            zero["offload_optimizer"] = dict(where)
+            zero["offload_param"] = dict(where)
+        else:
+            zero["offload_optimizer"] = {"device": "cpu"}
+            if settings == OFFLOAD_PARAMS:
+                zero["offload_param"] = {"device": "cpu"}
     # bf16: DeepSpeed casts the module to bf16 and computes in it (fp32 master weights in ZeRO)
     bf16 = {"bf16": {"enabled": True}} if cfg.precision == "bf16" else {}
     return {**bf16, "train_micro_batch_size_per_gpu": cfg.batch // cfg.n_d,
@@ -86,7 +98,7 @@ def ds_config(stage: int, cfg, settings: str = "default", comms: bool = True) ->
             "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
             # the client optimizer (zerospec's Adam arithmetic) also under offload: only the
             # engines differ, not DeepSpeedCPUAdam's fused arithmetic
-            **({"zero_force_ds_cpu_optimizer": False} if settings == OFFLOAD else {}),
+            **({"zero_force_ds_cpu_optimizer": False} if settings in OFFLOADS else {}),
             "steps_per_print": 2**31 - 1,
             "comms_logger": {"enabled": comms, "prof_all": True, "verbose": False}}
 
@@ -199,16 +211,23 @@ def run_deepspeed(stage: int, cfg, *, optimizer: str = "torch", settings: str = 
     comms = not weights
     engine = build(stage, cfg, optimizer, settings, comms)
     data = BigramData(cfg.model.vocab_size, cfg.model.block_size, cfg.seed)
-    out: dict = {"losses": [], "weights": [], "comms": []}
+    out: dict = {"losses": [], "weights": [], "comms": [], "host": []}
+    host = None
+    if settings in OFFLOADS and settings != OFFLOAD_NVME:   # its host buffers' copies, per step
+        from .deepspeed_host import HostCopies
+        host = HostCopies(engine.optimizer)
     if comms:
         _take_comms()   # engine start-up (parameter broadcast, partitioning) is not a step
     for step in range(cfg.steps):
         idx, tgt = data.batch(step, cfg.batch)
         loss = engine(BigramData.shard(idx, rank, n), BigramData.shard(tgt, rank, n))
         fwd = _take_comms() if comms else None
-        engine.backward(loss)
-        bwd = _take_comms() if comms else None
-        engine.step()
+        with host or contextlib.nullcontext():
+            engine.backward(loss)
+            bwd = _take_comms() if comms else None
+            engine.step()
+        if host is not None:
+            out["host"].append(host.take())
         if comms:
             out["comms"].append({"forward": fwd, "backward": bwd, "step": _take_comms()})
         out["losses"].append(loss.detach().clone())
@@ -249,7 +268,8 @@ def compare(cfg, stages=(1, 2, 3), *, optimizers=("torch",), settings=("default"
         for key in runs:
             ds = [per_rank[r][k]["deepspeed"][key] for r in range(cfg.n_d)]
             row["deepspeed"][key] = {"losses": mean_losses(ds, cfg), "weights": ds[0]["weights"],
-                                     "comms": [d["comms"] for d in ds]}
+                                     "comms": [d["comms"] for d in ds],
+                                     "host": [d["host"] for d in ds]}
         rows.append(row)
     return rows
 

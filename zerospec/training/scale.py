@@ -50,6 +50,9 @@ from .config import TrainConfig
 from .run import initial_weights, make_batches
 
 
+LINK_GROUPS = ("host", "nvme")   # a rank's own links (PCIe, its host's NVMe): no collective
+
+
 # -- which ranks run -------------------------------------------------------------------------------
 def rank_classes(units: tuple[Unit, ...], n_d: int, partitioned: bool = True) -> list[range]:
     """Intervals of ranks whose shards hold the same number of real elements in every unit."""
@@ -73,6 +76,7 @@ class RankClass:
     host: MemoryLedger                         # host memory (P_a+cpu)
     trace: list[tuple]   # per collective: (op, dtype, numel, phase, step, src, group, group size)
     allocations: list | None = None   # measure(trace=True): every storage made and let go, in order
+    nvme: MemoryLedger | None = None           # the NVMe tier's swap files (ZeRO-Offload/Infinity)
 
     @property
     def rep(self) -> int:
@@ -109,6 +113,10 @@ class ScaleResult(Sized):
         """The rank's host-memory ledger (P_a+cpu's checkpoints)."""
         return self.rank_class(rank).host
 
+    def nvme(self, rank: int = 0) -> MemoryLedger:
+        """The rank's NVMe ledger (the swap files of zerospec/offload/)."""
+        return self.rank_class(rank).nvme
+
     def comm_ledger(self, ranks=None) -> CommLedger:
         """The N-rank ledger with the given ranks' collectives booked (all ranks by default)."""
         if ranks is None and self._comm is not None:
@@ -118,7 +126,7 @@ class ScaleResult(Sized):
         g = Nodes(grid.n_ranks, cfg.gpus_per_node).per_node
         for r in range(grid.n_ranks) if ranks is None else ranks:
             rings = {"world": tuple(range(grid.n_ranks)), "dp": grid.dp_group(r).ranks,
-                     "mp": grid.mp_group(r).ranks, "host": (r,),
+                     "mp": grid.mp_group(r).ranks, "host": (r,), "nvme": (r,),
                      "hpz": hpz_group(r, cfg.hpz).ranks, "local": local_group(r, g).ranks,
                      "global": global_group(r, g, grid.n_ranks).ranks}
             if cfg.shard_group is not None:   # MiCS (zero/mics.py)
@@ -128,7 +136,7 @@ class ScaleResult(Sized):
                 ring = rings[group]
                 k = ring.index(r)
                 ledger.book(r, op, dtype, numel, phase, step, src=src, group=group, n=n,
-                            index=0 if group == "host" else k, peer=ring[(k + 1) % len(ring)])
+                            index=0 if group in LINK_GROUPS else k, peer=ring[(k + 1) % len(ring)])
         if ranks is None:
             self._comm = ledger
         return ledger
@@ -164,7 +172,8 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             stage3_persistence_threshold: int = 0, stage3_max_reuse_distance: int = 0,
             trace: bool = False, gpus_per_node: int | None = None, hpz: int = 1,
             shard_group: int | None = None, qwz: bool = False, qgz: bool = False,
-            quant_group_size: int | None = None) -> ScaleResult:
+            quant_group_size: int | None = None, offload_optimizer: str | None = None,
+            offload_mode: str = "paper", offload_params: str | None = None) -> ScaleResult:
     """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
 
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
@@ -184,6 +193,9 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
     ``shard_group``: MiCS's partition group size p, as in TrainConfig (spec/mics.md); the ranks
     of the first partition group stand for every replica.
     ``qwz``, ``qgz``, ``quant_group_size``: ZeRO++'s quantized collectives (spec/zeropp.md).
+    ``offload_optimizer``, ``offload_mode``, ``offload_params``: ZeRO-Offload / ZeRO-Infinity, as
+    in TrainConfig (spec/offload.md); host and NVMe ledgers hold meta tensors and the NVMe tier
+    writes no file (:class:`~zerospec.offload.nvme.MetaSwap`): bytes booked, none moved.
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
@@ -199,7 +211,9 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
                       stage3_persistence_threshold=stage3_persistence_threshold,
                       stage3_max_reuse_distance=stage3_max_reuse_distance,
                       gpus_per_node=gpus_per_node, hpz=hpz, shard_group=shard_group, qwz=qwz,
-                      qgz=qgz, quant_group_size=quant_group_size)
+                      qgz=qgz, quant_group_size=quant_group_size,
+                      offload_optimizer=offload_optimizer, offload_mode=offload_mode,
+                      offload_params=offload_params)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(cfg.n_ranks, gpus_per_node), MetaBackend(cfg.n_ranks)
@@ -216,10 +230,10 @@ def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
             recs = ledger.records(r)
             srcs = iter(backend.srcs[r])       # the backend saw every collective, not host copies
             colls = [(c.op, c.dtype, c.numel, c.phase, c.step,
-                      0 if c.group == "host" else next(srcs), c.group, c.group_size) for c in recs]
+                      0 if c.group in LINK_GROUPS else next(srcs), c.group, c.group_size) for c in recs]
             states = out.model_states if out is not None else ctx.memory.model_states()
             classes.append(RankClass(ranks, ctx.memory, states, out, ctx.host, colls,
-                                     seen.trace if seen is not None else None))
+                                     seen.trace if seen is not None else None, ctx.nvme))
     return ScaleResult(cfg, units, classes, time.perf_counter() - t0)
 
 

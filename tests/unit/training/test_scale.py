@@ -236,8 +236,46 @@ def test_cli_scale_lists_presets_with_their_exact_psi(capsys):
     (["--hidden", "64"], "a custom model needs at least --layers and --hidden"),
     (["--layers", "2", "--hidden", "128", "--heads", "3"], "--hidden 128 must be divisible by --heads 3"),
     (["--layers", "2", "--hidden", "1000"], "--hidden 1000 must be divisible by heads (default"),
+    (["--offload-optimizer", "cpu"], "--offload-optimizer (ZeRO-Offload) is built on stages 2 and 3"),
+    (["--out", "x"], "(or the bytes per link with offload: add --offload-optimizer"),
 ])
 def test_cli_scale_names_bad_input(argv, message, capsys):
     from zerospec.__main__ import main
     assert main(["scale", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stage,kw", [
+    pytest.param(2, {"offload_optimizer": "cpu", "offload_mode": "deepspeed"},
+                 marks=pytest.mark.slow),
+    pytest.param(3, {"offload_optimizer": "nvme"}, marks=pytest.mark.slow),
+    (3, {"offload_optimizer": "cpu", "offload_params": "cpu"}),
+    pytest.param(3, {"offload_optimizer": "cpu", "offload_params": "nvme"}, marks=pytest.mark.slow)],
+    ids=["offload", "nvme", "infinity", "infinity-nvme"])
+def test_representative_ranks_give_every_ranks_host_and_nvme_ledgers_as_threads(stage, kw):
+    """ZeRO-Offload and ZeRO-Infinity on meta (host and NVMe ledgers of meta tensors, no swap
+    file written): every rank's device ledger, records (its PCIe and NVMe copies among them) and
+    host and NVMe ledgers, rebuilt from the representatives, equal the 12 threads'."""
+    n_d = 12
+    full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                             device="meta", **kw))
+    scaled = measure(ONE_LAYER, stage, n_d, **kw)
+    _assert_same_ledgers(full, scaled, n_d)
+    for r in range(n_d):
+        for mine, theirs in ((scaled.host(r), full.host[r]), (scaled.nvme(r), full.nvme[r])):
+            assert (mine.snapshots, mine.peak, mine.peak_total, mine.total) == \
+                (theirs.snapshots, theirs.peak, theirs.peak_total, theirs.total), r
+    assert all(full.comm.link_bytes(r, group="host") > 0 for r in range(n_d))
+
+
+def test_cli_scale_with_offload_prints_tiers_and_draws_the_links(capsys, tmp_path):
+    """`scale --offload-optimizer cpu --out DIR`: a line per stage with its host and PCIe bytes,
+    and DIR/link_bytes.svg with a bar per stage and direction, with and without offload."""
+    from zerospec.__main__ import main
+    assert main(["scale", "--layers", "1", "--hidden", "64", "--seq", "16", "--vocab", "64",
+                 "--gpus", "4", "--stages", "2", "--offload-optimizer", "cpu",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "stage 2: device " in out and "PCIe down (device → host)" in out
+    svg = (tmp_path / "link_bytes.svg").read_text()
+    assert 'id="ZeRO-2:to_host"' in svg and 'id="ZeRO-2, Offload cpu (paper):from_host"' in svg

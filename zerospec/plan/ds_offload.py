@@ -1,0 +1,71 @@
+"""DeepSpeed's offload sections for ``plan --deepspeed-config`` (read by zerospec/plan/ds_config.py):
+what they pass to the meta step (:func:`offload_kwargs`) and what they imply in closed form
+(:func:`offload_rows`); the measured bytes per tier and link are zerospec/plan/offload.py's."""
+from __future__ import annotations
+
+from ..render.format import fmt_bytes
+from .ds_config import DeepSpeedConfig
+
+# measure()'s settings zerospec's ZeRO-Offload does not combine with yet: dropped, each said
+OFFLOAD_DROPS = {"bucket_elements": "reduce_bucket_size", "contiguous_gradients": "contiguous_gradients",
+                 "stage3_persistence_threshold": "stage3_param_persistence_threshold",
+                 "stage3_max_reuse_distance": "stage3_max_reuse_distance"}
+
+
+def offload_kwargs(ds: DeepSpeedConfig, kw: dict, left: list[str]) -> dict:
+    """offload_optimizer / offload_param → measure()'s offload_optimizer (DeepSpeed's mode: its
+    fp32 gradients cross PCIe) and offload_params; a section without the stage it needs is
+    refused, and the settings offload is not combined with are dropped from ``kw``, each said."""
+    o, p = ds.offload_optimizer, ds.offload_param
+    if p is not None and ds.stage != 3:
+        raise ValueError(f"{ds.path!r}: zero_optimization.offload_param (device {p.device}) "
+                         f"offloads ZeRO-3's parameter partitions: it needs stage 3, got stage "
+                         f"{ds.stage}")
+    if o is None:
+        if p is not None:
+            raise ValueError(f"{ds.path!r}: zero_optimization.offload_param without "
+                             f"offload_optimizer: zerospec offloads parameters with the optimizer "
+                             f"only; accepted: offload_optimizer.device cpu or nvme too")
+        return {}
+    if ds.stage not in (2, 3):
+        raise ValueError(f"{ds.path!r}: zero_optimization.offload_optimizer (device {o.device}) "
+                         f"is built on ZeRO-2 and ZeRO-3 here; accepted: stage 2 or 3, got stage "
+                         f"{ds.stage}")
+    dropped = [dskey for key, dskey in OFFLOAD_DROPS.items() if kw.pop(key, None)]
+    if dropped:
+        left[:] = [x for x in left if not x.startswith("persistence per tensor")]
+        left.append(f"{', '.join(dropped)} with offload: zerospec's ZeRO-Offload does not combine "
+                    f"them yet (spec/offload.md): each unit's gradient goes down whole, no "
+                    f"tensor is kept whole")
+    out = {"offload_optimizer": o.device, "offload_mode": "deepspeed"}
+    if p is not None:
+        out["offload_params"] = p.device
+    return out
+
+
+def offload_rows(ds: DeepSpeedConfig, psi: int, n_d: int, t) -> None:
+    """What the offload sections move, in closed form (zerospec/plan/offload.py, B5, B6, C-I8)."""
+    o, p = ds.offload_optimizer, ds.offload_param
+    if o is None or ds.stage not in (2, 3) or (p is not None and ds.stage != 3):
+        if o is not None or p is not None:
+            t.add("offload", "—", f"not built at stage {ds.stage}: ZeRO-Offload needs stage 2 or "
+                                  f"3, offload_param stage 3 (measuring it is refused)")
+        return
+    from .offload import closed_form
+    c = closed_form(ds.stage, psi, n_d, "deepspeed", p is not None, ds.precision)
+    t.add("offload_optimizer", o.device,
+          f"ZeRO-Offload (DeepSpeed's mode): fp32 states and Adam on the host, {fmt_bytes(c['host'])} "
+          f"per GPU between steps with its fp32 gradient buffer" + (" (in NVMe files between steps)"
+                                                      if o.device == "nvme" else "")
+          + f"; model states on the GPU {fmt_bytes(c['device'])} instead of "
+            f"{fmt_bytes(16 * psi // n_d)}; PCIe per step {fmt_bytes(c['to_host'])} down (fp32 "
+            f"gradients), {fmt_bytes(c['from_host'])} up (B5, B6)")
+    if p is not None:
+        t.add("offload_param", p.device, "ZeRO-Infinity: fp16 parameter partitions on the "
+              + ("host" if p.device == "cpu" else "NVMe") + ", fetched over PCIe for each use, "
+              "then all-gathered (C-I8): no model state on the GPU between steps")
+    if "nvme" in (o.device, p.device if p else None):
+        t.add("pinned swap buffers", "—", "buffer_count × the largest partition (optimizer) or "
+              "× buffer_size (parameters), host memory: measured with --preset")
+    t.notes.append("The estimators below count no offload; the offload rows above and the "
+                   "measured step (--preset) do.")
