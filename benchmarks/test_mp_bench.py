@@ -5,8 +5,8 @@ The 8 × 4 step is held against the compute floor of the same run: the 32 ranks'
 in one thread — each rank's Megatron slice (model/megatron.py) through forward, backward and
 torch's Adam, with the MP operators as identities (no all-reduce) and no ZeRO. So the ratio is
 what the collectives, the thread hand-offs and ZeRO's bookkeeping add, as in the stage benchmark;
-MP's own extra arithmetic (every MP rank repeats the replicated embedding, LM head and
-LayerNorms) is in the floor too.
+MP's own extra arithmetic (every MP rank repeats the replicated LayerNorms; the embedding, LM
+head and cross-entropy are split by vocabulary, as in the run) is in the floor too.
 """
 from __future__ import annotations
 
@@ -34,8 +34,13 @@ META_BUDGET = 30.0    # seconds, 100B at 400 GPUs, all four stages
 
 
 class _NoComm:
-    """The MP operators without their all-reduces: each rank's arithmetic alone."""
+    """MP rank ``index``'s operators without their all-reduces: each rank's arithmetic alone
+    (its vocabulary rows in the embedding, the head and the cross-entropy included)."""
     n_m = N_M
+
+    def __init__(self, index: int):
+        self.index = index
+        self.comm = self
 
     @staticmethod
     def enter(x):
@@ -45,6 +50,10 @@ class _NoComm:
     def exit(x):
         return x
 
+    @staticmethod
+    def all_reduce(t, op):
+        return t
+
 
 def _floor():
     cfg = gpt.SMALL
@@ -53,17 +62,18 @@ def _floor():
     for j in range(N_M):
         sliced = megatron.shard(cfg, init, N_M, j)
         params = [{n: torch.nn.Parameter(t.clone()) for n, t in ps.items()} for ps in sliced.values()]
-        ranks.append((params, [reference_optimizer(list(p.values()), AdamConfig()) for p in params]))
+        ranks.append((params, [reference_optimizer(list(p.values()), AdamConfig()) for p in params],
+                      _NoComm(j)))
     idx, tgt = BigramData(cfg.vocab_size, cfg.block_size, 0).batch(0, 2)
-    run_blocks = functools.partial(gpt.blocks, mp=_NoComm)
 
     def step():
         for _ in range(N_D):
-            for params, opts in ranks:
+            for params, opts, mp in ranks:
                 @contextlib.contextmanager
                 def fetch(i, last=False, params=params):
                     yield params[i]
-                gpt.forward(cfg, idx, tgt, fetch, run_blocks).backward()
+                run_blocks = functools.partial(gpt.blocks, mp=mp)
+                gpt.forward(cfg, idx, tgt, fetch, run_blocks, mp=mp).backward()
                 for o in opts:
                     o.step()
                     o.zero_grad(set_to_none=True)

@@ -27,7 +27,7 @@ from ..paper import evaluation as ev
 from ..paper.hardware import DGX2
 from ..runtime.trace import OOMPoint, replay
 from ..training.scale import measure
-from .configs import CONFIGS, FIG6, ZeroConfig
+from .configs import CONFIGS, FIG6, ZeroConfig, boundary
 from .runs import memoised
 
 
@@ -99,15 +99,9 @@ def max_layers_replayed(config: ZeroConfig, capacity: int, probes=(8, 16),
             seen[L] = step_memory(config, L, capacity, **shape)
         return seen[L]
 
-    a, b = probes
-    per_layer = (at(b).allocated - at(a).allocated) / (b - a)    # states and a checkpoint
-    L = max(1, a + int((capacity - at(a).allocated) // per_layer))
-    while at(L).allocated <= capacity:       # up to the first shortage: L_a + 1
-        L += 1
-    while at(L).allocated > capacity:        # down to L_a, the most the step can hold
-        if L == 1:
-            return 0
-        L -= 1
+    L = boundary(lambda L: at(L).allocated, capacity, probes)   # L_a, the most the step holds
+    if L == 0:
+        return 0
     while at(L).oom is not None:             # down past every L that fragmentation stops
         if L == 1:
             return 0

@@ -222,13 +222,32 @@ def test_the_same_step_is_faster_on_an_h200_node():
 
 # -- the fit search of Figure 6 (report/configs.py) -----------------------------------------------------
 @pytest.mark.parametrize("bump,answer", [(50, 25), (-50, 35)], ids=["guess-too-high", "guess-too-low"])
-def test_the_fit_search_walks_from_its_linear_guess_to_the_measured_boundary(monkeypatch, bump,
+def test_the_fit_search_ends_on_a_measured_boundary_from_a_wrong_linear_guess(monkeypatch, bump,
                                                                               answer):
     """Peaks 10·L bytes, plus ``bump`` beyond 20 layers: the probes at 8 and 16 guess 30 for a
-    300-byte device; the search walks to the L that fits with L + 1 not fitting."""
-    monkeypatch.setattr(configs, "peak_bytes", lambda c, L, **kw: 10 * L + (bump if L > 20 else 0))
+    300-byte device; the search ends on the L that fits with L + 1 measured not to, in a few
+    steps (the line through its last two points, not one layer at a time)."""
+    measured = []
+    monkeypatch.setattr(configs, "peak_bytes",
+                        lambda c, L, **kw: measured.append(L) or 10 * L + (bump if L > 20 else 0))
     L, steps = configs.max_layers(configs.CONFIGS["C1"], 300)
-    assert L == answer and steps == 2 + abs(answer - 30) + 1 + (bump < 0)
+    assert L == answer and {answer, answer + 1} <= set(measured)
+    assert steps == len(measured) <= 6          # walking one layer at a time took 8 and 9
+
+
+@pytest.mark.parametrize("peaks,capacity,answer", [
+    ([10 * L for L in range(60)], 300, 30),                          # a line: found exactly
+    ([10 * L + 400 * (L > 40) for L in range(60)], 550, 40),          # a jump: the bracket holds
+    ([5 * L * L for L in range(60)], 2000, 20),                       # convex
+    ([1000 + L for L in range(60)], 10, 0),                           # nothing fits
+    ([L for L in range(300)], 250, 250),                              # far beyond the probes
+])
+def test_the_boundary_search_returns_the_last_l_that_fits(peaks, capacity, answer):
+    """For peaks that grow with L, :func:`configs.boundary` returns the most L that fits, having
+    measured L + 1 not to (or 1 not to, for 0), never measuring an L twice."""
+    measured = []
+    L = configs.boundary(lambda L: measured.append(L) or peaks[L], capacity)
+    assert L == answer and answer + 1 in measured and len(measured) == len(set(measured))
 
 
 def test_dp_rings_wider_apart_than_a_node_still_share_it_sixteen_ways():
