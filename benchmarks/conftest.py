@@ -3,7 +3,8 @@
 Run: ``pytest benchmarks`` (the default test run does not collect them). Each benchmark records
 ``ratio`` (ours / baseline, best of the rounds for both, the two alternating round by round so that
 the machine's drift reaches both alike) in ``extra_info``, prints it, and checks it against the
-issue's target. The default ``-n auto`` (pyproject.toml) is turned off here: workers
+issue's target (``target``, a cap; with ``at_least=True``, a floor to reach, as a throughput
+share; tools/benchtable.py renders both). The default ``-n auto`` (pyproject.toml) is turned off here: workers
 timing side by side would measure each other, and pytest-benchmark disables itself under xdist.
 """
 from __future__ import annotations

@@ -82,5 +82,6 @@ def test_nvme_write_and_read_of_256mb_is_at_least_half_a_plain_files(benchmark, 
     benchmark.pedantic(rounds, rounds=1, iterations=1)
     assert torch.equal(back, shard)
     ratio = min(times["plain"]) / min(times["nvme"])     # throughput, nvme over plain
-    benchmark.extra_info.update(ratio=ratio, target=IO_TARGET, **{k: min(v) for k, v in times.items()})
+    benchmark.extra_info.update(ratio=ratio, target=IO_TARGET, at_least=True,
+                                **{k: min(v) for k, v in times.items()})
     assert ratio >= IO_TARGET, f"NVMe tier at {ratio:.0%} of a plain file's throughput ({times})"

@@ -53,9 +53,12 @@ def rows(data: dict) -> list[str]:
         cpu = f"{info['cpu']}, " if info.get("cpu") else ""   # recorded since 2026-12-04
         machine = (f"{cpu}{info.get('isa', '?')}, {info.get('cpus', '?')} CPUs, torch "
                    f"{info.get('torch', '?')}, {date}")
-        met = "—" if target is None else "yes" if value <= target else "**no**"
+        at_least = info.get("at_least", False)   # a floor to reach (a throughput share), not a cap
+        ok = target is not None and (value >= target if at_least else value <= target)
+        met = "—" if target is None else "yes" if ok else "**no**"
+        bound = ("≥ " if at_least else "≤ ") + fmt.format(target) if target is not None else "—"
         out.append(f"| `{name}` | {case} | {label} | {fmt.format(value)}{extra} | "
-                   f"{'≤ ' + fmt.format(target) if target is not None else '—'} | {met} | {machine} |")
+                   f"{bound} | {met} | {machine} |")
     return out
 
 

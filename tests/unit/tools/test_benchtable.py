@@ -135,3 +135,13 @@ def test_a_mistyped_option_is_refused_and_the_table_left_alone(tmp_path, page, c
     assert benchtable.main([str(path), "--kep"]) == 2
     assert "unknown option '--kep'; accepted: --keep, --check" in capsys.readouterr().err
     assert "\nold\n" in page.read_text()
+
+
+def test_a_target_to_reach_reads_at_least_and_is_met_from_above():
+    """A benchmark that records ``at_least`` (a share of a plain file's throughput) meets its
+    target at or above it, and the table says ≥."""
+    data = {"datetime": "2026-12-05T05:00:00", "benchmarks": [
+        {"name": "test_io", "extra_info": {"ratio": 1.02, "target": 0.5, "at_least": True}},
+        {"name": "test_slow_io", "extra_info": {"ratio": 0.4, "target": 0.5, "at_least": True}}]}
+    io, slow = benchtable.rows(data)[2:]
+    assert "| ≥ 0.50 | yes |" in io and "| ≥ 0.50 | **no** |" in slow
