@@ -58,10 +58,8 @@ def turning_points(curve: Curve) -> list[int]:
 
 def save(ex, out: str | Path) -> Path:
     """DIR/explain_memory.svg (and .png) of ``ex`` (an Explanation); the SVG's path."""
-    from ..render.figures import pyplot, save_figure
+    from ..render.figures import pyplot, save_svg
     from .explain import LABELS, _setting
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cls = max(ex.result.classes, key=lambda c: c.memory.peak_total)
     curve = memory_over_step(cls.memory.trace)
     plt = pyplot()
@@ -92,4 +90,4 @@ def save(ex, out: str | Path) -> Path:
     ax.set_ylabel("bytes held (GB = 10⁹ B)")
     ax.set_title(f"Memory over one step, rank {ex.rank}: {_setting(ex)}", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-    return next(p for p in save_figure(fig, out, NAME) if p.suffix == ".svg")
+    return save_svg(fig, out, NAME)

@@ -151,11 +151,8 @@ def figure(runs: dict[str, NodeBytes], title: str):
 
 def save(runs: dict[str, NodeBytes], out, title: str, name: str = "node_bytes"):
     """DIR/``name``.svg (and .png) of :func:`figure`; the SVG's path."""
-    from pathlib import Path
-    from ..render.figures import save_figure
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return next(p for p in save_figure(figure(runs, title), out, name) if p.suffix == ".svg")
+    from ..render.figures import save_svg
+    return save_svg(figure(runs, title), out, name)
 
 
 # spec/zeropp.md's figure: ZeRO-3, each of ZeRO++'s pieces, all three, and MiCS, at ZeRO++'s scale

@@ -184,11 +184,8 @@ def figure(runs: dict[str, OffloadBytes], title: str):
 
 def save(runs: dict[str, OffloadBytes], out, title: str, name: str = "link_bytes"):
     """DIR/``name``.svg (and .png) of :func:`figure`; the SVG's path."""
-    from pathlib import Path
-    from ..render.figures import save_figure
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return next(p for p in save_figure(figure(runs, title), out, name) if p.suffix == ".svg")
+    from ..render.figures import save_svg
+    return save_svg(figure(runs, title), out, name)
 
 
 def run_label(cfg) -> str:

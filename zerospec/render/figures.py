@@ -58,3 +58,10 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
             paths.append(p)
     pyplot().close(fig)
     return paths
+
+
+def save_svg(fig, out, name: str) -> Path:
+    """:func:`save_figure` into ``out`` (made if missing); the SVG's path, for a command's note."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return next(p for p in save_figure(fig, out, name) if p.suffix == ".svg")
