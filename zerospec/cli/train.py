@@ -99,6 +99,11 @@ def add_parser(sub) -> None:
     o.add_argument("--nvme-path", default=None, metavar="DIR",
                    help="an existing directory for the NVMe tier's swap files (default: a "
                         "temporary one)")
+    o.add_argument("--tiles", type=int, default=1, metavar="T",
+                   help="memory-centric tiling (C-I3): each block's MLP weights as T units along "
+                        "d_ff, each gathered just before its slice of the MLP and freed after "
+                        "(T must divide d_ff; not with --mp or --checkpoint-activations); "
+                        "default 1: off")
     o.add_argument("--dpu", type=int, default=0, metavar="N",
                    help="one-step delayed parameter update from step N (approximate, B8); "
                         "default 0: off")
@@ -165,7 +170,7 @@ def _config(args, n_ranks: int):
                        offload_prefetch=args.offload_prefetch,
                        dpu=args.dpu,
                        shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
-                       quant_group_size=args.quant_group_size)
+                       quant_group_size=args.quant_group_size, tiles=args.tiles)
 
 
 def summary(result, backend: str) -> str:

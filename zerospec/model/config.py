@@ -110,14 +110,20 @@ class GPTConfig:
         return -(-self.vocab_size // q) * q
 
     # -- shapes ----------------------------------------------------------------------------------
-    def unit_spec(self, n_m: int = 1) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    def unit_spec(self, n_m: int = 1, tiles: int = 1) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
         """Sharding units in forward order: embeddings, one per block, the final norm, and (untied)
         the LM head — as one of ``n_m`` model-parallel ranks holds them (Megatron-LM's slicing,
         zerospec/model/megatron.py: QKV and MLP-up (and gate) split by rows, attention-out and
         MLP-down by columns, wte and an untied head by rows of the padded vocabulary
         (:meth:`padded_vocab`); the rest replicated). GPT-2's names and order; a parameter the
-        config leaves out (a bias, the position table) is absent, not zero."""
+        config leaves out (a bias, the position table) is absent, not zero.
+
+        ``tiles`` T > 1 (ZeRO-Infinity's memory-centric tiling, C-I3): each block's MLP weights
+        leave its unit for T units ``h.<i>.mlp<k>`` right after it, tile k holding rows
+        [k·f/T, (k+1)·f/T) of c_gate and c_fc (weights and biases) and the same columns of
+        c_proj's weight; c_proj's bias stays in the block (:func:`check_tiles`)."""
         check_mp(self, n_m)
+        check_tiles(self, tiles, n_m)
         d, hd, f = self.n_embd, self.head_dim, self.ff // n_m
         q, kv = self.n_head * hd // n_m, self.kv_heads * hd // n_m
         b, norm = self.bias, self.norm_params
@@ -135,12 +141,20 @@ class GPTConfig:
         embed = [("wte", (v, d))] + ([("wpe", (self.block_size, d))]
                                                    if self.positions == "learned" else [])
         head = [] if self.tie_embeddings else [("lm_head", [("weight", (v, d))])]
-        return ([("embed", embed)] + [(f"h.{i}", list(block)) for i in range(self.n_layer)]
-                + [("ln_f", [(n, (d,)) for n in norm])] + head)
+        blocks = [(f"h.{i}", list(block)) for i in range(self.n_layer)]
+        if tiles > 1:
+            ft = f // tiles
+            tile = ((linear("mlp.c_gate", ft, d, b) if self.mlp == "swiglu" else [])
+                    + linear("mlp.c_fc", ft, d, b) + linear("mlp.c_proj", d, ft, False))
+            moved = {n for n, _ in mlp_in} | {"mlp.c_proj.weight"}
+            blocks = [u for i in range(self.n_layer)
+                      for u in [(f"h.{i}", [(n, s) for n, s in block if n not in moved])]
+                      + [(f"h.{i}.mlp{k}", list(tile)) for k in range(tiles)]]
+        return [("embed", embed)] + blocks + [("ln_f", [(n, (d,)) for n in norm])] + head
 
-    def units(self, n_d: int, pad: bool = True, n_m: int = 1) -> tuple[Unit, ...]:
+    def units(self, n_d: int, pad: bool = True, n_m: int = 1, tiles: int = 1) -> tuple[Unit, ...]:
         from .units import make_units   # here: units.py lays tensors out, and imports torch
-        return make_units(self.unit_spec(n_m), n_d, pad)
+        return make_units(self.unit_spec(n_m, tiles), n_d, pad)
 
     @property
     def psi(self) -> int:
@@ -191,6 +205,15 @@ def check_mp(cfg: GPTConfig, n_m) -> None:
     if cfg.ff % n_m:
         raise ValueError(f"n_m={n_m} must divide d_ff={cfg.ff} (the MLP's intermediate size, "
                          f"split by rows of up/gate and columns of down)")
+
+
+def check_tiles(cfg: GPTConfig, tiles, n_m: int = 1) -> None:
+    """ValueError unless ``tiles`` T splits each rank's MLP into equal tiles along d_ff: an
+    integer >= 1 dividing d_ff / N_m."""
+    f = cfg.ff // n_m
+    if not isinstance(tiles, int) or isinstance(tiles, bool) or tiles < 1 or f % tiles:
+        raise ValueError(f"tiles must be an integer >= 1 dividing the MLP's d_ff"
+                         f"{f' / n_m = {cfg.ff}/{n_m}' if n_m > 1 else ''} = {f}, got {tiles!r}")
 
 
 SMALL = GPTConfig()

@@ -15,19 +15,20 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .config import ODD, SMALL, DecoderConfig, GPTConfig, check_mp
+from .config import ODD, SMALL, DecoderConfig, GPTConfig, check_mp, check_tiles
 from .layers import attention, norm, rms_norm, rope, rope_tables, swiglu
 from . import vocab
 
-__all__ = ["GPTConfig", "DecoderConfig", "SMALL", "ODD", "check_mp", "init_params", "attention",
+__all__ = ["GPTConfig", "DecoderConfig", "SMALL", "ODD", "check_mp", "check_tiles", "init_params", "tile_params", "tiled_mlp", "tiled_block", "attention",
            "rms_norm", "swiglu", "rope", "rope_tables", "block", "blocks", "fetch_order", "forward"]
 
 
-def init_params(cfg: GPTConfig, seed: int) -> dict[str, dict[str, torch.Tensor]]:
+def init_params(cfg: GPTConfig, seed: int, tiles: int = 1) -> dict[str, dict[str, torch.Tensor]]:
     """nanoGPT's initialisation in fp32: N(0, 0.02) weights, residual projections scaled by
     1/sqrt(2L), zero biases, unit norm gains (the same draws, in unit order, for every member of
     the family: SwiGLU's gate and an untied LM head draw N(0, 0.02) where they stand). Returns
-    unit name → param name → tensor."""
+    unit name → param name → tensor; with ``tiles`` T > 1 the same values in the tiled units
+    (:func:`tile_params`)."""
     g = torch.Generator().manual_seed(seed)
     out: dict[str, dict[str, torch.Tensor]] = {}
     for uname, params in cfg.unit_spec():
@@ -41,6 +42,23 @@ def init_params(cfg: GPTConfig, seed: int) -> dict[str, dict[str, torch.Tensor]]
                 std = 0.02 / math.sqrt(2 * cfg.n_layer) if pname.endswith("c_proj.weight") else 0.02
                 t = torch.randn(shape, generator=g) * std
             out[uname][pname] = t
+    return out if tiles == 1 else tile_params(cfg, out, tiles)
+
+
+def tile_params(cfg: GPTConfig, init: dict, tiles: int) -> dict[str, dict[str, torch.Tensor]]:
+    """The untiled ``init`` laid out in ``cfg.unit_spec(tiles=tiles)``'s units: the same values
+    (tiling moves parameters, it draws none), tile k taking rows [k·f/T, (k+1)·f/T) of c_gate and
+    c_fc and those columns of c_proj's weight."""
+    ft, out = cfg.ff // tiles, {}
+    for uname, params in cfg.unit_spec(tiles=tiles):
+        blk, _, k = uname.partition(".mlp")
+        src = init[blk if k else uname]
+        if not k:
+            out[uname] = {n: src[n] for n, _ in params}
+            continue
+        rows = slice(int(k) * ft, (int(k) + 1) * ft)
+        out[uname] = {n: (src[n][:, rows] if n == "mlp.c_proj.weight" else src[n][rows]).clone()
+                      for n, _ in params}
     return out
 
 
@@ -96,19 +114,48 @@ def _block_mp(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp) -
     return x + _row_out(mp, h, p["mlp.c_proj.weight"], p.get("mlp.c_proj.bias"))
 
 
-def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None) -> torch.Tensor:
-    """Blocks ``layers`` in order, each with its unit's parameters (unit 1 + i for block i)."""
+def tiled_mlp(cfg: GPTConfig, h: torch.Tensor, fetch, first: int, tiles: int,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """The MLP in ``tiles`` tiles along d_ff (C-I3): tile k's weights (unit ``first + k``) are
+    fetched just before its slice of the MLP runs and let go right after; the down projection's
+    partial outputs are summed in tile order, then its bias is added — a different summation
+    order from one matmul, held to spec/infinity.md's derived bound."""
+    acc = None
+    for k in range(tiles):
+        with fetch(first + k) as q:
+            part = F.linear(_mlp_in(cfg, h, q), q["mlp.c_proj.weight"])
+        acc = part if acc is None else acc + part
+    return acc if bias is None else acc + bias
+
+
+def tiled_block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], fetch, first: int,
+                tiles: int) -> torch.Tensor:
+    """:func:`block` with its MLP tiled (:func:`tiled_mlp`, tiles in units ``first``, …)."""
+    h = _norm(cfg, x, p, "ln_1.")
+    y = _attn(cfg, h, p)
+    x = x + F.linear(y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
+    h = _norm(cfg, x, p, "ln_2.")
+    return x + tiled_mlp(cfg, h, fetch, first, tiles, p.get("mlp.c_proj.bias"))
+
+
+def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None,
+           tiles: int = 1) -> torch.Tensor:
+    """Blocks ``layers`` in order, each with its unit's parameters (unit 1 + i for block i; with
+    ``tiles`` T > 1, 1 + i·(1 + T), its MLP's tiles the T units after it)."""
     for i in layers:
-        with fetch(1 + i) as p:
-            x = block(cfg, x, p, mp)                           # (B, T, C)
+        u = 1 + i * (1 + tiles) if tiles > 1 else 1 + i
+        with fetch(u) as p:
+            x = (block(cfg, x, p, mp) if tiles == 1                          # (B, T, C)
+                 else tiled_block(cfg, x, p, fetch, u + 1, tiles))
     return x
 
 
-def fetch_order(cfg: GPTConfig) -> list[int]:
-    """The units :func:`forward` fetches, in order: embeddings, the blocks, the final norm, and
-    the LM head: the embeddings again when tied, else its own unit (backward fetches in reverse)."""
-    L = cfg.n_layer
-    return [0, *range(1, L + 1), L + 1, 0 if cfg.tie_embeddings else L + 2]
+def fetch_order(cfg: GPTConfig, tiles: int = 1) -> list[int]:
+    """The units :func:`forward` fetches, in order: embeddings, the blocks (each followed by its
+    MLP's tiles), the final norm, and the LM head: the embeddings again when tied, else its own
+    unit (backward fetches in reverse)."""
+    n = cfg.n_layer * (1 + tiles if tiles > 1 else 1)
+    return [0, *range(1, n + 1), n + 1, 0 if cfg.tie_embeddings else n + 2]
 
 
 def _lookup(idx: torch.Tensor, wte: torch.Tensor, mp) -> torch.Tensor:
@@ -117,27 +164,31 @@ def _lookup(idx: torch.Tensor, wte: torch.Tensor, mp) -> torch.Tensor:
 
 
 def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
-            run_blocks=blocks, mp=None) -> torch.Tensor:
+            run_blocks=blocks, mp=None, tiles: int = 1) -> torch.Tensor:
     """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.
 
     ``run_blocks(cfg, x, fetch, layers)`` runs the transformer blocks: :func:`blocks` by default,
     the seam activation checkpointing and model parallelism wrap (zerospec/zero_r/checkpointing.py).
     ``mp``: this rank's model-parallel group, whose rows of the vocabulary the embedding, the LM
     head and the cross-entropy use as Megatron-LM does (zerospec/model/vocab.py); None: the whole
-    vocabulary here."""
+    vocabulary here. ``tiles``: the MLP tiles of :func:`tiled_block` (1: none)."""
     B, T = idx.shape
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
     L = cfg.n_layer
+    n = L * (1 + tiles) if tiles > 1 else L        # the block units (and tiles) after unit 0
     with fetch(0) as p:                                        # one expression: the lookup is a
         if cfg.positions == "learned":                         # temporary, freed as before
             x = _lookup(idx, p["wte"], mp) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
         else:
             x = _lookup(idx, p["wte"], mp)                     # (B, T, C)
-    x = run_blocks(cfg, x, fetch, range(L))                    # (B, T, C)
-    with fetch(L + 1) as p:
+    if tiles > 1:
+        x = blocks(cfg, x, fetch, range(L), mp, tiles)        # (B, T, C)
+    else:
+        x = run_blocks(cfg, x, fetch, range(L))                # (B, T, C)
+    with fetch(n + 1) as p:
         x = _norm(cfg, x, p, "")
-    head, name = (0, "wte") if cfg.tie_embeddings else (L + 2, "weight")
+    head, name = (0, "wte") if cfg.tie_embeddings else (n + 2, "weight")
     with fetch(head, last=True) as p:                          # LM head (tied: wte)
         logits = F.linear(x if mp is None else mp.enter(x), p[name])   # (B, T, vocab / N_m)
     if mp is None:

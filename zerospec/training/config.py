@@ -70,6 +70,7 @@ class TrainConfig:
     qwz: bool = False                         # zero_quantized_weights: int8 weight all-gathers
     qgz: bool = False                         # zero_quantized_gradients: int4 all-to-all reduce
     quant_group_size: int | None = None       # elements per scale; None: DeepSpeed's choice
+    tiles: int = 1                            # ZeRO-Infinity's MLP tiles along d_ff (C-I3); 1: off
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -101,6 +102,7 @@ class TrainConfig:
         check_offload(self)
         mics.check(self)
         zeropp.check(self)
+        check_tiles(self)
 
     @property
     def n_ranks(self) -> int:
@@ -135,7 +137,18 @@ class TrainConfig:
         return self.n_d if self.shard_group is None else self.shard_group
 
     def units(self) -> tuple[Unit, ...]:
-        return self.model.units(self.shard_size, pad=STAGES[self.stage].pad, n_m=self.n_m)
+        return self.model.units(self.shard_size, pad=STAGES[self.stage].pad, n_m=self.n_m,
+                                tiles=self.tiles)
+
+
+def check_tiles(cfg) -> None:
+    """Memory-centric tiling's setting (spec/infinity.md, C-I3): ValueError naming the value and
+    what is accepted. Not yet with model parallelism, activation checkpointing (whose recompute
+    would keep every tile of a segment gathered) or checkpoints of the run."""
+    gpt.check_tiles(cfg.model, cfg.tiles)
+    if cfg.tiles > 1 and (cfg.n_m > 1 or cfg.checkpoint_activations):
+        raise ValueError(f"tiles={cfg.tiles} needs n_m=1 and checkpoint_activations=0, got "
+                         f"n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
 
 
 def check_config(cfg) -> None:

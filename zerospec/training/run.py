@@ -28,7 +28,7 @@ def initial_weights(cfg: TrainConfig, units) -> list:
     if cfg.device == "meta":
         one = [torch.empty(u.padded, device="meta") for u in units]
         return one if cfg.n_m == 1 else [one] * cfg.n_m
-    params = gpt.init_params(cfg.model, cfg.seed)
+    params = gpt.init_params(cfg.model, cfg.seed, cfg.tiles)
     if cfg.n_m == 1:
         return [u.flatten(params[u.name]) for u in units]
     return [[u.flatten(part[u.name]) for u in units]
@@ -67,6 +67,10 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
         raise ValueError(f"cluster has gpus_per_node={cluster.gpus_per_node} but config says "
                          f"gpus_per_node={cfg.gpus_per_node}")
     _no_mics_checkpoints(cfg, resume, save, keep_state)
+    if cfg.tiles > 1 and (resume is not None or save or keep_state):
+        raise ValueError(f"checkpoints of a tiled run (tiles={cfg.tiles}) are not built: its units "
+                         f"are not a checkpoint's (h.<i>.mlp<k>); save, resume and keep_state need "
+                         f"tiles=1")
     if resume is not None:
         resume_check(cfg, resume)
     init, batches = initial_weights(cfg, units), make_batches(cfg)

@@ -164,7 +164,7 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
     if cfg.stage3_persistence_threshold or cfg.stage3_max_reuse_distance:   # DeepSpeed's ZeRO-3
         cls = DeepSpeedParameters
         kwargs = {"persistence_threshold": cfg.stage3_persistence_threshold,
-                  "keep": reused_within(gpt.fetch_order(cfg.model), units,
+                  "keep": reused_within(gpt.fetch_order(cfg.model, cfg.tiles), units,
                                         cfg.stage3_max_reuse_distance)
                   if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.exact:
@@ -246,7 +246,7 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
             with fetcher.hooks():
                 loss = gpt.forward(cfg.model, micro_batch(idx, r, cfg.n_d, k, G),
                                    micro_batch(tgt, r, cfg.n_d, k, G), fetcher.fetch, rank.blocks,
-                                   rank.mp)
+                                   rank.mp, cfg.tiles)
             fetcher.end_forward()
         flops["forward"] += oc.flops if oc is not None else 0
         with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as oc:
