@@ -9,8 +9,8 @@ formula for that stage (it is not a zero).
   forms live in :mod:`zerospec.paper.theory`; this module only names them.
 * ``deepspeed`` — the formulas of DeepSpeed's ``estimate_zero2_model_states_mem_needs`` and
   ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage_1_and_2.py and stage3.py,
-  deepspeedai/DeepSpeed at commit edaa7221267243c7be7fb49c5d5f5c4fb97b4641; the ZeRO-2 form was
-  changed from 4Ψ + 16Ψ/N to 2Ψ + 18Ψ/N in PR #5099, 2024-06-04). Without offload, ZeRO-2 is
+  deepspeedai/DeepSpeed at commit edaa7221267243c7be7fb49c5d5f5c4fb97b4641, the version the
+  tests compare with; older releases printed 4Ψ + 16Ψ/N for ZeRO-2). Without offload, ZeRO-2 is
   2Ψ + ⌊18Ψ/N⌋ and ZeRO-3 is 4·L + ⌊18Ψ/N⌋, with L the largest layer's parameter count. The 18 is
   2 (fp16 gradient) + 4 (fp32 gradient) + 4 (fp32 master) + 8 (momentum, variance): DeepSpeed counts
   an fp32 copy of the gradient partition that the paper's K = 12 leaves out (+4Ψ/N), and ZeRO-3 adds
