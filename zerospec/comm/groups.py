@@ -111,7 +111,7 @@ class Nodes:
         g = self.gpus_per_node
         if g is None:
             return
-        if not isinstance(g, int) or isinstance(g, bool) or g < 1 or self.n_ranks % g:
+        if not divides(g, self.n_ranks):
             raise ValueError(f"gpus_per_node must be an integer >= 1 that divides the {self.n_ranks} "
                              f"ranks (whole nodes), got {g!r}; accepted: "
                              f"{', '.join(map(str, divisors(self.n_ranks)))}")
@@ -139,6 +139,12 @@ class Nodes:
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def divides(value, n: int) -> bool:
+    """Whether ``value`` is an int (not a bool) >= 1 that divides ``n``: the check every group
+    size (GPUs per node, hpZ's h, MiCS's p) passes; refusals list :func:`divisors` as accepted."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and n % value == 0
 
 
 def hpz_group(rank: int, h: int) -> Group:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 
-from ..comm.groups import divisors
+from ..comm.groups import divides, divisors
 
 
 def check(cfg) -> None:
@@ -32,7 +32,7 @@ def check(cfg) -> None:
     p = cfg.shard_group
     if p is None:
         return
-    if not isinstance(p, int) or isinstance(p, bool) or p < 1 or cfg.n_d % p:
+    if not divides(p, cfg.n_d):
         raise ValueError(f"shard_group (MiCS's partition group size p)={p!r} must be an integer "
                          f"that divides the {cfg.n_d} data-parallel ranks; accepted: "
                          f"{', '.join(map(str, divisors(cfg.n_d)))}")
