@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..paper import hardware
+
 # the collectives, in step order; a step books only some of them
 COLLECTIVES = ("forward all-gather", "backward all-gather", "gradient reduce-scatter / all-to-all",
                "gradient all-reduce", "replica all-reduce (MiCS)", "parameter all-gather (update)",
                "other")
-LINKS = ("intra", "inter")      # inside the node, across nodes
+LINKS = hardware.LINKS[:2]      # the node links of the one taxonomy: inside, across
 
 
 def collective(rec) -> str:
