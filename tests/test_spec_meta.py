@@ -256,6 +256,27 @@ def test_every_claim_in_spec_has_a_test_and_every_claim_test_is_in_spec(request)
     assert sorted(marked & unchecked) == []
 
 
+def catalogue_ids(text: str) -> set[str]:
+    """The ids docs/claims.md numbers: each item that opens ``- **C5.**`` or ``- **C6. Baseline DP:**``."""
+    return set(re.findall(r"^- \*\*((?:C-I|[BCDM])\d{1,2})[.*]", text, re.M))
+
+
+def test_catalogue_ids_are_read_from_its_numbered_items():
+    """An item's opening names its id; an id inside a sentence or a range does not number an item."""
+    text = "- **C5.** Plain DP ...\n- **C-I9. DeepSpeed ...** x\n  see C6–C9 and **B7**\n- **D4.** 3x\n"
+    assert catalogue_ids(text) == {"C5", "C-I9", "D4"}
+
+
+def test_every_claim_of_the_catalogue_is_checked_or_listed_with_its_reason():
+    """Every id docs/claims.md numbers is in spec/README.md: indexed with its status and page, or
+    listed as not checked with a reason — none is left out silently."""
+    ids = catalogue_ids((ROOT / "docs" / "claims.md").read_text())
+    index = claims.spec_statuses()
+    assert len(ids) > 80
+    assert sorted(ids - index.keys(), key=claims._key) == []
+    assert {c: why for c, (status, why) in index.items() if not why.strip()} == {}
+
+
 def test_every_claims_status_in_spec_is_the_status_its_tests_declare(request):
     """spec/README.md's status of each claim == what its tests' marks add up to (claim_status)."""
     tested = {c: claims.STATUS_TEXT[claims.claim_status(s)]
