@@ -34,7 +34,7 @@ N_D, N_M = 2, 2
 def table3_step(name: str):
     """One step of ``name`` for 4 blocks of 8192 on a 2 × 2 grid (N_d × N_m), 2 sequences: large
     enough that C_B's buckets fill (a model whose stream fits one bucket never tests the bound)."""
-    return measure(TABLE3_MODEL, CONFIGS[name].stage, N_D, micro_batch=2,
+    return measure(TABLE3_MODEL, CONFIGS[name].stage, N_D, micro_batch=2, trace=True,
                    **CONFIGS[name].kwargs(n_m=N_M))
 
 
@@ -44,8 +44,10 @@ def test_each_table3_configuration_runs_the_zero_dp_stage_and_zero_r_options_it_
     """Table 3: C1/C2 partition optimizer states (P_os: every rank holds all fp16 gradients), C3–C5
     also gradients; C_B fuses collectives into buckets of B; P_a keeps 1/N_m of each checkpoint
     per GPU; P_a+cpu keeps none on the GPU and that 1/N_m on the host; M_D copies checkpoints into
-    one buffer (C46). Read off each preset's own ledgers, on a model whose gradient stream needs
-    at least 3 buckets: every bucket but the last is full, and none is larger."""
+    one buffer (C46): the device's allocation trace shows one checkpoint allocation per step
+    holding them all, where the 4 blocks would make 4. Read off each preset's own ledgers, on a
+    model whose gradient stream needs at least 3 buckets: every bucket but the last is full, and
+    none is larger."""
     peak = {n: table3_step(n).memory(0).peak for n in CONFIGS}
     states = {n: table3_step(n).model_states(0) for n in CONFIGS}
     host = {n: table3_step(n).host(0).peak.get("checkpoints", 0) for n in CONFIGS}
@@ -66,7 +68,8 @@ def test_each_table3_configuration_runs_the_zero_dp_stage_and_zero_r_options_it_
         led = r.comm_ledger([0])
         assert led.by_op(0, group="dp") == {"reduce_scatter": columns, "all_gather": columns}  # ring, N_d = 2
         assert led.count(0, group="dp") == 2 * buckets[n], n
-        assert r.config.bucket_elements == BUCKET_ELEMENTS and r.config.contiguous_checkpoints
+        made = [e.nbytes for e in r.memory(0).trace if e.op == "alloc" and e.category == "checkpoints"]
+        assert made == ([peak[n]["checkpoints"]] if peak[n]["checkpoints"] else []), n   # M_D: one buffer
     assert min(buckets.values()) >= 3
     claim_values("; ".join(f"{c.name} {'P_os' if c.stage == 1 else 'P_os+g'} + {c.zero_r}"
                            for c in CONFIGS.values())

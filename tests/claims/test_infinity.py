@@ -131,12 +131,33 @@ def test_bandwidth_centric_puts_1_nth_on_every_link_the_owner_all_on_one(tier, c
     assert [o // b for o, b in zip(busiest["owner"], busiest["bandwidth"])] == [N] * len(f_bw[0])
     total = {name: sum(x[2] for fs in f for x in fs) for name, f in (("bandwidth", f_bw), ("owner", f_own))}
     assert total["bandwidth"] == total["owner"]
+    # over the step, one link's own sum: the owner's units are dealt round the ranks, so its
+    # busiest link carries less than N× the even share, and more than it
+    step = {name: [sum(x[2] for x in fs) for fs in f] for name, f in (("bandwidth", f_bw), ("owner", f_own))}
+    assert step["bandwidth"] == [total["bandwidth"] // N] * N
+    assert step["bandwidth"][0] < max(step["owner"]) < N * step["bandwidth"][0]
     if tier == "nvme":
-        claim_values(f"busiest PCIe link per fetch: owner {sum(busiest['owner'])} B, "
-                     f"bandwidth-centric {sum(busiest['bandwidth'])} B per step (÷{N}); same "
-                     f"{total['owner']} B over all links", "each PCIe link carries 1/dp of each "
-                     f"parameter, not one link all of it (C-I8)", f"N = {N}, forward + backward "
-                     f"of step 2")
+        claim_values(f"busiest PCIe link: per fetch {N}× (owner {sum(busiest['owner'])} B, "
+                     f"bandwidth-centric {sum(busiest['bandwidth'])} B over the step's fetches); "
+                     f"over the step {max(step['owner']) / step['bandwidth'][0]:.2f}× ("
+                     f"{max(step['owner'])} B vs {step['bandwidth'][0]} B); same {total['owner']} B "
+                     f"over all links", "each PCIe link carries 1/dp of each parameter, not one "
+                     f"link all of it (C-I8)", f"N = {N}, forward + backward of step 2")
+
+
+def test_owner_against_bandwidth_table(md_snapshot):
+    """spec/infinity.md's C-I8 table (NVMe tier, step 2's fetches, PCIe host → device): per
+    layout, the busiest link of each fetch summed over the fetches, the busiest link's own sum
+    over the step, and all links together."""
+    from zerospec.render.format import markdown
+    rows = []
+    for layout in ("bandwidth", "owner"):
+        f = [fetches(infinity("nvme", layout), k) for k in range(N)]
+        per_fetch = sum(max(x[2] for x in per_rank) for per_rank in zip(*f))
+        per_link = [sum(x[2] for x in fs) for fs in f]
+        rows.append([layout, f"{per_fetch:,}", f"{max(per_link):,}", f"{sum(per_link):,}"])
+    assert md_snapshot == markdown(["layout", "busiest link per fetch, summed (B)",
+                                    "busiest link over the step (B)", "all links (B)"], rows)
 
 
 # -- C-I3: memory-centric tiling -------------------------------------------------------------------
@@ -225,6 +246,19 @@ def test_tiling_is_exact_along_the_output_dim_and_within_the_derived_bound_along
     assert torch.equal(g1[3], _weights()[5].sum(0))     # c_proj's bias: Σ over tokens of dy
 
 
+def test_tiling_table(md_snapshot):
+    """spec/infinity.md's C-I3 operator table: per T, the fp16 tile bytes the observer sees live
+    at backward's and forward's peaks, and the whole backward peak (hd 64, d_ff 256, 8 tokens)."""
+    from zerospec.render.format import markdown
+    rows = []
+    for t in (1, 2, 4, 8):
+        obs = _tiled_run(t)[3]
+        back, fwd = obs.peaks["backward@1"], obs.peaks["forward@1"]
+        rows.append([f"{t}", f"{_working(back):,}", f"{_working(fwd):,}", f"{back.bytes:,}"])
+    assert md_snapshot == markdown(["T", "tile at backward's peak (B)", "at forward's peak (B)",
+                                    "whole backward peak (B)"], rows)
+
+
 def _weights():
     g = torch.Generator().manual_seed(0)
     w_fc, b_fc = torch.randn(D_FF, HD, generator=g) * .1, torch.randn(D_FF, generator=g) * .1
@@ -299,16 +333,29 @@ def test_arithmetic_intensity_measured_per_data_type(claim_values):
                  f"24·hd·ci = {24 * ODD.n_embd} (C-I5)", "one GPU, ODD, NVMe tier, checkpoint per block")
 
 
-@pytest.mark.claim("C-I6", status="modelled")
+def test_ait_table(md_snapshot):
+    """spec/infinity.md's C-I5 table: the measured ait per data type on one GPU (ODD, batch 4 ×
+    seq 12, everything on NVMe, a checkpoint per block) beside the paper's formula at that shape."""
+    from zerospec.paper import infinity as zi
+    from zerospec.render.format import markdown
+    aits, tokens, _ = _measured()
+    paper = {"params": zi.ait("params", seq=ODD.block_size, bsz=4),
+             "optimizer": zi.ait("optimizer", seq=ODD.block_size, bsz=4),
+             "checkpoints": zi.ait("checkpoints", hd=ODD.n_embd)}
+    rows = [[d, f"{float(aits[d]):.1f}", f"{float(paper[d]):g}"] for d in paper]
+    assert md_snapshot == markdown(["data", "measured ait", "the paper's formula"], rows)
+
+
+@pytest.mark.claim("C-I6", status="closed_form")
 def test_the_bandwidth_thresholds_of_figure_3(claim_values):
-    """C-I6 at Fig. 3's peak of 70 TFLOPS, from C-I5's model: 70 GB/s gives > 50% on parameters
-    at batch 1 (seq 1024); optimizer states need 4× that bandwidth for the same efficiency and
-    about 1.5 TB/s (1.23) for 90% at batch 2; checkpoints at 2 GB/s give > 50% at hd 2K and need
-    under 1 GB/s beyond hd 8K; a DGX-2 GPU's PCIe (15.75 GB/s, of which the paper uses 3) gives >
-    80% at hd ≥ 8K. The same thresholds hold with zerospec's measured aits (4/3 of the paper's)."""
+    """C-I6 at Fig. 3's peak of 70 TFLOPS, from C-I5's formula (closed form: nothing is run):
+    70 GB/s gives > 50% on parameters at batch 1 (seq 1024); optimizer states need 4× that
+    bandwidth for the same efficiency and about 1.5 TB/s (1.23) for 90% at batch 2; checkpoints
+    at 2 GB/s give > 50% at hd 2K and need under 1 GB/s beyond hd 8K; a DGX-2 GPU's PCIe (15.75
+    GB/s on its spec sheet, of which the paper uses 3) gives > 80% at hd ≥ 8K. The same
+    thresholds hold with aits 4/3 of the paper's, the ratio C-I5's test measures."""
     from zerospec.paper import hardware
     from zerospec.paper import infinity as zi
-    aits, tokens, r = _measured()
     ratio = {"params": Fraction(4, 3), "optimizer": Fraction(4, 3), "checkpoints": Fraction(1)}
     rows = {}
     for label, k in (("paper", {d: 1 for d in ratio}), ("zerospec", ratio)):
@@ -364,7 +411,7 @@ def _per_param(**kw):
 def test_the_largest_model_per_tier_on_one_dgx2_and_512_gpus(claim_values):
     """C-I7 from the model-state bytes per parameter each tier holds, read off the ledgers of
     runs with nothing, the host and NVMe offloaded (16 on the GPU; 16 on the host; 2 on the host
-    and 14 on NVMe), and the tiers' spec-sheet capacities: one DGX-2 fits 32B on its GPUs, 93B
+    and 14 on NVMe), and the tiers' spec-sheet capacities: one DGX-2 fits 32B on its GPUs, 94B
     with the host and 750B with NVMe — short of the paper's 1T, because zerospec's NVMe tier keeps
     the fp16 gradients in host memory (2 bytes per parameter, 1.5 TB); with the paper's 20 bytes
     all on NVMe, 1.5T. 512 GPUs: 24T with NVMe here, 49T with the paper's placement (≥ 32T). NVMe
@@ -393,6 +440,45 @@ def test_the_largest_model_per_tier_on_one_dgx2_and_512_gpus(claim_values):
                  f"512 GPUs +NVMe {fit['+ NVMe', 32] / 1e12:.0f}T ({papers[32] / 1e12:.0f}T)",
                  "1T on one DGX-2; 32T on 512 V100s; NVMe ~50× GPU, ~20× CPU (C-I7)",
                  "model states only; spec-sheet capacities")
+
+
+@pytest.mark.claim("C-I9")
+def test_zero3_offload_fits_over_40b_on_one_gpu_and_over_2t_on_512(claim_values):
+    """C-I9's capacity bullets, as C-I7's: ZeRO-3 Offload (parameters and optimizer on the host)
+    leaves no model-state byte on the GPU and 16 per parameter on the host (measured, the
+    ledgers); one GPU with its DGX-2 node's 1.5 TB of host memory fits over 40B, 512 GPUs (32
+    nodes) over 2T (spec-sheet capacities)."""
+    from zerospec.evaluation import infinity as ev
+    from zerospec.paper import hardware
+    per = _per_param(offload_optimizer="cpu", offload_params="cpu", offload_partition="bandwidth")
+    assert per == {"gpu": 0, "cpu": 16, "nvme": 0}
+    one, many = (ev.largest_model(per, hardware.DGX2_TIERS, n) for n in (1, 32))
+    assert one > 40 * 10**9 and many > 2 * 10**12
+    claim_values(f"{one / 1e9:.0f}B on one GPU (its node's host), {many / 1e12:.0f}T on 512 GPUs",
+                 "over 40B on one GPU, over 2T on 512 GPUs (C-I9)", "model states only; host tier")
+
+
+def test_capacity_table(md_snapshot):
+    """spec/infinity.md's C-I7 table: per placement the model-state bytes per parameter on each
+    tier (measured: the ledgers of the runs above; the last row is the paper's 20 B on NVMe), and
+    the largest model whose model states fit one DGX-2 and 32 of them (spec-sheet capacities)."""
+    from zerospec.evaluation import infinity as ev
+    from zerospec.paper import hardware
+    from zerospec.paper import infinity as zi
+    from zerospec.render.format import markdown
+
+    def size(psi: int) -> str:
+        return f"{psi / 1e12:.3g}T" if psi >= 10**12 else f"{psi / 1e9:.0f}B"
+    kw = {"offload_optimizer": "cpu", "offload_partition": "bandwidth"}
+    rows = [("GPU", _per_param()), ("+ CPU", _per_param(offload_params="cpu", **kw)),
+            ("+ NVMe (zerospec's placement)", ev.bytes_per_param_per_tier(_measured()[2])),
+            ("+ NVMe (the paper's 20 B all on NVMe)", {"gpu": 0, "cpu": 0,
+                                                      "nvme": Fraction(zi.BYTES_PER_PARAM)})]
+    out = [[name, *(f"{per[t]}" for t in ("gpu", "cpu", "nvme")),
+            *(size(ev.largest_model(per, hardware.DGX2_TIERS, n)) for n in (1, 32))]
+           for name, per in rows]
+    assert md_snapshot == markdown(["tiers", "B/param on the GPUs", "on the host", "on NVMe",
+                                    "one DGX-2", "512 GPUs (32 nodes)"], out)
 
 
 # -- C-I1, C-I2, C-I4: the byte counts -------------------------------------------------------------

@@ -81,6 +81,17 @@ def test_a_tiled_run_gathers_one_mlp_tile_at_a_time(claim_values):
                  f"stage 3, N_d 2, hd {D}, d_ff {F_}")
 
 
+def test_tiled_run_table(md_snapshot):
+    """spec/infinity.md's tiled-run table: per T, the bytes gathered at forward's peak, the
+    block's parameters but its MLP, and the MLP's share (stage 3, N_d 2, hd 16, d_ff 64)."""
+    from zerospec.render.format import markdown
+    rest = 2 * (M.units(2)[1].numel - MLP)
+    rows = [[f"{t}", f"{_observed(t).gathered['forward']:,}", f"{rest:,}", f"{2 * MLP // t:,}"]
+            for t in (1, 2, 4)]
+    assert md_snapshot == markdown(["T", "gathered at forward's peak (B)", "the block but its MLP (B)",
+                                    "the MLP ÷ T (B)"], rows)
+
+
 def test_stages_are_bit_identical_at_a_fixed_tiling():
     """At the same T, stages 0–3 run the same math path: losses and master weights bit for bit."""
     runs = [train(TrainConfig(stage=s, n_d=2, model=M, steps=2, tiles=2)) for s in range(4)]

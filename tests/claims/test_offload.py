@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from fractions import Fraction
 
 import pytest
 import torch
@@ -17,7 +18,10 @@ from tests.support.observed import persistent_extras
 from tests.support.runs import assert_same_training
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import ODD
-from zerospec.paper import theory
+from zerospec.model.presets import gpt
+from zerospec.paper import hardware, theory
+from zerospec.paper import offload as zo
+from zerospec.training.scale import measure
 from zerospec.testing.stale import train_stale
 from zerospec.training.config import TrainConfig
 from zerospec.runtime.observe import Observer
@@ -113,8 +117,7 @@ def test_the_chosen_split_keeps_2M_of_model_states_on_the_gpu(claim_values):
     """B4's first and last rows, measured on one GPU (N = 1): everything on the GPU holds 16M of
     model states; the chosen split (g16 and the update on the CPU) leaves only the fp16
     parameters, 2M — 8x less — and the host the other 14M (12M of fp32 states, 2M of g16)."""
-    gpu = train(cfg(2, n_d=1, steps=1))
-    off = train(cfg(2, n_d=1, steps=1, offload_optimizer="cpu"))
+    gpu, off = run(2, n_d=1, steps=1), run(2, n_d=1, steps=1, offload_optimizer="cpu")
     m = share(gpu)
     assert gpu.model_states(0) == 16 * m == theory.offload_gpu_bytes(m, g16_on="gpu", update_on="gpu")
     assert off.model_states(0) == 2 * m == theory.offload_gpu_bytes(m, g16_on="cpu", update_on="cpu")
@@ -193,6 +196,86 @@ def test_the_host_observer_sees_one_copy_of_the_optimizer_states_per_rank_share(
         # B5's way down, seen by the host: what backward wrote into its gradient buffer
         arrived = o.written["backward@2"]["grad32" if g == 4 else "grad16"] * g
         assert arrived == host_bytes(rank) == g * m
+
+
+# -- B1–B3: the model states and the data-flow graph --------------------------------------------
+@pytest.mark.claim("B1", status="differs", page="spec/offload.md#model-states-and-the-data-flow-graph-b1b3")
+def test_model_states_take_16_bytes_per_parameter_and_the_papers_examples_follow(claim_values):
+    """B1: 16M bytes of model states — 2 + 2 for fp16 parameters and gradients, 4 + 4 + 4 for fp32
+    parameters, momentum and variance — measured on the ledger of one GPU (N = 1); times the
+    paper's M: Megatron-LM 8B → 128 GB and T5 11B → 176 GB as printed, Turing-NLG 17.2B → 275.2 GB
+    where the paper prints 284 GB (17.2 × 16 is 275.2: the printed figure is not derivable)."""
+    r = run(2, n_d=1, steps=1)
+    m = share(r)
+    per = {c: Fraction(b, m) for c, b in r.memory[0].current.items() if b and c in (
+        "param16", "grad16", "master32", "exp_avg", "exp_avg_sq")}
+    assert per == {"param16": 2, "grad16": 2, "master32": 4, "exp_avg": 4, "exp_avg_sq": 4}
+    per_m = sum(per.values())                                     # measured bytes per parameter
+    gb = {name: per_m * psi / theory.GB for name, (psi, _) in zo.B1_EXAMPLES.items()}
+    printed = {name: gb_ for name, (_, gb_) in zo.B1_EXAMPLES.items()}
+    assert gb == {"Megatron-LM 8B": 128, "T5 11B": 176, "Turing-NLG 17.2B": Fraction(2752, 10)}
+    assert {k for k in gb if gb[k] != printed[k]} == {"Turing-NLG 17.2B"}
+    claim_values(f"{per_m} B/param; " + ", ".join(f"{float(v):g} GB" for v in gb.values()),
+                 "16M; 128, 176, 284 GB (B1)", "17.2B × 16 = 275.2 GB, printed 284")
+
+
+def test_b1_table(md_snapshot):
+    """spec/offload.md's B1 table: bytes per parameter of each model state on the ledger of one
+    GPU, and the paper's examples at that count beside what it prints."""
+    from zerospec.render.format import markdown
+    r = run(2, n_d=1, steps=1)
+    held = {c: Fraction(r.memory[0].current[c], share(r)) for c in (
+        "param16", "grad16", "master32", "exp_avg", "exp_avg_sq")}
+    per_m = sum(held.values())
+    rows = [[name, f"{int(psi):,}", f"{float(per_m * psi / theory.GB):g}", f"{printed}"]
+            for name, (psi, printed) in zo.B1_EXAMPLES.items()]
+    states = " + ".join(f"{v} ({c})" for c, v in held.items())
+    assert md_snapshot == f"{states} = {per_m} bytes per parameter\n\n" + markdown(
+        ["model", "M", f"{per_m}·M (GB)", "the paper prints (GB)"], rows)
+
+
+@pytest.mark.claim("B2", status="closed_form")
+@pytest.mark.claim("B3", status="closed_form")
+def test_every_split_of_the_data_flow_graph_cuts_at_least_4M():
+    """B2–B3, every split enumerated: the graph's edges weigh 2M from an fp16 producer and 4M from
+    an fp32 one; of the 63 ways to put some of p16, g16, update, p32, m32, v32 on the CPU
+    (FWD-BWD stays on the GPU), none cuts less than 4M; the three that cut exactly 4M are B4's
+    offloading rows (g16 alone; the update with the fp32 states; both); p16 off the GPU costs at
+    least 6M, and an fp32 state apart from the update at least 6M."""
+    fp32 = {"p32", "m32", "v32"}
+    # B2: 2M out of an fp16 producer (p16 feeds forward and backward: twice), 4M out of an fp32 one
+    assert {(a, b): w for a, b, w in zo.EDGES} == {
+        ("p16", "FWD-BWD"): 2 + 2, ("FWD-BWD", "g16"): 2, ("g16", "update"): 2,
+        ("update", "p16"): 2, **{(s, "update"): 4 for s in fp32}, **{("update", s): 4 for s in fp32}}
+    splits = zo.splits()
+    assert len(splits) == 2 ** 6 - 1 and min(splits.values()) == 4
+    assert {k for k, v in splits.items() if v == 4} == {
+        frozenset({"g16"}), frozenset({"update"} | fp32), frozenset({"g16", "update"} | fp32)}
+    assert min(v for k, v in splits.items() if "p16" in k) >= 6
+    assert min(v for k, v in splits.items() if any((s in k) != ("update" in k) for s in fp32)) >= 6
+
+
+# -- B7: the headline fits -------------------------------------------------------------------------
+B7_MODEL = gpt(41, 5120, 40)        # 13.16B, over B7's 13B: 41 blocks of 5120 wide
+
+
+@pytest.mark.claim("B7")
+def test_over_13b_fits_one_v100_with_zero_offload(claim_values):
+    """B7: over 13B on one 32 GB V100, measured on meta (N = 1, P_os+g with the optimizer on the
+    CPU, batch 1 × 1024, a checkpoint per block): the GPU holds the fp16 parameters, 2 bytes each,
+    and its step's peak fits 32 GB; the host the other 14 (within a DGX-2's 1.5 TB); without
+    offload the same model's 16 bytes per parameter need over 6 V100s."""
+    r = measure(B7_MODEL, 2, 1, offload_optimizer="cpu", checkpoint_activations=1)
+    base = measure(B7_MODEL, 2, 1, setup_only=True)
+    psi = r.psi_padded
+    assert psi > 13 * 10**9
+    peak, host = r.memory(0).peak_total, sum(r.host(0).current.values())
+    assert r.model_states(0) == 2 * psi and host == 14 * psi
+    assert peak <= theory.V100_BYTES < base.model_states(0) == 16 * psi
+    assert host <= hardware.DGX2_TIERS.host_bytes
+    claim_values(f"{psi / 1e9:.2f}B: GPU {peak / 1e9:.1f} GB at its peak, host {host / 1e9:.0f} GB; "
+                 f"without offload {base.model_states(0) / 1e9:.0f} GB", "over 13B on one V100 (B7)",
+                 "meta, N = 1")
 
 
 # -- DPU (B8) ---------------------------------------------------------------------------------

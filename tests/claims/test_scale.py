@@ -67,6 +67,7 @@ def _states_everywhere(r) -> int:
 FIGURE1_GB = {0: "120", 1: "31.4", 2: "16.6", 3: "1.9"}
 
 
+@pytest.mark.claim("C56")
 @pytest.mark.claim("C14")
 @pytest.mark.parametrize("stage", range(4), ids=lambda s: LABELS[s])
 def test_figure1_7_5b_on_64_gpus_holds_120_31_4_16_6_1_9_gb(stage, claim_values):
@@ -156,6 +157,7 @@ def test_gpt2_1_5b_holds_3gb_of_fp16_weights_and_at_least_24gb_of_model_states(c
     assert round(weights / GB) == 3 and states >= 24 * GB
 
 
+@pytest.mark.claim("C56")
 @pytest.mark.claim("C12")
 def test_a_1t_model_holds_16tb_of_model_states_15_6gb_per_gpu_on_1024(claim_values):
     """A 1T model with Adam in 16-bit needs about 16 TB of model states: 16 GB per GPU on 1024
@@ -205,6 +207,7 @@ def largest_at_64(stage: int) -> int:
     return gpt(L, d, d // 128).psi
 
 
+@pytest.mark.claim("C56")
 @pytest.mark.claim("C13")
 def test_the_largest_model_per_stage_on_64_gpus_is_7_6b_14_4b_128b_and_1t_fits_on_1024(
         claim_values):
@@ -220,6 +223,20 @@ def test_the_largest_model_per_stage_on_64_gpus_is_7_6b_14_4b_128b_and_1t_fits_o
         assert_printed(printed, Fraction(psi, 10**9), f"C13, {LABELS[stage]} at N_d = 64")
     assert sizes[0] >= 7_500_000_000 and sizes[1] >= 14_000_000_000
     assert one_t <= theory.V100_BYTES
+
+
+@pytest.mark.claim("C19")
+def test_over_1t_fits_1024_gpus_by_dp_alone_and_by_mp_16_inside_each_node_over_64(claim_values):
+    """With P_os+g+p ZeRO fits over 1T parameters on 1024 GPUs by data parallelism alone (Table
+    1), and with 16-way MP inside each DGX-2 node and 64-way DP across nodes (Table 2) (C19).
+    Measured on meta: the 1T preset's model states per GPU, on every rank, within a 32 GB V100."""
+    psi = setup("1T", 0, 1).psi
+    dp = _states_everywhere(setup("1T", 3, 1024))
+    mp = measure(preset("1T").model, 3, 64, n_m=16, setup_only=True)
+    mp_peak = max(mp.model_states(c.ranks[0]) for c in mp.classes)
+    claim_values(f"Ψ = {psi / 1e12:.3f}T: {dp / GB:.2f} GB /GPU at N_d = 1024, {mp_peak / GB:.2f} GB "
+                 f"at 16 × 64", "over 1T on 1024 GPUs, by DP alone or MP 16 × DP 64 (C19)", "meta")
+    assert psi > 10**12 and dp <= theory.V100_BYTES and mp_peak <= theory.V100_BYTES
 
 
 def test_text_model_states_table(md_snapshot):

@@ -151,18 +151,21 @@ def test_dp_fits_the_1_38b_baseline_and_not_1_5b_in_32gb_only_when_it_holds_a_fu
                  "DP OOM above 1.4B on 32 GB (C5, C55)")
     assert peak["1.38B"][1] <= theory.V100_BYTES < peak["1.5B"][1]        # with it: the paper's limit
     assert all(b <= theory.V100_BYTES for _, _, b in peak.values())      # without it: both fit
+    # only with 32 GB read as 32·10⁹ B: a V100's 32 GiB holds the 1.5B row's fused peak too
+    assert peak["1.5B"][1] <= 32 * 2**30
 
 
 def test_dp_limit_table(md_snapshot):
     """spec/scale.md's DP-limit table: per appendix row (the 1.5B shape at DP's batch 1, the 1.16B
     baseline at its own 8), Ψ and stage 0's measured peak per GPU without and with the fused fp32
-    gradient buffer, and whether each fits 32 GB."""
+    gradient buffer, and whether each fits 32 GB (32·10⁹ B) and the fused one 32 GiB (2³⁵ B)."""
     out = ["| appendix row | shape | Ψ | batch /GPU | peak /GPU, per-unit all-reduce (B) | fits 32 GB "
-           "| peak /GPU, fused fp32 buffer (B) | fits 32 GB |", "|---|---|---|---|---|---|---|---|"]
-    fits = lambda b: "yes" if b <= theory.V100_BYTES else "no"     # noqa: E731
+           "| peak /GPU, fused fp32 buffer (B) | fits 32 GB | fits 32 GiB |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    fits = lambda b, cap=theory.V100_BYTES: "yes" if b <= cap else "no"     # noqa: E731
     for size, batch in (("1.38B", 1), ("1.5B", 1), ("1.16B", 8)):
         m = dp_step(size, False, batch).config.model
         plain, fused = (dp_step(size, f, batch).memory(0).peak_total for f in (False, True))
         out.append(f"| {size} | {m.n_layer} × {m.n_embd} | {m.psi:,} | {batch} | {plain:,} "
-                   f"| {fits(plain)} | {fused:,} | {fits(fused)} |")
+                   f"| {fits(plain)} | {fused:,} | {fits(fused)} | {fits(fused, 32 * 2**30)} |")
     assert md_snapshot == "\n".join(out)

@@ -60,7 +60,7 @@ def quantize(w: torch.Tensor, g: int, bits: int, row: int | None = None
         codes = torch.empty(numel * bits // 8, dtype=torch.int8 if bits == 8 else torch.uint8,
                             device="meta")
         return codes, torch.empty(n_groups(numel, g, row), dtype=SCALE_DTYPE, device="meta")
-    x = w.reshape(-1, row).to(torch.float32)     # a fresh fp32 copy: worked on in place
+    x = w.reshape(-1, row).to(torch.float32, copy=True)   # a fresh fp32 copy: worked on in place
     if k * g != row:                             # the ragged last group, padded with zeros
         x = torch.nn.functional.pad(x, (0, k * g - row))
     x = x.view(-1, k, g)

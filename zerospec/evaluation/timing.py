@@ -12,7 +12,7 @@ link is the switch's (NVSwitch: ``intra``, per GPU per direction). Otherwise the
 node; the node's InfiniBand (``inter``, per node per direction) is shared by the rings of this
 kind that cross it at the same time: all groups of a kind run together, and k = min(s, g) of
 them cross each node (MP over nodes: 1; DP with N_m < g: N_m, one per MP index; DP with
-N_m ≥ g: g, one per GPU). Each ring crosses a node boundary once per node, and every link of a
+N_m ≥ g: g, one per GPU; MiCS's partition group of p: s = 1, its replication group: s = p). Each ring crosses a node boundary once per node, and every link of a
 ring carries the same bytes, so the slowest link sets the pace:
 
     bw = intra                      if n·s ≤ g
@@ -169,15 +169,19 @@ def step_time(result, machine: Machine, overlap: str = "none", rank: int = 0,
         compute[phase], bound[phase] = ops_seconds(machine, out.ops[0][phase])
     compute["step"] = bound["step"] = (out.optim_elements[0] * OPTIM_BYTES_PER_PARAM
                                        / machine.hbm_bytes_per_s)
-    # hpZ's secondary partition: consecutive ranks inside a node (zero/hpz.py)
-    stride = {"mp": 1, "world": 1, "dp": result.config.n_m, "host": 1, "hpz": 1}
+    # hpZ's secondary partition: consecutive ranks inside a node (zero/hpz.py); MiCS's partition
+    # group p consecutive ranks, its replication group every p-th rank (comm/groups.py)
+    p = getattr(result.config, "shard_group", None) or 1
+    stride = {"mp": 1, "world": 1, "dp": result.config.n_m, "host": 1, "hpz": 1, "shard": 1,
+              "replica": p}
     comm: dict[str, float] = defaultdict(float)
     overlappable = 0.0
     for rec in result.comm_ledger([rank]).records(rank):
         t = collective_seconds(machine, rec.op, rec.group_size, stride[rec.group],
                                rec.bytes_sent, rec.bytes_recv, inter)
         comm[rec.group] += t
-        if overlap == "backward" and rec.phase == "backward" and rec.group in ("dp", "world", "hpz"):
+        if overlap == "backward" and rec.phase == "backward" and rec.group in ("dp", "world", "hpz",
+                                                                               "shard", "replica"):
             overlappable += t
     hidden = min(overlappable, compute["backward"])
     step = sum(compute.values()) + sum(comm.values()) - hidden

@@ -95,3 +95,13 @@ def test_group_size_defaults_to_deepspeeds_target_and_refuses_what_a_shard_canno
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="quantization group size"):
             group_size(100, bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_quantize_leaves_the_tensor_it_reads_unchanged(dtype):
+    """The caller's tensor is read, never scaled in place: an fp32 input too, which ``.to(float32)``
+    alone would hand back itself rather than a copy."""
+    w = torch.linspace(-1, 1, 64, dtype=dtype)
+    before = w.clone()
+    quantize(w, 16, 8)
+    assert torch.equal(w, before)

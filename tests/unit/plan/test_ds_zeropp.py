@@ -34,6 +34,7 @@ def stepped(keys: tuple = (), stage: int = 3):
     return measure(SMALL, stage, 8, **kw), left
 
 
+@pytest.mark.claim("D7")
 def test_hpz_partition_size_keeps_backwards_all_gather_inside_the_node():
     """zero_hpz_partition_size = 4: backward's all-gather crosses nodes with 0 bytes (> 0 without)."""
     plain, hpz = (node_bytes(stepped(k)[0]) for k in ((), (("zero_hpz_partition_size", 4),)))
@@ -42,6 +43,7 @@ def test_hpz_partition_size_keeps_backwards_all_gather_inside_the_node():
     assert stepped((("zero_hpz_partition_size", 4),))[0].memory(0).peak["secondary16"] > 0
 
 
+@pytest.mark.claim("D7")
 def test_quantized_weights_halve_the_weight_all_gathers_bytes():
     """zero_quantized_weights: forward's all-gathers go as int8, exactly half of the fp16 bytes,
     plus fp32 scales."""
@@ -52,6 +54,7 @@ def test_quantized_weights_halve_the_weight_all_gathers_bytes():
     assert 2 * fwd[torch.int8] == fwd[torch.float16] > 0
 
 
+@pytest.mark.claim("D7")
 def test_quantized_gradients_reduce_through_an_all_to_all_with_fewer_bytes_across():
     """zero_quantized_gradients: the gradients go through int4 all-to-alls; fewer bytes cross."""
     plain, qgz = (node_bytes(stepped(k)[0]) for k in ((), (("zero_quantized_gradients", True),)))
