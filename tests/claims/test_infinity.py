@@ -139,6 +139,24 @@ def test_bandwidth_centric_puts_1_nth_on_every_link_the_owner_all_on_one(tier, c
                      f"of step 2")
 
 
+@pytest.mark.claim("C-I8")
+def test_the_owner_baseline_deals_unit_i_to_rank_i_mod_n():
+    """The owner baseline's layout: unit i lives whole on rank i mod N (dealt round the ranks from
+    rank 0), so its fetch crosses that rank's PCIe link and is broadcast from it — the one rank
+    that receives nothing in the broadcast's chain. Forward fetches embed, h.0, h.1, ln_f and the
+    tied head's embed again."""
+    r = infinity("cpu", "owner")
+    order = [0, 1, 2, 3, 0]                          # unit indexes in forward order
+    fwd = [fetches(r, k, phase="forward") for k in range(N)]
+    assert [x[1] for x in fwd[0]] == [r.units[i].padded for i in order]
+    for f, i in enumerate(order):
+        pcie = [k for k in range(N) if fwd[k][f][2]]
+        assert pcie == [i % N], (f, pcie)
+    for k in range(N):
+        casts = [x for x in r.comm.records(k, step=2, phase="forward") if x.op == "broadcast"]
+        assert [x.bytes_recv == 0 for x in casts] == [i % N == k for i in order]
+
+
 # -- C-I3: memory-centric tiling -------------------------------------------------------------------
 HD, D_FF, TOKENS = 64, 256, 8     # the MLP of a small block; few tokens, so weights dominate
 
