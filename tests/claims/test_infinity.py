@@ -203,13 +203,17 @@ def test_tiling_divides_the_operators_working_memory_by_t(claim_values):
     into T tiles along d_ff, fetched and freed one by one, leaves one tile's worth live: the
     observer sees exactly 4 bytes per parameter of one tile at backward's peak (2 per parameter
     in forward), ÷ T, and the whole peak shrinks with T; the link bytes stay the same."""
-    from zerospec.offload.tiling import mswm_bytes
+    from zerospec.paper.infinity import mswm_bytes
+    assert D_FF == 4 * HD                 # the paper's MLP: c_fc hd → 4hd, c_proj 4hd → hd
+    # the tiled pair: c_fc's and c_proj's weights, each the paper's hd × 4hd linear (4·hd·4hd
+    # bytes of fp16 parameter + gradient, C-I3), and c_fc's 4hd bias at 2 + 2 bytes; ÷ T
+    pair = 2 * mswm_bytes(HD) + 4 * D_FF
     seen = {}
     for t in (1, 2, 4, 8):
         *_, obs, comm, _ = _tiled_run(t)
         back, fwd = obs.peaks["backward@1"], obs.peaks["forward@1"]
-        assert _working(back) == mswm_bytes(HD, D_FF, t)
-        assert _working(fwd) == mswm_bytes(HD, D_FF, t) // 2
+        assert _working(back) == pair // t
+        assert _working(fwd) == pair // t // 2            # forward: the parameters only
         seen[t] = (_working(back), back.bytes)
         per_pass = 2 * (2 * HD * D_FF + D_FF)
         by = {}
