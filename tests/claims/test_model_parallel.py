@@ -114,7 +114,7 @@ def test_psi_m_written_out_is_megatrons_slicing_of_mp_odd():
     """The hand count's inputs are MP_ODD's, and at N_m = 1 it is GPT-2's Ψ = 12Ld² + 13Ld +
     Vd + Td + 2d = 11,140."""
     m = MP_ODD
-    assert (m.n_embd, m.vocab_size, m.block_size, m.n_layer, m.tie_embeddings) == (20, 37, 12, 2, True)
+    assert (m.n_embd, m.vocab_size, m.block_size, m.n_layer) == (20, 37, 12, 2) and m.tie_embeddings
     assert psi_m(1) == 12 * 2 * 400 + 13 * 2 * 20 + 37 * 20 + 12 * 20 + 2 * 20 == 11_140 == m.psi
     assert (psi_m(2), psi_m(4)) == (5_840, 3_190)
 

@@ -19,8 +19,8 @@ class Hops:
     def __init__(self, ctx, n_units: int = 5):
         self.ctx, self.dtype = ctx, torch.float32
         self.units = [types.SimpleNamespace(chunk=CHUNK, padded=N * CHUNK)] * n_units
-        self.memory = types.SimpleNamespace(alloc=lambda cat, shape, dtype, zero: torch.empty(shape),
-                                            free=lambda t: None)
+        self.memory = types.SimpleNamespace(
+            alloc=lambda cat, shape, dtype, zero: torch.empty(shape), free=lambda t: None)
         self.comm = types.SimpleNamespace(copy_from_host=lambda dst, src: dst.copy_(src),
                                           all_gather=lambda full, c: full.copy_(c.repeat(N)))
 
@@ -65,7 +65,8 @@ def test_a_step_in_the_traced_order_gets_each_unit_it_asks_for():
     assert all(_served_or_refused(p, i) is not None for i in (0, 1, 2, 3, 4))
 
 
-@pytest.mark.parametrize("order", [(0, 2), (0, 1, 2, 3, 4, 0)], ids=["skips a unit", "one fetch more"])
+@pytest.mark.parametrize("order", [(0, 2), (0, 1, 2, 3, 4, 0)],
+                         ids=["skips a unit", "one fetch more"])
 def test_a_fetch_that_departs_from_the_trace_is_detected(order):
     """A fetch order that changed after the first step (a unit skipped, a fetch past the trace's
     end) is refused, naming the unit, or served that unit — never the traced one's bytes."""
