@@ -188,10 +188,17 @@ def test_megatron_40b_over_two_nodes_falls_to_about_5_tflops_only_read_as_one_ib
     """Megatron-LM's 40B across two DGX-2 nodes runs at about 5 TFLOPS per GPU, against near 30
     inside a node (C38). Timed with a ring leaving the node paced by one 12.5 GB/s link (C42's
     reading), the 40B baseline (MP 32) falls within 2× of 5 and over 2.5× below the 20B's (MP
-    16, one node); with all 8 of the node's links it keeps over 15 TFLOPS: no collapse."""
+    16, one node); with all 8 of the node's links it keeps over 15 TFLOPS: no collapse.
+
+    The lower side is derived: the model takes every resource at its spec-sheet peak and leaves
+    out launches and stragglers, so it can only time a step faster than it ran — at least the
+    paper's "about 5", which to its one figure is 4.5. The upper side is not: how much faster the
+    model may be is the ratio of one IB link's 12.5 GB/s to what NCCL 2.4.8 achieved on it, which
+    neither the paper nor the spec sheet gives; 2× is the page's reading (spec/evaluation.md)."""
     inside, across = baseline("20B"), baseline("40B")
     assert (inside.run.mp, across.run.mp) == (16, 32)          # one node; two nodes
-    assert 5 / 2 <= across.link.tflops_per_gpu <= 5 * 2
+    about = ev.MEGATRON_40B_TFLOPS
+    assert about - 0.5 <= across.link.tflops_per_gpu <= about * 2
     assert inside.link.tflops_per_gpu / across.link.tflops_per_gpu > 2.5
     assert across.none.tflops_per_gpu > 15
     claim_values(f"40B over 2 nodes: {across.link.tflops_per_gpu:.1f} TFLOPS/GPU (one IB link), "
@@ -232,14 +239,23 @@ def test_zero_outruns_the_baseline_at_every_size_by_more_as_models_grow(claim_va
     Figure 2 size, ZeRO is faster everywhere and its lead grows from 1.5B to 100B, where it is
     5–20× with all 8 IB links per node; the largest ratio, at 170B (the baseline at MP 256 over
     16 nodes), is above the paper's 10×, and larger still with one link per ring. (With the LM
-    head replicated the baseline's TFLOPS counted every MP rank's copy of its FLOPs: 14.4× then.)"""
+    head replicated the baseline's TFLOPS counted every MP rank's copy of its FLOPs: 14.4× then.)
+
+    At 100B the ratio has a derived ceiling. Both sides are timed faster than they ran (every
+    resource at its spec-sheet peak), so modelled ZeRO / modelled baseline ≤ (modelled ZeRO /
+    real ZeRO) × (real ZeRO / real baseline) ≤ (modelled ZeRO / 38) × 10: ZeRO-100B ran at over
+    38 TFLOPS and at most 10× the baseline. Its floor is only the paper's > 1: how much the model
+    speeds the baseline's IB-bound all-reduces is not on the spec sheet."""
     rows = pf.figure2()[0].rows
     node = {r[0]: r[9] for r in rows}
     link = {r[0]: r[10] for r in rows}
+    zero = {r[0]: r[3] for r in rows}                    # ZeRO's modelled TFLOPS per GPU
     sizes = list(node)
     assert all(v > 1 for v in node.values()) and all(v > 1 for v in link.values())
     assert node["1.5B"] < node["8B"] < node["20B"] < node["40B"] < node["60B"] < node["100B"]
-    assert 5 <= node["100B"] <= 20 and max(node, key=node.get) == "170B"
+    ceiling = zero["100B"] / ev.TFLOPS_PER_GPU_100B * ev.SPEEDUP_OVER_BASELINE
+    assert node["100B"] <= ceiling and max(node, key=node.get) == "170B"
+    assert link["100B"] > ceiling    # one link per ring times the 100B baseline slower than it ran
     assert max(node.values()) > 10 and max(link.values()) > max(node.values())
     claim_values(f"up to {max(node.values()):.1f}× ({max(node, key=node.get)}; 8 IB links), "
                  f"{max(link.values()):.1f}× (one link per ring), over {len(sizes)} sizes",

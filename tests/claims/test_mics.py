@@ -46,13 +46,17 @@ def wired(stage: int, p: int | None, n: int = N, steps: int = 2, accum: int = 1,
 @pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.claim("M1")
 def test_each_gpu_holds_the_model_states_of_its_stage_at_n_d_equal_p(stage, claim_values):
-    """On 4 GPUs with p = 2 the observer sees, on every rank and at every phase's start, the
-    bytes of the same stage on 2 GPUs: (2+2+K)Ψ/p in stage 3 (M1), whatever N is."""
+    """On 4 GPUs with p = 2 the observer sees, on every rank, the stage's model states over p
+    once setup is done — (2+2+K)Ψ_p/p in stage 3 (M1), with Ψ_p every unit of ODD padded to a
+    multiple of p by hand — and at every phase's start the bytes of the same stage on 2 GPUs,
+    whatever N is."""
     mics, plain = wired(stage, 2, observe=True)[0].observed, wired(stage, None, n=2,
                                                                   observe=True)[0].observed
     r = wired(stage, 2)[1]
-    states = theory.mics_model_state_bytes(stage, r.psi_held, 2)
+    psi_p = sum(-(-u.numel // 2) * 2 for u in ODD.units(1))    # Σ_u ⌈numel_u / p⌉·p: 6,558
+    states = theory.mics_model_state_bytes(stage, psi_p, 2)
     for k in range(N):
+        assert mics[k].entries["forward@1"].bytes == states
         assert mics[k].entries.keys() == plain[k % 2].entries.keys()
         assert all(mics[k].entries[e].bytes == plain[k % 2].entries[e].bytes for e in mics[k].entries)
         assert r.model_states(k) == states

@@ -97,20 +97,42 @@ def test_model_parallel_training_is_the_same_model_within_the_adam_bound(model, 
                  f"{one.losses[0]!r}", f"≤ {lr_bound:.2e} (derived bound)", f"N_d = 2, N_m = {n_m}")
 
 
+def psi_m(n_m: int) -> int:
+    """Ψ_m, the elements one MP rank of MP_ODD holds, written out from Megatron-LM's slicing (not
+    from model/megatron.py): d = 20, V = 37 padded to a multiple of N_m (vocab_divisor 1), T = 12,
+    L = 2, a 4d MLP with biases, the head tied. Per block, sliced over N_m: c_attn 3d·d + 3d and
+    c_fc 4d·d + 4d (column-parallel, bias too), attn.c_proj d·d and mlp.c_proj 4d·d
+    (row-parallel); whole on every rank: those two rows' biases d + d and two LayerNorms 2·2d.
+    Outside the blocks: wte's ⌈V/N_m⌉ rows of d (vocab-parallel), wpe T·d and ln_f 2d whole."""
+    d, v, t, layers = 20, 37, 12, 2
+    sliced = (3 * d * d + 3 * d) + (4 * d * d + 4 * d) + d * d + 4 * d * d
+    whole = 2 * d + 2 * 2 * d
+    return layers * (sliced // n_m + whole) + -(-v // n_m) * d + t * d + 2 * d
+
+
+def test_psi_m_written_out_is_megatrons_slicing_of_mp_odd():
+    """The hand count's inputs are MP_ODD's, and at N_m = 1 it is GPT-2's Ψ = 12Ld² + 13Ld +
+    Vd + Td + 2d = 11,140."""
+    m = MP_ODD
+    assert (m.n_embd, m.vocab_size, m.block_size, m.n_layer) == (20, 37, 12, 2) and m.tie_embeddings
+    assert psi_m(1) == 12 * 2 * 400 + 13 * 2 * 20 + 37 * 20 + 12 * 20 + 2 * 20 == 11_140 == m.psi
+    assert (psi_m(2), psi_m(4)) == (5_840, 3_190)
+
+
 @pytest.mark.claim("C11", status="differs", page=f"{PAGE}#the-per-gpu-reduction-with-mp-c11")
 @pytest.mark.parametrize("n_d,n_m", GRIDS, ids=lambda g: str(g))
 @pytest.mark.parametrize("stage", range(4), ids=stage_id)
 def test_model_states_per_gpu_are_the_stage_formula_at_psi_over_n_m(stage, n_d, n_m, claim_values):
-    """Each rank holds Ψ_m = Megatron's slice of the model (model/megatron.py, exact) and its
+    """Each rank holds Ψ_m = Megatron's slice of the model (psi_m, counted by hand) and its
     stage's bytes for Ψ_m over N_d ranks: ZeRO-DP and MP multiply (C11). The paper's N_d × N_m
     is the reduction with every parameter sliced; ours replicates the embedding, the LayerNorms
     and the row-parallel biases on every MP rank, so stage 3 cuts 16Ψ by N_d·Ψ/Ψ_m, below it."""
     r = mp_run(stage, n_d, n_m)
-    assert r.psi == megatron.psi_per_rank(MP_ODD, n_m)
+    assert r.psi == psi_m(n_m)
     for rank in range(n_d * n_m):
         assert r.model_states(rank) == theory.model_state_bytes(stage, r.psi_held, n_d)
     if stage == 3:
-        psi = megatron.psi_per_rank(MP_ODD, 1)
+        psi = psi_m(1)
         cut = Fraction(theory.model_state_bytes(0, psi, 1), r.model_states(0))
         assert cut == Fraction(n_d * psi, r.psi_held) and n_d < cut < n_d * n_m
         claim_values(f"16Ψ / model states = {float(cut):.2f} = {float(cut / n_d):.2f}·N_d",

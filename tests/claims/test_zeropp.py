@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from zerospec.cluster.threads import VirtualCluster
-from zerospec.comm.quantize import group_size, n_groups
 from zerospec.model.gpt import ODD
 from zerospec.model.presets import PRESETS
 from zerospec.paper import theory
@@ -25,11 +24,24 @@ from zerospec.render.format import markdown
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 from zerospec.training.scale import measure
-from zerospec.zero.zeropp import falls_back
 
 SHAPES = [(4, 2), (8, 4)]        # (N, GPUs per node): 2 nodes each
 SHAPE_IDS = [f"{n // g}x{g}" for n, g in SHAPES]
 BIG = "t4-100B-125x8192"         # the 100B shape: its blocks' shards split in whole int4 bytes
+
+
+def n_scales(c: int) -> int:
+    """fp32 scales a row of c elements carries: one per group, the fewest groups of at most 8,000
+    elements (DeepSpeed's CUDAQuantizer.target_group_size, runtime/zero/partition_parameters.py),
+    ⌈c / 8000⌉."""
+    return -(-c // 8000)
+
+
+def falls_back(u, n: int) -> bool:
+    """Whether DeepSpeed's all_to_all_quant_reduce (runtime/comm/coalesced_collectives.py) sends
+    unit u's gradient as a plain reduce-scatter over n GPUs: a 1-D tensor (a unit of only 1-D
+    parameters: a norm), or one whose size is not a multiple of 2n."""
+    return all(len(p.shape) == 1 for p in u.params) or u.padded % (2 * n) != 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +84,7 @@ def test_qwz_halves_the_weight_all_gathers_bytes_across_nodes(n, g, claim_values
     got, seen = ledger_left(cluster.comm_ledger, op="all_gather"), left(cluster)
     assert got[("all_gather", torch.int8)] * 2 == fp16 > 0
     gathers = Counter(rec.numel for rec in base.comm_ledger.records(n - 1, op="all_gather"))
-    scales = sum(times * (n - 1) * n_groups(padded // n, group_size(padded // n, None)) * 4
+    scales = sum(times * (n - 1) * n_scales(padded // n) * 4
                  for padded, times in gathers.items())
     assert got[("all_gather", torch.float32)] == scales
     assert {k: v for k, v in seen.items() if v and k[0] == "all_gather"} == got
@@ -93,7 +105,7 @@ def qgz_bytes(units, n: int, g: int) -> dict[str, int]:
             out["fp16 fall-back"] += (n - 1) * u.chunk * 2
         else:
             out["int4"] += g * (nodes - 1) * u.chunk // 2
-            out["scales"] += g * (nodes - 1) * n_groups(u.chunk, group_size(u.chunk, None)) * 4
+            out["scales"] += g * (nodes - 1) * n_scales(u.chunk) * 4
     return dict(out)
 
 
@@ -207,7 +219,7 @@ def test_at_384_gpus_zeropp_cuts_3M_to_0_75M_across_each_node(md_snapshot, claim
     assert got[("all_gather", torch.int8)] * 2 == fwd16          # qwZ: 1 B for 2
     gathers = Counter(rec.numel for rec in base.comm_ledger([383]).records(383, op="all_gather",
                                                                           phase="forward"))
-    scales = sum(times * 383 * n_groups(p // 384, group_size(p // 384, None)) * 4
+    scales = sum(times * 383 * n_scales(p // 384) * 4
                  for p, times in gathers.items())
     want = qgz_bytes(units, 384, 8)
     assert {k: v for k, v in got.items() if v} == {
@@ -261,9 +273,17 @@ def test_bytes_inside_and_across_nodes_per_collective_at_384_gpus(md_snapshot):
     assert f3 // 2 < fq < f3 * 51 // 100
     assert runs["qgZ"].across() < zero3.across()
     assert {c for c in mics.sent if mics.node_total(c, "inter")} == {"replica all-reduce (MiCS)"}
-    # M2's 2(R−1)/R·Ψ/p per GPU, R = 48: each unit's all-reduce of a size R does not divide sends
-    # uneven ring chunks, within one element per ring step of the mean (comm/ledger.py)
-    got, units = mics.node_total("replica all-reduce (MiCS)", "inter"), len(at_scale()[0].units)
+    # M2's 2(R−1)/R·Ψ/p per GPU, R = 48. A ring all-reduce of S elements cut into R near-equal
+    # chunks c_i (the first S mod R one larger) has ring index i send every chunk but c_i in the
+    # reduce-scatter and every chunk but c_(i+1) in the all-gather: 2S − c_i − c_(i+1). Node 0's
+    # GPU k is index 0 of its replica ring (k, k + 8, …), S = a unit's padded shard over p = 8:
+    # exactly this, per unit. Against the mean 2(R−1)S/R it differs by 2S/R − c_0 − c_1, and each
+    # c_i lies within one element of S/R: under 2 elements per unit and GPU, 8·units·2·2 bytes.
+    got, units = mics.node_total("replica all-reduce (MiCS)", "inter"), at_scale()[0].units
+    mics_units = at_scale(shard_group=8)[0].units
+    chunk = lambda s, i: s // 48 + (i < s % 48)      # noqa: E731
+    assert got == sum(8 * 2 * (2 * s - chunk(s, 0) - chunk(s, 1))
+                      for s in (u.padded // 8 for u in mics_units))
     assert abs(got - 8 * 2 * theory.mics_replica_all_reduce(mics.psi_padded, 384, 8)) \
-        <= 8 * 2 * units * 2 * 47
+        < 8 * len(units) * 2 * 2
     assert node_markdown(runs) == md_snapshot

@@ -38,13 +38,6 @@ def check_tiles(d_ff: int, tiles) -> int:
     return tiles
 
 
-def mswm_bytes(hd: int, d_ff: int, tiles: int = 1) -> int:
-    """C-I3: the fp16 parameters and gradients of one tile of the MLP's two linears (c_fc's
-    weight and bias, c_proj's weight): 2 + 2 bytes each, ÷ T. At T = 1 the c_fc part alone is
-    the paper's 4 × hd × 4hd."""
-    return 4 * (2 * hd * d_ff + d_ff) // tiles
-
-
 def reorder_bound(terms_abs_sum: torch.Tensor, k: int) -> torch.Tensor:
     """The largest difference two fp32 summation orders of a ``k``-term sum can give, elementwise,
     from Σ|xᵢyᵢ| (module doc)."""

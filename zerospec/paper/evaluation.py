@@ -162,3 +162,5 @@ PEAK_FRACTION = Fraction(30, 100)  # "over 30% of peak"
 V100_FP16_PEAK_TFLOPS = 125      # V100 tensor-core fp16 peak (NVIDIA's datasheet; docs/claims.md C41)
 MAX_MODEL = 170 * B              # "170B", "over 8x" the state of the art
 SOTA_MODEL = 20 * B              # C38: Megatron-LM's largest at acceptable throughput, 16–20B
+MEGATRON_40B_TFLOPS = 5          # C38: Megatron-LM's 40B over two DGX-2 nodes, "about 5 TFlops/GPU"
+SPEEDUP_OVER_BASELINE = 10       # C41: "up to 10x" over the Megatron-LM baseline

@@ -96,3 +96,17 @@ def test_explain_of_a_config_json_is_the_presets(capsys, tmp_path):
         assert rc == 0
         runs.append({t["name"]: t for t in json.loads(out)["tables"]}["explain_buffers"]["rows"])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"])
+def test_llamas_family_without_the_tie_field_has_its_own_head(arch):
+    """No tie_word_embeddings in a Llama-family file: an untied head, as transformers builds it
+    (LlamaConfig, MistralConfig and Qwen2Config default ``tie_word_embeddings=False`` in their
+    configuration_*.py __init__): Ψ holds the head's V·d weights beside the embedding's."""
+    doc = {k: v for k, v in LLAMA3_8B.items() if k != "tie_word_embeddings"}
+    doc["architectures"] = [arch]
+    untied, tied = from_hf(doc), from_hf({**doc, "tie_word_embeddings": True})
+    assert not untied.tie_embeddings
+    assert untied.psi - tied.psi == 128256 * 4096                  # V·d: the head's own matrix
+    if arch == "LlamaForCausalLM":
+        assert untied.psi == 8_030_261_248                         # Llama-3-8B's published Ψ

@@ -53,6 +53,17 @@ def test_the_cli_refuses_them_in_one_line(capsys, argv, named):
     assert_usage_error(capsys, "train", "--steps", "1", *argv, named=named)
 
 
+def test_dpu_with_loss_scaling_is_refused_in_the_config_and_the_cli(capsys):
+    """DPU applies step t's update at step t + 1, so an overflow seen with loss scaling would come
+    a step late, after the device already used the parameters: the pair is refused, naming both
+    (TrainConfig: ValueError; `train`: one line, exit 2)."""
+    from zerospec.optim.loss_scale import LossScale
+    with pytest.raises(ValueError, match=r"(?i)dpu=1.*loss.scal"):
+        TrainConfig(stage=2, n_d=2, offload_optimizer="cpu", dpu=1, loss_scale=LossScale(1024.0))
+    assert_usage_error(capsys, "train", "--steps", "1", "--stage", "2", "--offload-optimizer",
+                       "cpu", "--dpu", "1", "--loss-scale", "1024", named="dpu=1")
+
+
 def test_a_dpu_run_refuses_a_checkpoint_it_could_not_resume_from():
     """A checkpoint at or after step N would miss the pending gradient: refused, naming both."""
     from zerospec.training.run import train

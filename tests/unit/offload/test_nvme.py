@@ -52,6 +52,36 @@ def test_a_tensor_written_is_read_back_bit_for_bit(tmp_path):
     assert torch.equal(back, t)
 
 
+def test_a_file_is_synced_whole_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    """Durable before visible: each .partial file is fsync-ed, holding all its bytes, before the
+    commit renames it over its .swap file (the directory synced last), so a crash after the rename
+    cannot leave a .swap file the disk never got. Observed on the file descriptors: every fsync
+    records the inode and size it synced, every rename the inode it moves."""
+    events, fsync, replace = [], os.fsync, os.replace
+
+    def synced(fd):
+        st = os.fstat(fd)
+        events.append(("fsync", st.st_ino, st.st_size))
+        return fsync(fd)
+
+    def renamed(src, dst):
+        events.append(("rename", os.stat(src).st_ino, pathlib.Path(dst).name))
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", synced)
+    monkeypatch.setattr(os, "replace", renamed)
+    swap = SwapDir(tmp_path, rank=0)
+    sizes = {"a": 4 * 1000, "b": 2 * 300}
+    swap.write("a", torch.randn(1000))
+    swap.write("b", torch.zeros(300, dtype=torch.float16))
+    swap.commit()
+    renames = [(k, e) for k, e in enumerate(events) if e[0] == "rename"]
+    assert [e[2] for _, e in renames] == ["a.swap", "b.swap"]
+    for k, (_, ino, name) in renames:
+        assert ("fsync", ino, sizes[name[0]]) in events[:k], name     # synced whole, before
+    assert events[-1][0] == "fsync" and events[-1][1] == os.stat(swap.dir).st_ino   # then the dir
+
+
 def test_a_stale_partial_file_is_removed_not_read(tmp_path):
     """A .partial file left by a killed write is deleted when the directory is opened again."""
     (tmp_path / "rank0").mkdir()

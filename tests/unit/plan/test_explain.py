@@ -139,3 +139,29 @@ def test_every_ledger_category_has_a_label():
     from zerospec.plan.explain import LABELS
     from zerospec.runtime.memory import CATEGORIES
     assert set(LABELS) == set(CATEGORIES)
+
+
+def test_the_rank_class_explained_is_the_one_with_the_highest_peak(monkeypatch):
+    """explain reads the rank class whose peak is highest, wherever it sits. The classes of one
+    step hold the same device bytes (padding is allocated), so the step measured here is stitched
+    from two real ones: ranks 0–2 from a micro-batch of 1, rank 3 from a micro-batch of 2 (more
+    activations, a higher peak); the explanation must be rank 3's, peak and phases."""
+    import zerospec.plan.explain as explainer
+    from zerospec.model.gpt import GPTConfig
+    small = GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    steps = {}
+
+    def stitched(model, stage, n_d, **kw):
+        lo, hi = (measure(model, stage, n_d, **{**kw, "micro_batch": b}) for b in (1, 2))
+        steps.update(lo=lo.classes[0], hi=hi.classes[0])
+        return dataclasses.replace(lo, classes=[
+            dataclasses.replace(lo.classes[0], ranks=range(0, n_d - 1)),
+            dataclasses.replace(hi.classes[0], ranks=range(n_d - 1, n_d))])
+
+    monkeypatch.setattr(explainer, "measure", stitched)
+    e = explainer.explain("small", 3, 4, 10**9, "x", model=small)
+    lo, hi = steps["lo"].memory.peak_total, steps["hi"].memory.peak_total
+    assert hi > lo
+    assert (e.rank, e.peak) == (3, hi)
+    assert [(p.phase, p.peak, p.buffers) for p in e.phases] == [
+        (p.phase, p.peak, p.buffers) for p in explainer.phase_peaks(steps["hi"].memory.trace)]

@@ -81,3 +81,17 @@ def test_without_nodes_there_is_nothing_across_to_read():
     """A step on one node: the reader refuses, naming --gpus-per-node."""
     with pytest.raises(ValueError, match="--gpus-per-node G"):
         nodes.node_bytes(measure(SMALL, 3, 4))
+
+
+def test_node_one_is_read_from_its_own_gpus():
+    """Node 1 of 2 × 4 holds GPUs 4–7 (node k: ranks k·G … (k+1)·G − 1, the ledger's Nodes), and
+    each GPU's across bytes are that GPU's own inter sends: in a flat ring only its last GPU, 7,
+    sends across (to 0)."""
+    r = step()
+    nb, led = nodes.node_bytes(r, node=1), r.comm_ledger()
+    assert nb.ranks == tuple(led.nodes.ranks_of(1)) == (4, 5, 6, 7)
+    fwd = nb.sent["forward all-gather"]["inter"]
+    assert fwd == tuple(led.bytes(k, link="inter", phase="forward", op="all_gather")
+                        for k in (4, 5, 6, 7))
+    assert fwd[:3] == (0, 0, 0) and fwd[3] > 0
+    assert nb.across() == led.crossing_bytes(1)
