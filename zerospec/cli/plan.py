@@ -128,12 +128,18 @@ def run(args: argparse.Namespace) -> int:
     if args.deepspeed_config is not None:
         ds = args.deepspeed_config
         from ..plan.deepspeed import deepspeed_measured_table, deepspeed_table
+        if args.preset is not None:       # "auto" bucket sizes from the preset's hidden size
+            from ..model.presets import preset as _preset
+            ds = ds.resolve(_preset(args.preset).model.n_embd)
+        else:
+            ds = ds.resolve()
         if args.preset is not None and args.params is not None:
             raise ValueError("--preset sets Ψ (the model measured); drop --params, or drop --preset "
                              "for the closed forms of --params")
         for psi in _psis(args):
             for n in args.gpus or [64]:
-                tables.append(deepspeed_table(ds, psi, n))
+                g = node_settings(args, n, args.machine, machine.m)[0].get("gpus_per_node")
+                tables.append(deepspeed_table(ds, psi, n, g))
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds.stage], args.units,
                                                    largest, args.estimator))
         if args.preset is not None:   # the same settings on a real shape, measured on meta

@@ -176,6 +176,29 @@ class GPTConfig:
                       + [(f"h.{i}.mlp{k}", list(tile)) for k in range(tiles)]]
         return [("embed", embed)] + blocks + [("ln_f", [(n, (d,)) for n in norm])] + head
 
+    def largest_module(self, n_m: int = 1) -> int:
+        """The parameters of the largest single module, as DeepSpeed's ``model_to_params``
+        (deepspeed/runtime/zero/stage3.py, feeding estimate_zero3_model_states_mem_needs) takes
+        it: each module's own parameters (recurse=False), the largest. Modules as transformers
+        builds them: GPT-2's fused c_attn; the Llama family's q_proj, k_proj, v_proj apart."""
+        sizes: dict[str, int] = {}
+        q, kv = self.n_head * self.head_dim // n_m, self.kv_heads * self.head_dim // n_m
+        for unit, params in self.unit_spec(n_m):
+            for name, shape in params:
+                module, _, _ = name.rpartition(".")
+                n = 1
+                for x in shape:
+                    n *= x
+                if module == "attn.c_attn" and self.positions == "rope":
+                    part = shape[-1] if name.endswith("weight") else 1
+                    for m, rows in (("q", q), ("k", kv), ("v", kv)):
+                        key = f"{unit}.{m}_proj"
+                        sizes[key] = sizes.get(key, 0) + rows * part
+                    continue
+                key = f"{unit}.{module or name}"
+                sizes[key] = sizes.get(key, 0) + n
+        return max(sizes.values())
+
     def units(self, n_d: int, pad: bool = True, n_m: int = 1, tiles: int = 1) -> tuple[Unit, ...]:
         from .units import make_units   # here: units.py lays tensors out, and imports torch
         return make_units(self.unit_spec(n_m, tiles), n_d, pad)

@@ -69,6 +69,8 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
                     "each block's biases and norms whole")
         left.append("stage3_prefetch_bucket_size, stage3_max_live_parameters, overlap_comm: when "
                     "parameters arrive, bounded by the units a step gathers at once")
+    if ds.stage == 3 and ds.zero_hpz_partition_size > 1 and gpus_per_node is None:
+        hpz_check(ds, n_d, None)
     kw.update(_zeropp_kwargs(ds, gpus_per_node, left))
     kw.update(_offload_kwargs(ds, kw, left))
     if kw.get("qgz") and kw.pop("bucket_elements", None):
@@ -91,7 +93,24 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
     return kw, left
 
 
-def _zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[str]) -> dict:
+def hpz_check(ds: DeepSpeedConfig, n_d: int, gpus_per_node: int | None) -> None:
+    """zero_hpz_partition_size h on N_d GPUs in nodes of ``gpus_per_node``: the one check the
+    measured step (zerospec/zero/hpz.py: check) and the closed form both apply, so they refuse
+    the same configs with the same reason."""
+    h = ds.zero_hpz_partition_size
+    if h <= 1 or ds.stage != 3:
+        return
+    if gpus_per_node is None:
+        raise ValueError(f"{ds.path!r}: zero_hpz_partition_size = {h} keeps each secondary "
+                         f"partition inside a node, so it needs the GPUs per node; accepted: "
+                         f"--gpus-per-node G or --machine NAME (h must divide G)")
+    from types import SimpleNamespace
+    from ..zero.hpz import check
+    check(SimpleNamespace(n_ranks=n_d, gpus_per_node=gpus_per_node, hpz=h, stage=3, n_m=1))
+
+
+def _zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[str],
+                   n_d: int | None = None) -> dict:
     """ZeRO++'s and MiCS's keys → measure()'s hpz, qwz, qgz, shard_group (stage 3, as DeepSpeed)."""
     kw = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
     h, p = ds.zero_hpz_partition_size, ds.mics_shard_size
@@ -102,10 +121,6 @@ def _zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[st
                  f"{ds.stage}" for k, v in on.items() if v]
         return kw
     if h > 1:
-        if gpus_per_node is None:
-            raise ValueError(f"{ds.path!r}: zero_hpz_partition_size = {h} keeps each secondary "
-                             f"partition inside a node, so it needs the GPUs per node; accepted: "
-                             f"--gpus-per-node G or --machine NAME (h must divide G)")
         kw["hpz"] = h
     if ds.zero_quantized_weights:
         kw["qwz"] = True
@@ -213,12 +228,13 @@ def merge(ds: DeepSpeedConfig, kw: dict, extra: dict) -> dict:
     return out
 
 
-def deepspeed_table(ds, psi: int, n_d: int):
+def deepspeed_table(ds, psi: int, n_d: int, gpus_per_node: int | None = None):
     """What a DeepSpeed config's ZeRO settings imply for Ψ on N_d GPUs, from the closed forms
     (spec/deepspeed.md measures each on a real DeepSpeed). Per-tensor effects (which tensors stay
     whole) need the model's tensor sizes: a meta-tensor prediction is a follow-up."""
     from ..paper import theory
     s = ds.stage
+    hpz_check(ds, n_d, gpus_per_node)
     t = Table("deepspeed_config", f"DeepSpeed ZeRO-{s} config for Ψ = {fmt_count(psi)} on N_d = {n_d} "
               f"GPUs (closed form)", ["Setting", "Value", "What it implies (closed form)"])
 

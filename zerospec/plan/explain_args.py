@@ -102,6 +102,9 @@ def explain_tables(args, machine) -> list:
     micro, settings, notes, pinned = args.micro_batch, dict(flags), [], {}
     if ds is not None:
         from .deepspeed import config_kwargs, merge
+        from ..model.presets import preset as _preset
+        hidden = (args.hf_config[1] if args.hf_config else _preset(args.preset).model).n_embd
+        ds = ds.resolve(hidden, micro)     # "auto" as transformers' Trainer fills it
         if stage != ds.stage:
             raise ValueError(f"--stage {stage} contradicts {ds.path}'s zero_optimization.stage "
                              f"{ds.stage}; drop one")
@@ -119,6 +122,8 @@ def explain_tables(args, machine) -> list:
             m = dataclasses.replace(m, block_size=args.seq or m.block_size)
             pinned = config_pinned(ds, m, stage, gpus // n_m, n_m)
         notes = [f"From {ds.path}: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".",
+                 *([f"\"auto\" resolved: " + "; ".join(f"{k}: {v}" for k, v in ds.resolved) + "."]
+                   if ds.resolved else []),
                  "Not modelled: " + ("; ".join(left) or "nothing") + "."]
     name, model = args.preset, None
     if args.hf_config is not None:
