@@ -140,8 +140,10 @@ def run(args: argparse.Namespace) -> int:
             for n in args.gpus or [64]:
                 g = node_settings(args, n, args.machine, machine.m)[0].get("gpus_per_node")
                 tables.append(deepspeed_table(ds, psi, n, g))
+                L = largest or (_preset(args.preset).model.largest_module()
+                                if args.preset is not None else 0)
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds.stage], args.units,
-                                                   largest, args.estimator))
+                                                   L, args.estimator, ds.precision))
         if args.preset is not None:   # the same settings on a real shape, measured on meta
             for n in args.gpus or [64]:
                 extra, _ = node_settings(args, n, args.machine, machine.m)

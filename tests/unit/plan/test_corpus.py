@@ -208,3 +208,15 @@ def test_hpz_formula_and_measured_paths_refuse_alike(capsys):
     for model in ((), ("--preset", "llama-3-8b")):
         assert_usage_error(capsys, "plan", "--deepspeed-config", cfg, "--gpus", "32", "--machine",
                            "dgx-h100", *model, named=named)
+
+
+def test_fp32_config_gets_fp32_closed_forms(capsys, tmp_path):
+    """No fp16/bf16 section is fp32 training: the paper's column is 8Ψ + 8Ψ/N at ZeRO-1 (4-byte
+    parameters and gradients, K = 8), as the measured step's precision, not 4Ψ + 12Ψ/N."""
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}))
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", str(p), "--params", "8e9",
+                         "--gpus", "8", "--format", "json")
+    est = {t["name"]: t for t in json.loads(out)["tables"]}["estimators"]
+    paper = est["rows"][0][est["columns"].index("paper")]
+    assert rc == 0 and paper == 8 * 8 * 10**9 + 8 * 8 * 10**9 // 8
