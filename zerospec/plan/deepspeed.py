@@ -274,6 +274,7 @@ def deepspeed_table(ds, psi: int, n_d: int, gpus_per_node: int | None = None):
         k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
     _zeropp_rows(ds, psi, n_d, row)
     _offload_rows(ds, psi, n_d, t)
+    _other_rows(ds, n_d, row, t)
     volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
               if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
                         "prediction is a follow-up)")
@@ -286,3 +287,33 @@ def deepspeed_table(ds, psi: int, n_d: int, gpus_per_node: int | None = None):
         t.notes.append("Not modelled: " + "; ".join(f"{k} ({why})" for k, why in ds.not_modelled)
                        + ".")
     return t
+
+
+def _other_rows(ds: DeepSpeedConfig, n_d: int, row, t) -> None:
+    """The settings the closed forms above do not move, each said, and the batch keys by
+    DeepSpeed's rule (an inconsistent batch is refused here as in the measured step)."""
+    s = ds.stage
+    if s == 3:
+        row("reduce_bucket_size", "gradient buckets: when gradients are reduced; the volume above")
+        row("stage3_max_live_parameters", "bounds the parameters gathered at once: the closed "
+            "form gathers one layer at a time (the measured step, --preset, one unit)")
+    if s >= 2:
+        row("contiguous_gradients", "gradients copied into one contiguous buffer (M_D): the same "
+            "model-state bytes; the measured step (--preset) books it")
+    row("overlap_comm", "reductions overlapped with backward: when, not how much (DeepSpeed also "
+        "keeps a second reduce bucket in flight at stages 1–2, measured with --preset)")
+    for key in ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"):
+        if key in ds.given:
+            row(key, "activations: not model states; measured by `plan --explain "
+                "--checkpoint-activations K`")
+    if "train_micro_batch_size_per_gpu" in ds.auto:
+        t.add("batch", "auto", "train_micro_batch_size_per_gpu \"auto\": transformers fills it "
+              "from per_device_train_batch_size (`plan --explain --micro-batch N`); model states "
+              "do not depend on it")
+    else:
+        b = ds.batch(n_d)
+        t.add("batch", f"{b.micro} × {b.gas} × {n_d}", f"train_batch_size {b.train:,} = "
+              f"micro-batch × gradient_accumulation_steps × N_d (DeepSpeed's rule); model states "
+              f"do not depend on it, activations do (`plan --explain`)")
+    for key, how in ds.resolved:
+        t.notes.append(f"{key}: {how}.")

@@ -220,3 +220,22 @@ def test_fp32_config_gets_fp32_closed_forms(capsys, tmp_path):
     est = {t["name"]: t for t in json.loads(out)["tables"]}["estimators"]
     paper = est["rows"][0][est["columns"].index("paper")]
     assert rc == 0 and paper == 8 * 8 * 10**9 + 8 * 8 * 10**9 // 8
+
+
+def test_formula_mode_uses_or_lists_every_zero_and_batch_key(capsys, tmp_path):
+    """`plan --deepspeed-config` without a preset: max live parameters, overlap, contiguous
+    gradients, buckets, activation keys and the batch (DeepSpeed's rule, refused when it fails)."""
+    p = tmp_path / "ds.json"
+    doc = {"train_batch_size": 64, "gradient_accumulation_steps": 2, "zero_optimization": {
+        "stage": 3, "stage3_max_live_parameters": 10**8, "overlap_comm": True,
+        "contiguous_gradients": True, "reduce_bucket_size": 10**7},
+        "activation_checkpointing": {"partition_activations": True}}
+    p.write_text(json.dumps(doc))
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", str(p), "--gpus", "8", "--format", "json")
+    rows = {r[0]: r for r in json.loads(out)["tables"][0]["rows"]}
+    assert rc == 0 and {"stage3_max_live_parameters", "overlap_comm", "contiguous_gradients",
+                        "reduce_bucket_size", "partition_activations"} <= set(rows)
+    assert rows["batch"][1] == "4 × 2 × 8"
+    p.write_text(json.dumps({**doc, "train_micro_batch_size_per_gpu": 3}))
+    assert_usage_error(capsys, "plan", "--deepspeed-config", str(p), "--gpus", "8",
+                       named="train_batch_size 64 != train_micro_batch_size_per_gpu 3")
