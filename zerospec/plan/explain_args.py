@@ -128,6 +128,7 @@ def explain_tables(args, machine) -> list:
     name, model = args.preset, None
     if args.hf_config is not None:
         name, model = args.hf_config
+        notes += _hf_notes(args.hf_config)
     where = (machine.key if machine.m is not None and not args.gpu_mem_given else
              "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)")
     ex = E.explain(name, stage, gpus, args.gpu_mem, where, seq=args.seq, micro_batch=micro or 1,
@@ -162,4 +163,16 @@ def explain_tables(args, machine) -> list:
     if args.fit:
         from .fit import fit_table
         out.append(fit_table(ex, args.units))
+    return out
+
+
+def _hf_notes(c) -> list[str]:
+    """What a config.json left to transformers' defaults, and every key not modelled, with why."""
+    out = []
+    if getattr(c, "defaulted", ()):
+        out.append(f"From {c.name}: absent, transformers' defaults: "
+                   + ", ".join(f"{k} = {v}" for k, v in c.defaulted) + ".")
+    if getattr(c, "not_modelled", ()):
+        out.append(f"Not modelled from {c.name}: "
+                   + "; ".join(f"{k} ({why})" for k, why in c.not_modelled) + ".")
     return out

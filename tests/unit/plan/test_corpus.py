@@ -239,3 +239,14 @@ def test_formula_mode_uses_or_lists_every_zero_and_batch_key(capsys, tmp_path):
     p.write_text(json.dumps({**doc, "train_micro_batch_size_per_gpu": 3}))
     assert_usage_error(capsys, "plan", "--deepspeed-config", str(p), "--gpus", "8",
                        named="train_batch_size 64 != train_micro_batch_size_per_gpu 3")
+
+
+@pytest.mark.slow
+def test_explain_says_what_a_config_json_left_to_defaults_and_did_not_model(capsys):
+    """`plan --explain --hf-config` (Llama-2-7b): rope_theta defaulted and rope_scaling not
+    modelled, each said in the explanation."""
+    rc, out, _ = run_cli(capsys, "plan", "--explain", "--hf-config",
+                         str(CORPUS / "hf" / "kqi__Llama_2_7b_hf.json"), "--gpus", "8",
+                         "--stage", "3", "--seq", "16", "--format", "json")
+    notes = " ".join(n for t in json.loads(out)["tables"] for n in t["notes"])
+    assert rc == 0 and "rope_theta = 10000.0" in notes and "rope_scaling (rescales" in notes
