@@ -125,6 +125,9 @@ def explain_tables(args, machine) -> list:
                  *([f"\"auto\" resolved: " + "; ".join(f"{k}: {v}" for k, v in ds.resolved) + "."]
                    if ds.resolved else []),
                  "Not modelled: " + ("; ".join(left) or "nothing") + "."]
+    if settings.get("offload_mode") is not None and not settings.get("offload_optimizer"):
+        raise ValueError(f"--offload-mode {settings['offload_mode']} says which gradients "
+                         f"ZeRO-Offload sends down; it needs --offload-optimizer cpu or nvme")
     name, model = args.preset, None
     if args.hf_config is not None:
         name, model = args.hf_config
