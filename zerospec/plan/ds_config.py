@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 from . import ds_owner
+from .ds_auto import HIDDEN_AUTO, autos as _autos
 
 # zero_optimization settings zerospec reads, with DeepSpeed 0.19.8's defaults. overlap_comm's
 # default depends on the stage (True at 3, else False: DeepSpeed's overlap_comm_valid).
@@ -32,11 +33,6 @@ ACTIVATION_DEFAULTS = {"partition_activations": False, "cpu_checkpointing": Fals
 ZEROPP_DEFAULTS = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False,
                    "zero_quantized_gradients": False, "mics_shard_size": -1}
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-# "auto" keys transformers fills from the model's hidden size h (HfTrainerDeepSpeedConfig.
-# trainer_config_finalize): h·h, and at stage 3 only int(0.9·h·h) and 10·h
-HIDDEN_AUTO = {"reduce_bucket_size": lambda h: h * h,
-               "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
-               "stage3_param_persistence_threshold": lambda h: 10 * h}
 
 # ZeRO-Offload's and ZeRO-Infinity's sections (deepspeed/runtime/zero/offload_config.py, 0.19.8):
 # each key with its default; the keys marked in OFFLOAD_READ change what is measured (spec/offload.md)
@@ -122,27 +118,9 @@ class DeepSpeedConfig:
 
     def resolve(self, hidden_size: int | None = None, micro_batch: int | None = None,
                 ) -> "DeepSpeedConfig":
-        """The "auto" values transformers' Trainer fills (integrations/deepspeed.py,
-        HfTrainerDeepSpeedConfig): the micro-batch from per_device_train_batch_size
-        (``micro_batch``), the bucket sizes from the model's ``hidden_size``. One left "auto"
-        with nothing to fill it is refused, naming the flag that fills it."""
-        kw, done = {}, list(self.resolved)
-        for key in sorted(self.auto):
-            short = key.rpartition(".")[2]
-            if short in HIDDEN_AUTO:
-                if hidden_size is None:
-                    raise ValueError(f"{self.path!r}: {key} is \"auto\", which transformers fills "
-                                     f"from the model's hidden_size; give --preset NAME or "
-                                     f"--hf-config CONFIG.JSON")
-                kw[short] = HIDDEN_AUTO[short](hidden_size)
-                done.append((key, f"auto → {kw[short]:,} (transformers: from hidden_size "
-                                  f"{hidden_size:,})"))
-            elif key == "train_micro_batch_size_per_gpu" and micro_batch is not None:
-                kw[key] = micro_batch
-                done.append((key, f"auto → {micro_batch} (transformers: "
-                                  f"per_device_train_batch_size, --micro-batch)"))
-        left = self.auto - {k for k in self.auto if k.rpartition(".")[2] in kw}
-        return dataclasses.replace(self, auto=frozenset(left), resolved=tuple(done), **kw)
+        """The "auto" values transformers' Trainer fills (zerospec/plan/ds_auto.py)."""
+        from .ds_auto import resolve
+        return resolve(self, hidden_size, micro_batch)
 
     def batch(self, n_d: int) -> Batch:
         """DeepSpeed's batch rule for N_d GPUs: two of the three keys give the third (floor
@@ -315,14 +293,6 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
                            not_modelled=tuple(left), auto=frozenset(auto),
                            resolved=tuple(resolved), **offload, **kw)
 
-
-def _autos(doc, where: str = ""):
-    """Dotted keys of every "auto" value (optimizer, scheduler, ... included)."""
-    for k, v in (doc.items() if isinstance(doc, dict) else ()):
-        key = f"{where}.{k}" if where else k
-        if v == "auto":
-            yield key
-        yield from _autos(v, key)
 
 
 def read(path: str) -> DeepSpeedConfig:
