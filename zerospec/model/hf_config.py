@@ -140,7 +140,10 @@ def parse(doc, where: str = "config.json") -> HFConfig:
 def _get(doc: dict, arch: str, key: str, where: str, defaulted: list):
     """A key transformers defaults: the file's value, else the config class's (recorded)."""
     if key in doc:
-        return _finite(doc[key], key, where)
+        value = _finite(doc[key], key, where)
+        if isinstance(DEFAULTS[arch][key], bool) and not isinstance(value, bool):
+            raise ValueError(f"{where}: {key} = {value!r}; accepted: true or false")
+        return value
     default = DEFAULTS[arch][key]
     defaulted.append((key, _NONE_MEANS.get(key, default) if default is None else default))
     return default

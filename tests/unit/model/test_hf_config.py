@@ -78,6 +78,8 @@ def _file(tmp_path, doc) -> str:
     ({"vocab_size": None}, "needs the field 'vocab_size'"),
     ({"architectures": ["T5"]}, "accepted: one of LlamaForCausalLM"),
     ({"hidden_size": 4100}, "n_embd=4100 must be divisible by n_head=32"),
+    ({"attention_bias": "yes"}, "attention_bias = 'yes'; accepted: true or false"),
+    ({"rope_theta": float("inf")}, "rope_theta = inf; accepted: a finite number"),
 ])
 def test_bad_config_json_is_one_line_exit_2(capsys, tmp_path, change, named):
     """`plan --explain --hf-config`: a bad file exits 2 with one line naming the field."""
