@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
         tables = explain_tables(args, machine)
         sys.stdout.write(render(tables, args.format))
         return 0
-    step_only = [f for f, v in (("--seq", args.seq), ("--micro-batch", args.micro_batch),
+    measured = args.deepspeed_config is not None and args.preset is not None
+    step_only = [f for f, v in (("--seq", args.seq),
+                                ("--micro-batch", None if measured else args.micro_batch),
                                 ("--checkpoint-activations", args.checkpoint_activations),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
@@ -128,9 +130,13 @@ def run(args: argparse.Namespace) -> int:
     if args.deepspeed_config is not None:
         ds = args.deepspeed_config
         from ..plan.deepspeed import deepspeed_measured_table, deepspeed_table
-        if args.preset is not None:       # "auto" bucket sizes from the preset's hidden size
+        if args.preset is not None:       # "auto" from the preset's hidden size, --micro-batch
             from ..model.presets import preset as _preset
-            ds = ds.resolve(_preset(args.preset).model.n_embd)
+            m = ds.train_micro_batch_size_per_gpu
+            if args.micro_batch is not None and m is not None and m != args.micro_batch:
+                raise ValueError(f"--micro-batch {args.micro_batch} contradicts {ds.path}'s "
+                                 f"train_micro_batch_size_per_gpu {m}; drop one")
+            ds = ds.resolve(_preset(args.preset).model.n_embd, args.micro_batch)
         else:
             ds = ds.resolve()
         if args.preset is not None and args.params is not None:

@@ -277,7 +277,8 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
                      if key == "aio" else "not read by zerospec"))
     for key in zero:
         if key not in ZERO_DEFAULTS and key not in ZEROPP_DEFAULTS and key not in OFFLOAD_DEFAULTS:
-            left.append((f"zero_optimization.{key}", "not read by zerospec"))
+            left.append((f"zero_optimization.{key}", "not read by zerospec" + (
+                f": {ds_owner.ZERO_WHY[key]}" if key in ds_owner.ZERO_WHY else "")))
     for sec in ("fp16", "bf16", "bfloat16"):   # loss scaling and the like: no byte of the step
         left += [(f"{sec}.{k}", "changes no byte of the step") for k in doc.get(sec, {})
                  if k != "enabled"]

@@ -54,6 +54,30 @@ DEPRECATED = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_
               "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save"}
 
 
+# why each DeepSpeedZeroConfig key zerospec does not map changes nothing it counts
+_WHEN = "how parameters are fetched: when, not how much"
+_NO_STEP = "checkpoints and saving: no byte of the training step"
+ZERO_WHY = {
+    "sub_group_size": "DeepSpeed steps the optimizer in sub-groups of this many elements; "
+                      "zerospec steps each partition whole",
+    "reduce_scatter": "reduce-scatter or all-reduce at stages 1–2: the stage's own collective is "
+                      "measured",
+    "allgather_partitions": "all-gather or broadcasts of the updated partitions: the same bytes",
+    "load_from_fp32_weights": _NO_STEP, "elastic_checkpoint": _NO_STEP,
+    "pipeline_loading_checkpoint": _NO_STEP, "stage3_gather_16bit_weights_on_model_save": _NO_STEP,
+    "ignore_unused_parameters": "a check: no byte", "compute_grad_norm": "a diagnostic: no byte",
+    "log_trace_cache_warnings": "a diagnostic: no byte", "enable_sanity_checks": "a check: no byte",
+    "round_robin_gradients": "how offloaded gradients are copied: when, not how much",
+    "memory_efficient_linear": "how DeepSpeed hooks the model's linears: the same tensors",
+    "override_module_apply": "how DeepSpeed hooks nn.Module.apply: the same tensors",
+    "stage3_model_persistence_threshold": "a cap on the parameters kept whole: not applied "
+                                          "(persistence is measured per unit)",
+    "stage3_module_granularity_threshold": _WHEN, "stage3_use_all_reduce_for_fetch_params": _WHEN,
+    "stage3_allgather_sequential": _WHEN,
+    "zero_quantized_nontrainable_weights": "quantizes frozen weights: every weight trains here",
+}
+
+
 def _no_duplicates(pairs):
     keys = [k for k, _ in pairs]
     dup = sorted({k for k in keys if keys.count(k) > 1})

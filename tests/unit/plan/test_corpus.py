@@ -250,3 +250,18 @@ def test_explain_says_what_a_config_json_left_to_defaults_and_did_not_model(caps
                          "--stage", "3", "--seq", "16", "--format", "json")
     notes = " ".join(n for t in json.loads(out)["tables"] for n in t["notes"])
     assert rc == 0 and "rope_theta = 10000.0" in notes and "rope_scaling (rescales" in notes
+
+
+@pytest.mark.slow
+def test_auto_micro_batch_in_the_closed_form_with_a_preset(capsys):
+    """`plan --deepspeed-config (auto) --preset --micro-batch 2`: the flag fills the "auto" there
+    too, and contradicts a number in the file."""
+    cfg = str(CORPUS / "deepspeed" / "hf_transformers__ds_config_zero3_auto.json")
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", cfg, "--preset", "t4-1.16B-24x1920",
+                         "--gpus", "8", "--micro-batch", "2", "--format", "json")
+    rows = {r[0]: r for r in json.loads(out)["tables"][0]["rows"]}
+    assert rc == 0 and rows["batch"][1] == "2 × 1 × 8"
+    fixed = str(CORPUS / "deepspeed" / "megatron-deepspeed__sequence_parallel_ds_config_gbs256_mbs8_"
+                             "log1_zero3.json")
+    assert_usage_error(capsys, "plan", "--deepspeed-config", fixed, "--preset", "t4-1.16B-24x1920",
+                       "--gpus", "8", "--micro-batch", "2", named="--micro-batch 2 contradicts")
