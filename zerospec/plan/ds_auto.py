@@ -26,8 +26,8 @@ def resolve(ds, hidden_size: int | None = None, micro_batch: int | None = None):
         if short in HIDDEN_AUTO:
             if hidden_size is None:
                 raise ValueError(f"{ds.path!r}: {key} is \"auto\", which transformers fills "
-                                 f"from the model's hidden_size; give --preset NAME or "
-                                 f"--hf-config CONFIG.JSON")
+                                 f"from the model's hidden_size; give --preset NAME (or --explain with "
+                                 f"--hf-config CONFIG.JSON)")
             kw[short] = HIDDEN_AUTO[short](hidden_size)
             done.append((key, f"auto → {kw[short]:,} (transformers: from hidden_size "
                               f"{hidden_size:,})"))

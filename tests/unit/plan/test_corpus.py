@@ -168,7 +168,7 @@ def test_auto_is_resolved_as_transformers_resolves_it():
     ds = ds_config.read(str(CORPUS / "deepspeed" / "hf_transformers__ds_config_zero3_auto.json"))
     with pytest.raises(ValueError, match="give --micro-batch N"):
         ds.batch(8)
-    with pytest.raises(ValueError, match="give --preset NAME or --hf-config"):
+    with pytest.raises(ValueError, match=r"give --preset NAME \(or --explain with --hf-config"):
         ds.resolve()
     r = ds.resolve(hidden_size=4096, micro_batch=1)
     assert (r.reduce_bucket_size, r.stage3_prefetch_bucket_size,
