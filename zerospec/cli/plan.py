@@ -112,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(flags)} set(s) the step measured; add --explain and --preset "
                          f"(or --deepspeed-config and --preset)")
     if step_only:
-        raise ValueError(f"{', '.join(step_only)} set(s) the step --explain runs; add --explain "
-                         f"and --preset")
+        raise ValueError(f"{', '.join(step_only)} set(s) the step --explain runs; add --explain"
+                         + ("" if args.preset or args.hf_config else
+                            " and a model: --preset NAME or --hf-config CONFIG.JSON"))
     args.stage = args.stage or [0, 1, 2, 3]
     if args.table1:
         psis = args.params or list(theory.TABLE1_PSI.values())

@@ -265,3 +265,9 @@ def test_auto_micro_batch_in_the_closed_form_with_a_preset(capsys):
                              "log1_zero3.json")
     assert_usage_error(capsys, "plan", "--deepspeed-config", fixed, "--preset", "t4-1.16B-24x1920",
                        "--gpus", "8", "--micro-batch", "2", named="--micro-batch 2 contradicts")
+
+
+def test_hf_config_alone_points_to_explain_only(capsys):
+    """`plan --hf-config X` names --explain, not a --preset the config.json already replaces."""
+    rc, out, err = run_cli(capsys, "plan", "--hf-config", str(CORPUS / "hf" / "kqi__gpt2.json"))
+    assert rc == 2 and err.strip().endswith("add --explain") and "--preset" not in err
