@@ -31,6 +31,11 @@ def _accepted():
                 doc["hidden_size"] <= 4096:   # the bias keys, as each modelling code reads them
             out.append(pytest.param({**doc, "attention_bias": True, "mlp_bias": True},
                                     id=f"{path.stem}+biases"))
+    # a shape where the fused q/k/v would be the largest module: HF keeps them apart
+    out.append(pytest.param({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                             "hidden_size": 64, "intermediate_size": 16, "num_hidden_layers": 1,
+                             "num_attention_heads": 4, "vocab_size": 16,
+                             "attention_bias": True}, id="tiny-llama-qkv"))
     return out
 
 

@@ -271,3 +271,15 @@ def test_hf_config_alone_points_to_explain_only(capsys):
     """`plan --hf-config X` names --explain, not a --preset the config.json already replaces."""
     rc, out, err = run_cli(capsys, "plan", "--hf-config", str(CORPUS / "hf" / "kqi__gpt2.json"))
     assert rc == 2 and err.strip().endswith("add --explain") and "--preset" not in err
+
+
+def test_largest_module_keeps_llamas_q_k_v_apart():
+    """The Llama family's q, k and v are three modules (LlamaAttention), GPT-2's c_attn one: with
+    a 16-token vocabulary and d_ff 16 the largest module is one 64 × 64 projection, not the fused
+    64 × 192."""
+    from zerospec.model.config import GPTConfig
+    kw = dict(vocab_size=16, block_size=8, n_layer=1, n_head=4, n_embd=64, d_ff=16)
+    llama = GPTConfig(**kw, norm="rmsnorm", mlp="swiglu", positions="rope", tie_embeddings=False,
+                      bias=False)
+    assert llama.largest_module() == 64 * 64
+    assert GPTConfig(**kw).largest_module() == 64 * 192 + 192     # GPT-2's Conv1D c_attn + bias
