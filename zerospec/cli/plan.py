@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
                                 ("--fit", args.fit)) if v]
     from ..plan.explain_args import given_flags, node_settings
     flags = given_flags(args)
+    if args.deepspeed_config is not None and args.preset is None:   # the closed form's nodes (hpZ)
+        flags = [f for f in flags if f != "--gpus-per-node"]
     if flags and (args.deepspeed_config is None or args.preset is None):
         raise ValueError(f"{', '.join(flags)} set(s) the step measured; add --explain and --preset "
                          f"(or --deepspeed-config and --preset)")

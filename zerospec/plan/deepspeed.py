@@ -306,7 +306,12 @@ def _other_rows(ds: DeepSpeedConfig, n_d: int, row, t) -> None:
         if key in ds.given:
             row(key, "activations: not model states; measured by `plan --explain "
                 "--checkpoint-activations K`")
-    if "train_micro_batch_size_per_gpu" in ds.auto:
+    if ds.train_batch_size is None and ds.train_micro_batch_size_per_gpu is None and \
+            "train_micro_batch_size_per_gpu" not in ds.auto:
+        t.add("batch", "not set", "neither train_batch_size nor train_micro_batch_size_per_gpu: "
+              "DeepSpeed will not start without one (a measured step refuses it); model states "
+              "do not depend on it")
+    elif "train_micro_batch_size_per_gpu" in ds.auto:
         t.add("batch", "auto", "train_micro_batch_size_per_gpu \"auto\": transformers fills it "
               "from per_device_train_batch_size (`plan --explain --micro-batch N`); model states "
               "do not depend on it")

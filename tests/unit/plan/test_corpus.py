@@ -208,6 +208,10 @@ def test_hpz_formula_and_measured_paths_refuse_alike(capsys):
     for model in ((), ("--preset", "llama-3-8b")):
         assert_usage_error(capsys, "plan", "--deepspeed-config", cfg, "--gpus", "32", "--machine",
                            "dgx-h100", *model, named=named)
+    rc, out, _ = run_cli(capsys, "plan", "--deepspeed-config", cfg, "--gpus", "64",
+                         "--gpus-per-node", "16", "--format", "json")      # 16-GPU nodes: planned
+    rows = {r[0]: r for r in json.loads(out)["tables"][0]["rows"]}
+    assert rc == 0 and "inside 16 ranks of a node" in rows["zero_hpz_partition_size"][2]
 
 
 def test_fp32_config_gets_fp32_closed_forms(capsys, tmp_path):
