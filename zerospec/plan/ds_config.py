@@ -287,7 +287,11 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
                                                         *BATCH_KEYS)]
     for key in act:
         if key not in ACTIVATION_DEFAULTS:
-            left.append((f"activation_checkpointing.{key}", "not read by zerospec"))
+            left.append((f"activation_checkpointing.{key}", "not read by zerospec" + {
+                "number_checkpoints": ": the model code's checkpoint count; zerospec's is "
+                                      "--checkpoint-activations K",
+                "synchronize_checkpoint_boundary": ": a device synchronisation, no byte",
+                "profile": ": timing, no byte"}.get(key, "")))
     given = frozenset([k for k in zero if k in ZERO_DEFAULTS or k in ZEROPP_DEFAULTS
                        or k in OFFLOAD_DEFAULTS] + [k for k in act if k in ACTIVATION_DEFAULTS])
     return DeepSpeedConfig(path=path, precision=_precision(path, doc, resolved), given=given,
