@@ -25,7 +25,11 @@ LLAMA = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, 
 QWEN2 = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, n_kv_head=2,
                   norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", d_ff=36, positions="rope",
                   rope_theta=1e6, tie_embeddings=False, bias=False, qkv_bias=True)
-FAMILY = {"gpt2": CFG, "llama": LLAMA, "qwen2": QWEN2}
+# Mistral-Nemo's head_dim (4 × 8 = 32 != 24) with Llama's attention_bias and mlp_bias
+NEMO_BIASED = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, n_kv_head=2,
+                        d_head=8, norm="rmsnorm", mlp="swiglu", d_ff=36, positions="rope",
+                        tie_embeddings=False, bias=False, qkv_bias=True, o_bias=True, mlp_bias=True)
+FAMILY = {"gpt2": CFG, "llama": LLAMA, "qwen2": QWEN2, "head-dim-biases": NEMO_BIASED}
 
 
 def _params(seed=1, cfg=CFG):
