@@ -242,6 +242,10 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
                           positive=key == "reduce_bucket_size")    # Field(gt=0) in 0.19.8
     for key, default in ZEROPP_DEFAULTS.items():
         value = zero.get(key, default)
+        if value == "auto":           # dropped by DeepSpeed's config model: the default
+            value = default
+            resolved.append((f"zero_optimization.{key}", "auto → DeepSpeed's default (its config "
+                                                         "model drops \"auto\")"))
         if key == "mics_shard_size" and value == -1:
             kw[key] = -1
         elif key == "mics_shard_size" and (isinstance(value, bool) or not isinstance(value, int)

@@ -287,3 +287,14 @@ def test_largest_module_keeps_llamas_q_k_v_apart():
                       bias=False)
     assert llama.largest_module() == 64 * 64
     assert GPTConfig(**kw).largest_module() == 64 * 192 + 192     # GPT-2's Conv1D c_attn + bias
+
+
+def test_auto_transformers_does_not_fill_is_deepspeeds_default():
+    """DeepSpeedConfigModel drops "auto": overlap_comm's stage-dependent default, hpZ off, and at
+    stage 2 the stage-3 buckets (transformers fills those at stage 3 only)."""
+    for stage, overlap in ((2, False), (3, True)):
+        ds = ds_config.parse({"zero_optimization": {
+            "stage": stage, "overlap_comm": "auto", "zero_hpz_partition_size": "auto",
+            "stage3_prefetch_bucket_size": "auto"}})
+        assert (ds.overlap_comm, ds.zero_hpz_partition_size) == (overlap, 1)
+        assert ("zero_optimization.stage3_prefetch_bucket_size" in ds.auto) == (stage == 3)
