@@ -261,11 +261,14 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
         kw[key] = _number(path, f"activation_checkpointing.{key}", act.get(key, default), bool_=True)
     for key in BATCH_KEYS:
         if doc.get(key) == "auto":    # transformers: from the micro-batch and the accumulation
-            auto.add(key) if key == "train_micro_batch_size_per_gpu" else resolved.append(
-                (key, "auto → 1 (transformers: TrainingArguments.gradient_accumulation_steps "
-                      "defaults to 1)" if key == "gradient_accumulation_steps" else
-                      "auto → micro × gas × N_d (transformers: world_size × "
-                      "per_device_train_batch_size × gradient_accumulation_steps)"))
+            if key == "train_micro_batch_size_per_gpu":
+                auto.add(key)          # --micro-batch fills it (resolve)
+            elif key == "gradient_accumulation_steps":
+                resolved.append((key, "auto → 1 (transformers: TrainingArguments."
+                                      "gradient_accumulation_steps defaults to 1)"))
+            else:
+                resolved.append((key, "auto → micro × gas × N_d (transformers: world_size × "
+                                      "per_device_train_batch_size × gradient_accumulation_steps)"))
             kw[key] = 1 if key == "gradient_accumulation_steps" else None
             continue
         kw[key] = None if doc.get(key) is None else _number(path, key, doc[key], positive=True)
