@@ -16,6 +16,7 @@ import math
 
 from . import ds_owner
 from .ds_auto import HIDDEN_AUTO, autos as _autos
+from .ds_owner import OFFLOAD_DEFAULTS, OFFLOAD_DEVICES, OFFLOAD_NOT_MODELLED
 
 # zero_optimization settings zerospec reads, with DeepSpeed 0.19.8's defaults. overlap_comm's
 # default depends on the stage (True at 3, else False: DeepSpeed's overlap_comm_valid).
@@ -34,29 +35,6 @@ ZEROPP_DEFAULTS = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False
                    "zero_quantized_gradients": False, "mics_shard_size": -1}
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
-# ZeRO-Offload's and ZeRO-Infinity's sections (deepspeed/runtime/zero/offload_config.py, 0.19.8):
-# each key with its default; the keys marked in OFFLOAD_READ change what is measured (spec/offload.md)
-OFFLOAD_DEFAULTS = {
-    "offload_optimizer": {"device": "none", "nvme_path": None, "buffer_count": 4, "pin_memory": True,
-                          "pipeline_read": False, "pipeline_write": False, "fast_init": False,
-                          "ratio": 1.0, "super_offload": False, "cpuadam_cores_perc": 0.8},
-    "offload_param": {"device": "none", "nvme_path": None, "buffer_count": 5,
-                      "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000, "pin_memory": True}}
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-# why each offload key that changes no byte zerospec counts is not modelled
-OFFLOAD_NOT_MODELLED = {
-    "nvme_path": "where the swap files go on the machine that runs it: no byte changes",
-    "pin_memory": "page-locked or pageable host memory: the same bytes, a different speed",
-    "pipeline_read": "overlaps NVMe reads with the host Adam: when, not how much",
-    "pipeline_write": "overlaps NVMe writes with the host Adam: when, not how much",
-    "fast_init": "how the NVMe files are first written: no byte of the step",
-    "ratio": "ZeRO-3's partial offload (the rest of the states and Adam on the GPU): measured as 1, "
-             "everything on the host",
-    "super_offload": "a Superchip's CPU offload: measured as the plain host path",
-    "cpuadam_cores_perc": "CPU cores for the host Adam: speed only",
-    "max_in_cpu": "parameters kept in host memory before NVMe: measured as all on NVMe",
-    "buffer_count": "DeepSpeed's pinned swap buffers exist only with device nvme",
-    "buffer_size": "DeepSpeed's pinned swap buffers exist only with device nvme"}
 # read but changing no byte the ledger counts
 NO_BYTES = {"steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
             "gradient_predivide_factor", "gradient_clipping"}

@@ -48,6 +48,31 @@ FP16_FIELDS = frozenset({"enabled", "auto_cast", "loss_scale", "initial_scale_po
                          "min_loss_scale", "fp16_master_weights_and_grads"})
 BF16_FIELDS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow",
                          "bf16_master_weights_and_grads", "bf16_optimizer_states"})
+# ZeRO-Offload's and ZeRO-Infinity's sections (deepspeed/runtime/zero/offload_config.py, 0.19.8):
+# each key with its default; the keys marked in OFFLOAD_READ change what is measured (spec/offload.md)
+OFFLOAD_DEFAULTS = {
+    "offload_optimizer": {"device": "none", "nvme_path": None, "buffer_count": 4, "pin_memory": True,
+                          "pipeline_read": False, "pipeline_write": False, "fast_init": False,
+                          "ratio": 1.0, "super_offload": False, "cpuadam_cores_perc": 0.8},
+    "offload_param": {"device": "none", "nvme_path": None, "buffer_count": 5,
+                      "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000, "pin_memory": True}}
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# why each offload key that changes no byte zerospec counts is not modelled
+OFFLOAD_NOT_MODELLED = {
+    "nvme_path": "where the swap files go on the machine that runs it: no byte changes",
+    "pin_memory": "page-locked or pageable host memory: the same bytes, a different speed",
+    "pipeline_read": "overlaps NVMe reads with the host Adam: when, not how much",
+    "pipeline_write": "overlaps NVMe writes with the host Adam: when, not how much",
+    "fast_init": "how the NVMe files are first written: no byte of the step",
+    "ratio": "ZeRO-3's partial offload (the rest of the states and Adam on the GPU): measured as 1, "
+             "everything on the host",
+    "super_offload": "a Superchip's CPU offload: measured as the plain host path",
+    "cpuadam_cores_perc": "CPU cores for the host Adam: speed only",
+    "max_in_cpu": "parameters kept in host memory before NVMe: measured as all on NVMe",
+    "buffer_count": "DeepSpeed's pinned swap buffers exist only with device nvme",
+    "buffer_size": "DeepSpeed's pinned swap buffers exist only with device nvme"}
+
+
 # deprecated zero fields: the field each sets (None: set_new_param False, only a warning)
 DEPRECATED = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param",
               "cpu_offload_use_pin_memory": None,
