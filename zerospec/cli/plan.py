@@ -100,18 +100,23 @@ def run(args: argparse.Namespace) -> int:
         tables = explain_tables(args, machine)
         sys.stdout.write(render(tables, args.format))
         return 0
-    step_only = [f for f, v in (("--seq", args.seq), ("--micro-batch", args.micro_batch),
+    measured = args.deepspeed_config is not None and args.preset is not None
+    step_only = [f for f, v in (("--seq", args.seq),
+                                ("--micro-batch", None if measured else args.micro_batch),
                                 ("--checkpoint-activations", args.checkpoint_activations),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
     from ..plan.explain_args import given_flags, node_settings
     flags = given_flags(args)
+    if args.deepspeed_config is not None and args.preset is None:   # the closed form's nodes (hpZ)
+        flags = [f for f in flags if f != "--gpus-per-node"]
     if flags and (args.deepspeed_config is None or args.preset is None):
         raise ValueError(f"{', '.join(flags)} set(s) the step measured; add --explain and --preset "
                          f"(or --deepspeed-config and --preset)")
     if step_only:
-        raise ValueError(f"{', '.join(step_only)} set(s) the step --explain runs; add --explain "
-                         f"and --preset")
+        raise ValueError(f"{', '.join(step_only)} set(s) the step --explain runs; add --explain"
+                         + ("" if args.preset or args.hf_config else
+                            " and a model: --preset NAME or --hf-config CONFIG.JSON"))
     args.stage = args.stage or [0, 1, 2, 3]
     if args.table1:
         psis = args.params or list(theory.TABLE1_PSI.values())
@@ -128,14 +133,26 @@ def run(args: argparse.Namespace) -> int:
     if args.deepspeed_config is not None:
         ds = args.deepspeed_config
         from ..plan.deepspeed import deepspeed_measured_table, deepspeed_table
+        if args.preset is not None:       # "auto" from the preset's hidden size, --micro-batch
+            from ..model.presets import preset as _preset
+            m = ds.train_micro_batch_size_per_gpu
+            if args.micro_batch is not None and m is not None and m != args.micro_batch:
+                raise ValueError(f"--micro-batch {args.micro_batch} contradicts {ds.path}'s "
+                                 f"train_micro_batch_size_per_gpu {m}; drop one")
+            ds = ds.resolve(_preset(args.preset).model.n_embd, args.micro_batch)
+        else:
+            ds = ds.resolve()
         if args.preset is not None and args.params is not None:
             raise ValueError("--preset sets Ψ (the model measured); drop --params, or drop --preset "
                              "for the closed forms of --params")
         for psi in _psis(args):
             for n in args.gpus or [64]:
-                tables.append(deepspeed_table(ds, psi, n))
+                g = node_settings(args, n, args.machine, machine.m)[0].get("gpus_per_node")
+                tables.append(deepspeed_table(ds, psi, n, g))
+                L = largest or (_preset(args.preset).model.largest_module()
+                                if args.preset is not None else 0)
                 tables.append(plan.estimator_table(psi, n, args.gpu_mem, [ds.stage], args.units,
-                                                   largest, args.estimator))
+                                                   L, args.estimator, ds.precision))
         if args.preset is not None:   # the same settings on a real shape, measured on meta
             for n in args.gpus or [64]:
                 extra, _ = node_settings(args, n, args.machine, machine.m)

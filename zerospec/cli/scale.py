@@ -62,7 +62,7 @@ def add_parser(sub) -> None:
     p.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
                    help="ZeRO-Offload for stages 2-3 (spec/offload.md): adds each stage's host, "
                         "NVMe and per-link bytes per step")
-    p.add_argument("--offload-mode", choices=("paper", "deepspeed"), default="paper",
+    p.add_argument("--offload-mode", choices=("paper", "deepspeed"), default=None,
                    help="with --offload-optimizer: fp16 (paper, default) or fp32 (deepspeed) "
                         "gradients down")
     p.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
@@ -126,8 +126,9 @@ def run(args) -> int:
               checkpoint_activations=args.checkpoint_activations,
               partition_activations=args.partition_activations,
               cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
+    mode = _offload_mode(args)
     off = {} if args.offload_optimizer is None and args.offload_params is None else dict(
-        offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
+        offload_optimizer=args.offload_optimizer, offload_mode=mode,
         offload_params=args.offload_params)
     if off and any(s < 2 for s in stages):
         raise _usage(f"--offload-optimizer (ZeRO-Offload) is built on stages 2 and 3; got --stages "
@@ -205,3 +206,11 @@ def _crossing(results, args) -> None:
         runs = {run_label(r.config): node_bytes(r) for r in results.values()}
         title = f"N = {args.gpus}, {args.gpus // g} nodes × {g} GPUs: bytes node 0 sends per step"
         print(f"\nDrawn: {save(runs, args.out, title)}")
+
+
+def _offload_mode(args) -> str:
+    """--offload-mode (default paper); refused without --offload-optimizer, never dropped."""
+    if args.offload_mode is not None and args.offload_optimizer is None:
+        raise UsageError(f"--offload-mode {args.offload_mode} says which gradients ZeRO-Offload "
+                         f"sends down; it needs --offload-optimizer cpu or nvme")
+    return args.offload_mode or "paper"

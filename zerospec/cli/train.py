@@ -77,7 +77,7 @@ def add_parser(sub) -> None:
     o.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
                    help="fp32 master, momentum, variance and Adam on the host (nvme: the states "
                         "in swap files between steps); needs --stage 2 or 3; default off")
-    o.add_argument("--offload-mode", choices=("paper", "deepspeed"), default="paper",
+    o.add_argument("--offload-mode", choices=("paper", "deepspeed"), default=None,
                    help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
                         "deepspeed: fp32 gradients down (6); default paper")
     o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
@@ -163,7 +163,7 @@ def _config(args, n_ranks: int):
                        checkpoint_activations=args.checkpoint_activations,
                        bucket_elements=args.bucket_size,
                        gpus_per_node=args.gpus_per_node, hpz=args.hpz,
-                       offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
+                       offload_optimizer=args.offload_optimizer, offload_mode=_offload_mode(args),
                        offload_params=args.offload_params, nvme_path=args.nvme_path,
                        offload_partition=args.offload_partition,
                        offload_buffer_elements=args.offload_buffer_elements,
@@ -290,3 +290,11 @@ def _to_cpu(x):
         import dataclasses
         return dataclasses.replace(x, **{f: _to_cpu(getattr(x, f)) for f in x.__dataclass_fields__})
     return x
+
+
+def _offload_mode(args) -> str:
+    """--offload-mode (default paper); refused without --offload-optimizer, never dropped."""
+    if args.offload_mode is not None and args.offload_optimizer is None:
+        raise UsageError(f"--offload-mode {args.offload_mode} says which gradients ZeRO-Offload "
+                         f"sends down; it needs --offload-optimizer cpu or nvme")
+    return args.offload_mode or "paper"

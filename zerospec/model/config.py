@@ -21,7 +21,7 @@ class GPTConfig:
     no biases) and Qwen2 (the same with q/k/v biases)."""
 
     vocab_size: int = 1024
-    block_size: int = 64      # sequence length T (with RoPE only a bound: no position table)
+    block_size: int = 64      # sequence length T of a step (with RoPE only a bound: no position table)
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 128
@@ -35,13 +35,19 @@ class GPTConfig:
     tie_embeddings: bool = True    # untied: an lm_head unit of its own after the final norm
     bias: bool = True              # biases of every linear and of LayerNorm
     qkv_bias: bool | None = None   # q/k/v biases (Qwen2: True with bias=False); None: bias
+    o_bias: bool | None = None     # the attention output's bias (Llama's attention_bias); None: bias
+    mlp_bias: bool | None = None   # the MLP's biases (Llama's mlp_bias); None: bias
+    d_head: int | None = None      # head dim (config.json's head_dim); None: n_embd / n_head
+    n_positions: int | None = None  # rows of the learned position table, the model's own
+    #                                (GPT-2's n_positions): Ψ whatever the step's block_size T <= it;
+    #                                None: block_size
     vocab_divisor: int = 128       # Megatron-LM's make-vocab-size-divisible-by: with N_m > 1 the
     #                                vocabulary pads to a multiple of vocab_divisor·N_m (padded_vocab)
 
     def __post_init__(self):
         for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "vocab_divisor"):
             _positive(f, getattr(self, f))
-        for f in ("d_ff", "n_kv_head"):
+        for f in ("d_ff", "n_kv_head", "d_head", "n_positions"):
             if getattr(self, f) is not None:
                 _positive(f, getattr(self, f))
         for f, accepted in _CHOICES.items():
@@ -52,12 +58,16 @@ class GPTConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"GPTConfig.{f} must be a number > 0, got {v!r}")
-        for f in ("tie_embeddings", "bias", "qkv_bias"):
+        for f in ("tie_embeddings", "bias", "qkv_bias", "o_bias", "mlp_bias"):
             v = getattr(self, f)
-            if not isinstance(v, bool) and not (f == "qkv_bias" and v is None):
+            optional = f in ("qkv_bias", "o_bias", "mlp_bias")
+            if not isinstance(v, bool) and not (optional and v is None):
                 raise ValueError(f"GPTConfig.{f} must be True or False"
-                                 f"{' or None (= bias)' if f == 'qkv_bias' else ''}, got {v!r}")
-        if self.n_embd % self.n_head:
+                                 f"{' or None (= bias)' if optional else ''}, got {v!r}")
+        if self.positions == "learned" and self.block_size > self.position_rows:
+            raise ValueError(f"block_size={self.block_size} exceeds the position table's "
+                             f"n_positions={self.n_positions} rows")
+        if self.d_head is None and self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.n_head % self.kv_heads:
             raise ValueError(f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head} "
@@ -69,7 +79,12 @@ class GPTConfig:
     # -- resolved defaults ---------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.n_embd // self.n_head if self.d_head is None else self.d_head
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table: n_positions, else block_size."""
+        return self.block_size if self.n_positions is None else self.n_positions
 
     @property
     def kv_heads(self) -> int:
@@ -84,6 +99,14 @@ class GPTConfig:
         return self.bias if self.qkv_bias is None else self.qkv_bias
 
     @property
+    def has_o_bias(self) -> bool:
+        return self.bias if self.o_bias is None else self.o_bias
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
     def norm_params(self) -> tuple[str, ...]:
         """A norm's parameters: LayerNorm's gain and (with biases) bias; RMSNorm's gain."""
         return ("weight", "bias") if self.norm == "layernorm" and self.bias else ("weight",)
@@ -93,7 +116,8 @@ class GPTConfig:
         """The fields set away from GPT-2's block (each one sliced by model parallelism too:
         zerospec/model/megatron.py)."""
         return [f"{f}={getattr(self, f)!r}" for f in ("norm", "mlp", "n_kv_head", "positions",
-                                                     "tie_embeddings", "bias", "qkv_bias", "d_ff")
+                                                     "tie_embeddings", "bias", "qkv_bias", "o_bias",
+                                                     "mlp_bias", "d_head", "d_ff")
                 if getattr(self, f) != GPTConfig.__dataclass_fields__[f].default]
 
     def padded_vocab(self, n_m: int = 1) -> int:
@@ -126,31 +150,54 @@ class GPTConfig:
         check_tiles(self, tiles, n_m)
         d, hd, f = self.n_embd, self.head_dim, self.ff // n_m
         q, kv = self.n_head * hd // n_m, self.kv_heads * hd // n_m
-        b, norm = self.bias, self.norm_params
+        ob, mb, norm = self.has_o_bias, self.has_mlp_bias, self.norm_params
 
         def linear(name, out, inp, bias):
             return [(f"{name}.weight", (out, inp))] + ([(f"{name}.bias", (out,))] if bias else [])
 
-        mlp_in = (linear("mlp.c_gate", f, d, b) if self.mlp == "swiglu" else []) + linear("mlp.c_fc", f, d, b)
+        mlp_in = (linear("mlp.c_gate", f, d, mb) if self.mlp == "swiglu" else []) + linear("mlp.c_fc", f, d, mb)
         block = ([(f"ln_1.{n}", (d,)) for n in norm]
                  + linear("attn.c_attn", q + 2 * kv, d, self.has_qkv_bias)
-                 + linear("attn.c_proj", d, q, False) + ([("attn.c_proj.bias", (d,))] if b else [])
+                 + linear("attn.c_proj", d, q, False) + ([("attn.c_proj.bias", (d,))] if ob else [])
                  + [(f"ln_2.{n}", (d,)) for n in norm]
-                 + mlp_in + linear("mlp.c_proj", d, f, False) + ([("mlp.c_proj.bias", (d,))] if b else []))
+                 + mlp_in + linear("mlp.c_proj", d, f, False) + ([("mlp.c_proj.bias", (d,))] if mb else []))
         v = self.padded_vocab(n_m) // n_m                   # this rank's rows of the vocabulary
-        embed = [("wte", (v, d))] + ([("wpe", (self.block_size, d))]
+        embed = [("wte", (v, d))] + ([("wpe", (self.position_rows, d))]
                                                    if self.positions == "learned" else [])
         head = [] if self.tie_embeddings else [("lm_head", [("weight", (v, d))])]
         blocks = [(f"h.{i}", list(block)) for i in range(self.n_layer)]
         if tiles > 1:
             ft = f // tiles
-            tile = ((linear("mlp.c_gate", ft, d, b) if self.mlp == "swiglu" else [])
-                    + linear("mlp.c_fc", ft, d, b) + linear("mlp.c_proj", d, ft, False))
+            tile = ((linear("mlp.c_gate", ft, d, mb) if self.mlp == "swiglu" else [])
+                    + linear("mlp.c_fc", ft, d, mb) + linear("mlp.c_proj", d, ft, False))
             moved = {n for n, _ in mlp_in} | {"mlp.c_proj.weight"}
             blocks = [u for i in range(self.n_layer)
                       for u in [(f"h.{i}", [(n, s) for n, s in block if n not in moved])]
                       + [(f"h.{i}.mlp{k}", list(tile)) for k in range(tiles)]]
         return [("embed", embed)] + blocks + [("ln_f", [(n, (d,)) for n in norm])] + head
+
+    def largest_module(self, n_m: int = 1) -> int:
+        """The parameters of the largest single module, as DeepSpeed's ``model_to_params``
+        (deepspeed/runtime/zero/stage3.py, feeding estimate_zero3_model_states_mem_needs) takes
+        it: each module's own parameters (recurse=False), the largest. Modules as transformers
+        builds them: GPT-2's fused c_attn; the Llama family's q_proj, k_proj, v_proj apart."""
+        sizes: dict[str, int] = {}
+        q, kv = self.n_head * self.head_dim // n_m, self.kv_heads * self.head_dim // n_m
+        for unit, params in self.unit_spec(n_m):
+            for name, shape in params:
+                module, _, _ = name.rpartition(".")
+                n = 1
+                for x in shape:
+                    n *= x
+                if module == "attn.c_attn" and self.positions == "rope":
+                    part = shape[-1] if name.endswith("weight") else 1
+                    for m, rows in (("q", q), ("k", kv), ("v", kv)):
+                        key = f"{unit}.{m}_proj"
+                        sizes[key] = sizes.get(key, 0) + rows * part
+                    continue
+                key = f"{unit}.{module or name}"
+                sizes[key] = sizes.get(key, 0) + n
+        return max(sizes.values())
 
     def units(self, n_d: int, pad: bool = True, n_m: int = 1, tiles: int = 1) -> tuple[Unit, ...]:
         from .units import make_units   # here: units.py lays tensors out, and imports torch
@@ -161,21 +208,24 @@ class GPTConfig:
         """Parameter count Ψ, exact, from the shapes (a tied LM head is wte, counted once):
 
             Ψ = L·[d·(q + 2·kv) + q·d + m·d·f            (QKV, attention out, MLP weights)
-                   + β_qkv·(q + 2·kv) + β·(d + (m−1)·f + d)  (biases)
+                   + β_qkv·(q + 2·kv) + β_o·d + β_mlp·((m−1)·f + d)  (biases)
                    + 2·ν·d]                               (two norms)
-              + V·d·(2 − tied) + λ·T·d + ν·d              (embeddings, LM head, final norm)
+              + V·d·(2 − tied) + λ·P·d + ν·d              (embeddings, LM head, final norm)
 
-        with q = d (n_head·head_dim), kv = n_kv_head·head_dim, f = d_ff, m = 2 (GELU) or 3
-        (SwiGLU's gate, up and down), β / β_qkv = 1 with biases / q-k-v biases, ν = 2 for a
-        LayerNorm with bias else 1, λ = 1 for a learned position table. GPT-2 (kv = q = d,
+        with q = n_head·head_dim (d unless head_dim is set), kv = n_kv_head·head_dim, f = d_ff,
+        m = 2 (GELU) or 3 (SwiGLU's gate, up and down), β_qkv / β_o / β_mlp = 1 with q-k-v /
+        attention-output / MLP biases, ν = 2 for a LayerNorm with bias else 1, λ = 1 for a
+        learned position table of P = n_positions rows (the model's, not the step's sequence).
+        GPT-2 (kv = q = d,
         f = 4d, m = 2, β = β_qkv = 1, ν = 2, λ = 1, tied): 12·L·d² + 13·L·d + (V + T)·d + 2·d."""
-        d, L, V, T = self.n_embd, self.n_layer, self.vocab_size, self.block_size
-        q, kv, f = d, self.kv_heads * self.head_dim, self.ff
+        d, L, V, T = self.n_embd, self.n_layer, self.vocab_size, self.position_rows
+        q, kv, f = self.n_head * self.head_dim, self.kv_heads * self.head_dim, self.ff
         m = 3 if self.mlp == "swiglu" else 2
-        nu, beta, beta_qkv = len(self.norm_params), int(self.bias), int(self.has_qkv_bias)
+        nu, beta_qkv = len(self.norm_params), int(self.has_qkv_bias)
+        beta_o, beta_mlp = int(self.has_o_bias), int(self.has_mlp_bias)
         lam = int(self.positions == "learned")
         block = (d * (q + 2 * kv) + q * d + m * d * f + beta_qkv * (q + 2 * kv)
-                 + beta * (d + (m - 1) * f + d) + 2 * nu * d)
+                 + beta_o * d + beta_mlp * ((m - 1) * f + d) + 2 * nu * d)
         return L * block + V * d * (2 - self.tie_embeddings) + lam * T * d + nu * d
 
 

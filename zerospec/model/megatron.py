@@ -67,12 +67,13 @@ def psi_per_rank(cfg: GPTConfig, n_m: int) -> int:
     (and of an untied head), padding included; the position table and final norm (the shapes of
     :meth:`GPTConfig.unit_spec`, as in :attr:`GPTConfig.psi`)."""
     check_mp(cfg, n_m)
-    d, L, T = cfg.n_embd, cfg.n_layer, cfg.block_size
+    d, L, T = cfg.n_embd, cfg.n_layer, cfg.position_rows
     q, kv, f = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.ff
     m = 3 if cfg.mlp == "swiglu" else 2
-    nu, beta, beta_qkv = len(cfg.norm_params), int(cfg.bias), int(cfg.has_qkv_bias)
-    sliced = d * (q + 2 * kv) + q * d + m * d * f + beta_qkv * (q + 2 * kv) + beta * (m - 1) * f
-    replicated = beta * 2 * d + 2 * nu * d
+    nu, beta_qkv = len(cfg.norm_params), int(cfg.has_qkv_bias)
+    beta_o, beta_mlp = int(cfg.has_o_bias), int(cfg.has_mlp_bias)
+    sliced = d * (q + 2 * kv) + q * d + m * d * f + beta_qkv * (q + 2 * kv) + beta_mlp * (m - 1) * f
+    replicated = (beta_o + beta_mlp) * d + 2 * nu * d
     vocab = cfg.padded_vocab(n_m) // n_m * d * (2 - cfg.tie_embeddings)
     outside = vocab + (cfg.positions == "learned") * T * d + nu * d
     return L * (sliced // n_m + replicated) + outside

@@ -60,8 +60,8 @@ GPT2_CONTEXT = 1024
 
 def gpt(layers: int, d: int, heads: int) -> GPTConfig:
     """A GPT-2-vocabulary, 1K-context model of ``layers`` blocks of width ``d``."""
-    return GPTConfig(vocab_size=GPT2_VOCAB, block_size=GPT2_CONTEXT, n_layer=layers, n_head=heads,
-                     n_embd=d)
+    return GPTConfig(vocab_size=GPT2_VOCAB, block_size=GPT2_CONTEXT, n_positions=GPT2_CONTEXT,
+                     n_layer=layers, n_head=heads, n_embd=d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +159,8 @@ PUBLISHED = {p.name: p for p in (
            _hf("Qwen/Qwen2.5-7B", "; q/k/v biases (Qwen2); model card: 7.61B parameters")),
     Preset("qwen2.5-72b", 72.7e9, llama(80, 8192, 64, 8, 29568, 152064, 131072, 1e6, 1e-5, True),
            _hf("Qwen/Qwen2.5-72B", "; q/k/v biases (Qwen2); model card: 72.7B parameters")),
-    Preset("gpt-3-175b", 175e9, GPTConfig(vocab_size=GPT2_VOCAB, block_size=2048, n_layer=96,
-                                          n_head=96, n_embd=12288),
+    Preset("gpt-3-175b", 175e9, GPTConfig(vocab_size=GPT2_VOCAB, block_size=2048, n_positions=2048,
+                                          n_layer=96, n_head=96, n_embd=12288),
            "Brown et al. 2020, Table 2.1 (GPT-3 175B: 96 layers, d 12288, 96 heads, context 2048) "
            "with GPT-2's vocabulary and block (LayerNorm, GELU, learned positions, tied, biases)"),
 )}

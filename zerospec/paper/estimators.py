@@ -108,15 +108,25 @@ def megatron_bytes(stage: int, psi, n_d: int, dtype: str = "fp16") -> Fraction |
     return None
 
 
+# fp32 training (no fp16/bf16): 4-byte parameters and gradients, no master copy, K = 8
+# (theory.model_state_bytes's p and k); the formulas as the paper's, with those numbers
+FP32_FORMULAS = {0: "(4+4+8)Ψ", 1: "8Ψ+8Ψ/N", 2: "4Ψ+12Ψ/N", 3: "16Ψ/N"}
+
+
 def estimators(largest_layer: int = 0, megatron_dtype: str = "fp16") -> dict[str, Estimator]:
-    """The three estimators; ``largest_layer`` feeds DeepSpeed's ZeRO-3 gather buffer (4 B/param)."""
+    """The three estimators; ``largest_layer`` feeds DeepSpeed's ZeRO-3 gather buffer (4 B/param).
+    ``megatron_dtype`` is the run's precision: "fp32" makes the paper's accounting fp32's too
+    (p = 4, K = 8); DeepSpeed's formulas take no dtype."""
     megatron_bytes(0, 1, 1, megatron_dtype)          # validates the dtype name
     full, (rep, shard) = MEGATRON_BYTES[megatron_dtype]
+    fp32 = megatron_dtype == "fp32"
     return {
         "paper": Estimator(
-            "paper", "ZeRO §3.1, §5 (C2, C6–C9)",
+            "paper", "ZeRO §3.1, §5 (C2, C6–C9)" + (", fp32: p = 4, K = 8" if fp32 else ""),
+            "fp32 param 4 + fp32 grad 4 + momentum/variance 8 = 16 B/param" if fp32 else
             "fp16 param 2 + fp16 grad 2 + fp32 master/momentum/variance 12 = 16 B/param",
-            {s.index: s.formula for s in theory.STAGES}, _paper),
+            FP32_FORMULAS if fp32 else {s.index: s.formula for s in theory.STAGES},
+            (lambda s, p, n: theory.model_state_bytes(s, p, n, 8, 4)) if fp32 else _paper),
         "deepspeed": Estimator(
             "deepspeed", "DeepSpeed estimate_zero2/zero3_model_states_mem_needs (no offload)",
             "adds an fp32 gradient shard (+4Ψ/N); ZeRO-3 adds 4 B × largest layer in flight",

@@ -130,10 +130,12 @@ def plan_table(psi, n_d: int, gpu_bytes: int, bandwidth, stages=(0, 1, 2, 3), un
 
 
 def estimator_table(psi, n_d: int, gpu_bytes: int, stages=(0, 1, 2, 3), unit: str = "GB",
-                    largest_layer: int = 0, names=ESTIMATOR_NAMES) -> Table:
-    """The same question answered by the paper's, DeepSpeed's and Megatron's accounting."""
-    ests = estimators(largest_layer)
-    t = Table("estimators", f"Model states /GPU by estimator (Ψ = {fmt_count(psi)}, N_d = {n_d})",
+                    largest_layer: int = 0, names=ESTIMATOR_NAMES, precision: str = "fp16") -> Table:
+    """The same question answered by the paper's, DeepSpeed's and Megatron's accounting, for the
+    run's ``precision`` (fp16, bf16 or fp32)."""
+    ests = estimators(largest_layer, precision)
+    t = Table("estimators", f"Model states /GPU by estimator (Ψ = {fmt_count(psi)}, N_d = {n_d}"
+              + (f", {precision}" if precision != "fp16" else "") + ")",
               ["Stage"] + [f"{n} (formula)" for n in names] + [f"{n}" for n in names],
               fmt={1 + len(names) + i: (lambda v: fmt_bytes(v, unit)) for i in range(len(names))})
     for s in stages:
@@ -142,7 +144,8 @@ def estimator_table(psi, n_d: int, gpu_bytes: int, stages=(0, 1, 2, 3), unit: st
     for n in names:
         t.notes.append(f"- {n}: {ests[n].counts} [{ests[n].source}]")
     if "deepspeed" in names:
-        t.notes.append(f"- L (largest layer) = {largest_layer:,} parameters (--largest-layer).")
+        t.notes.append(f"- L (largest layer) = {largest_layer:,} parameters (--largest-layer, or "
+                       f"the preset's largest single module).")
     t.notes.append("- n/a (—): that tool has no formula for the stage.")
     return t
 

@@ -31,10 +31,10 @@ from ..model.presets import preset
 from ..render.format import Table, fmt_bytes, fmt_count, fmt_psi
 from .ds_config import DeepSpeedConfig
 from .ds_offload import offload_kwargs as _offload_kwargs, offload_rows as _offload_rows
+from .ds_zeropp import MICS_NOTE, hpz_check  # noqa: F401  (MICS_NOTE: read from here by tests)
+from .ds_zeropp import zeropp_kwargs as _zeropp_kwargs, zeropp_rows as _zeropp_rows
 
 
-MICS_NOTE = ("mics_shard_size: modelled by zerospec (spec/mics.md), but DeepSpeed 0.19 removed MiCS "
-             "and refuses the key; FSDP2's HSDP is the running peer")
 
 
 def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activations: int = 0,
@@ -69,6 +69,8 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
                     "each block's biases and norms whole")
         left.append("stage3_prefetch_bucket_size, stage3_max_live_parameters, overlap_comm: when "
                     "parameters arrive, bounded by the units a step gathers at once")
+    if ds.stage == 3 and ds.zero_hpz_partition_size > 1 and gpus_per_node is None:
+        hpz_check(ds, n_d, None)
     kw.update(_zeropp_kwargs(ds, gpus_per_node, left))
     kw.update(_offload_kwargs(ds, kw, left))
     if kw.get("qgz") and kw.pop("bucket_elements", None):
@@ -89,32 +91,6 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
             left.append("contiguous_memory_optimization: no checkpoints to make contiguous")
     left += [f"{k} ({why})" for k, why in ds.not_modelled]
     return kw, left
-
-
-def _zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[str]) -> dict:
-    """ZeRO++'s and MiCS's keys → measure()'s hpz, qwz, qgz, shard_group (stage 3, as DeepSpeed)."""
-    kw = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
-    h, p = ds.zero_hpz_partition_size, ds.mics_shard_size
-    on = {"zero_hpz_partition_size": h > 1, "zero_quantized_weights": ds.zero_quantized_weights,
-          "zero_quantized_gradients": ds.zero_quantized_gradients, "mics_shard_size": p > 0}
-    if ds.stage != 3:
-        left += [f"{k}: a ZeRO-3 setting (spec/zeropp.md, spec/mics.md); no effect at stage "
-                 f"{ds.stage}" for k, v in on.items() if v]
-        return kw
-    if h > 1:
-        if gpus_per_node is None:
-            raise ValueError(f"{ds.path!r}: zero_hpz_partition_size = {h} keeps each secondary "
-                             f"partition inside a node, so it needs the GPUs per node; accepted: "
-                             f"--gpus-per-node G or --machine NAME (h must divide G)")
-        kw["hpz"] = h
-    if ds.zero_quantized_weights:
-        kw["qwz"] = True
-    if ds.zero_quantized_gradients:
-        kw["qgz"] = True
-    if p > 0:
-        kw["shard_group"] = p
-        left.append(MICS_NOTE)
-    return kw
 
 
 def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
@@ -169,38 +145,6 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
     return t
 
 
-def _zeropp_rows(ds: DeepSpeedConfig, psi: int, n_d: int, row) -> None:
-    """What each ZeRO++ / MiCS key the file sets moves, in closed form (D2, D6, M1, M2)."""
-    from ..paper import theory
-    h, p = ds.zero_hpz_partition_size, ds.mics_shard_size
-    m = f"{fmt_count(psi * theory.ring_factor(n_d))} fp16 elements (M(N−1)/N)"
-    effect = {
-        "zero_hpz_partition_size": h > 1 and
-        f"hpZ: backward's all-gather inside {h} ranks of a node: 0 across nodes instead of {m} "
-        f"(D2); costs 2Ψ/h = {fmt_bytes(theory.hpz_secondary_bytes(psi, h))} per GPU of "
-        f"secondary shards (D6)",
-        "zero_quantized_weights": ds.zero_quantized_weights and
-        "qwZ: the weight all-gathers as int8 + fp32 scales: half of their fp16 bytes across "
-        "nodes (D2: M → 0.5M)",
-        "zero_quantized_gradients": ds.zero_quantized_gradients and
-        "qgZ: the gradient reduce-scatter as an int4 all-to-all, inside the node then across: a "
-        "quarter of its fp16 bytes, (n−1)/n of it leaving a node (D2: M → 0.25M, D3)",
-        "mics_shard_size": p > 0 and
-        (f"MiCS: shards over {p} GPUs, replicates over the N_d/p = {n_d // p} groups: model "
-         f"states of N_d = p (M1), and one all-reduce of each GPU's Ψ/p gradient shard across "
-         f"groups, {fmt_count(theory.mics_replica_all_reduce(psi, n_d, p))} elements per GPU (M2)"
-         if n_d % p == 0 else f"MiCS: p = {p} must divide N_d = {n_d}")
-        + "; DeepSpeed 0.19 refuses this key (MiCS removed; FSDP2's HSDP is the peer)"}
-    for key, text in effect.items():
-        if key in ds.given:
-            row(key, "off" if not text else text if ds.stage == 3 else
-                f"a ZeRO-3 setting: moves nothing at stage {ds.stage}")
-
-
-ZEROPP_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
-               "mics_shard_size")
-
-
 def merge(ds: DeepSpeedConfig, kw: dict, extra: dict) -> dict:
     """The config's measure() settings with the command line's ``extra``; a flag that contradicts
     the file is refused, naming both."""
@@ -213,12 +157,13 @@ def merge(ds: DeepSpeedConfig, kw: dict, extra: dict) -> dict:
     return out
 
 
-def deepspeed_table(ds, psi: int, n_d: int):
+def deepspeed_table(ds, psi: int, n_d: int, gpus_per_node: int | None = None):
     """What a DeepSpeed config's ZeRO settings imply for Ψ on N_d GPUs, from the closed forms
     (spec/deepspeed.md measures each on a real DeepSpeed). Per-tensor effects (which tensors stay
     whole) need the model's tensor sizes: a meta-tensor prediction is a follow-up."""
     from ..paper import theory
     s = ds.stage
+    hpz_check(ds, n_d, gpus_per_node)
     t = Table("deepspeed_config", f"DeepSpeed ZeRO-{s} config for Ψ = {fmt_count(psi)} on N_d = {n_d} "
               f"GPUs (closed form)", ["Setting", "Value", "What it implies (closed form)"])
 
@@ -258,6 +203,7 @@ def deepspeed_table(ds, psi: int, n_d: int):
         k, elems = 2, theory.comm_elements(0, psi, n_d)          # plain DP: one all-reduce
     _zeropp_rows(ds, psi, n_d, row)
     _offload_rows(ds, psi, n_d, t)
+    _other_rows(ds, n_d, row, t)
     volume = (f"{k}Ψ(N−1)/N = {fmt_psi(elems / Fraction(psi))} = {fmt_count(elems)} elements per GPU"
               if k else "between 2Ψ and 3Ψ: depends on tensor sizes and order (a meta-tensor "
                         "prediction is a follow-up)")
@@ -270,3 +216,38 @@ def deepspeed_table(ds, psi: int, n_d: int):
         t.notes.append("Not modelled: " + "; ".join(f"{k} ({why})" for k, why in ds.not_modelled)
                        + ".")
     return t
+
+
+def _other_rows(ds: DeepSpeedConfig, n_d: int, row, t) -> None:
+    """The settings the closed forms above do not move, each said, and the batch keys by
+    DeepSpeed's rule (an inconsistent batch is refused here as in the measured step)."""
+    s = ds.stage
+    if s == 3:
+        row("reduce_bucket_size", "gradient buckets: when gradients are reduced; the volume above")
+        row("stage3_max_live_parameters", "bounds the parameters gathered at once: the closed "
+            "form gathers one layer at a time (the measured step, --preset, one unit)")
+    if s >= 2:
+        row("contiguous_gradients", "gradients copied into one contiguous buffer (M_D): the same "
+            "model-state bytes; the measured step (--preset) books it")
+    row("overlap_comm", "reductions overlapped with backward: when, not how much (DeepSpeed also "
+        "keeps a second reduce bucket in flight at stages 1–2, measured with --preset)")
+    for key in ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"):
+        if key in ds.given:
+            row(key, "activations: not model states; measured by `plan --explain "
+                "--checkpoint-activations K`")
+    if ds.train_batch_size is None and ds.train_micro_batch_size_per_gpu is None and \
+            "train_micro_batch_size_per_gpu" not in ds.auto:
+        t.add("batch", "not set", "neither train_batch_size nor train_micro_batch_size_per_gpu: "
+              "DeepSpeed will not start without one (a measured step refuses it); model states "
+              "do not depend on it")
+    elif "train_micro_batch_size_per_gpu" in ds.auto:
+        t.add("batch", "auto", "train_micro_batch_size_per_gpu \"auto\": transformers fills it "
+              "from per_device_train_batch_size (`plan --explain --micro-batch N`); model states "
+              "do not depend on it")
+    else:
+        b = ds.batch(n_d)
+        t.add("batch", f"{b.micro} × {b.gas} × {n_d}", f"train_batch_size {b.train:,} = "
+              f"micro-batch × gradient_accumulation_steps × N_d (DeepSpeed's rule); model states "
+              f"do not depend on it, activations do (`plan --explain`)")
+    for key, how in ds.resolved:
+        t.notes.append(f"{key}: {how}.")

@@ -4,12 +4,19 @@
 DeepSpeed 0.19.8's default where the file is silent (deepspeed/runtime/zero/config.py), the batch
 keys as given (:meth:`DeepSpeedConfig.batch` resolves them for N_d GPUs by DeepSpeed's rule), and
 every other key of the file in :attr:`DeepSpeedConfig.not_modelled`, each with why: nothing is
-ignored silently. Torch-free: the command line reads a config before it imports anything heavy.
+ignored silently. DeepSpeed's own reading (unknown keys refused, deprecated keys moved, ``"auto"``
+dropped) is zerospec/plan/ds_owner.py's; an ``"auto"`` transformers' Trainer fills waits in
+:attr:`DeepSpeedConfig.auto` until :meth:`DeepSpeedConfig.resolve` has the model and the
+micro-batch. Torch-free: the command line reads a config before it imports anything heavy.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
+
+from . import ds_owner
+from .ds_auto import HIDDEN_AUTO, autos as _autos
+from .ds_owner import OFFLOAD_DEFAULTS, OFFLOAD_DEVICES, OFFLOAD_NOT_MODELLED
 
 # zero_optimization settings zerospec reads, with DeepSpeed 0.19.8's defaults. overlap_comm's
 # default depends on the stage (True at 3, else False: DeepSpeed's overlap_comm_valid).
@@ -28,29 +35,6 @@ ZEROPP_DEFAULTS = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False
                    "zero_quantized_gradients": False, "mics_shard_size": -1}
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
-# ZeRO-Offload's and ZeRO-Infinity's sections (deepspeed/runtime/zero/offload_config.py, 0.19.8):
-# each key with its default; the keys marked in OFFLOAD_READ change what is measured (spec/offload.md)
-OFFLOAD_DEFAULTS = {
-    "offload_optimizer": {"device": "none", "nvme_path": None, "buffer_count": 4, "pin_memory": True,
-                          "pipeline_read": False, "pipeline_write": False, "fast_init": False,
-                          "ratio": 1.0, "super_offload": False, "cpuadam_cores_perc": 0.8},
-    "offload_param": {"device": "none", "nvme_path": None, "buffer_count": 5,
-                      "buffer_size": 100_000_000, "max_in_cpu": 1_000_000_000, "pin_memory": True}}
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-# why each offload key that changes no byte zerospec counts is not modelled
-OFFLOAD_NOT_MODELLED = {
-    "nvme_path": "where the swap files go on the machine that runs it: no byte changes",
-    "pin_memory": "page-locked or pageable host memory: the same bytes, a different speed",
-    "pipeline_read": "overlaps NVMe reads with the host Adam: when, not how much",
-    "pipeline_write": "overlaps NVMe writes with the host Adam: when, not how much",
-    "fast_init": "how the NVMe files are first written: no byte of the step",
-    "ratio": "ZeRO-3's partial offload (the rest of the states and Adam on the GPU): measured as 1, "
-             "everything on the host",
-    "super_offload": "a Superchip's CPU offload: measured as the plain host path",
-    "cpuadam_cores_perc": "CPU cores for the host Adam: speed only",
-    "max_in_cpu": "parameters kept in host memory before NVMe: measured as all on NVMe",
-    "buffer_count": "DeepSpeed's pinned swap buffers exist only with device nvme",
-    "buffer_size": "DeepSpeed's pinned swap buffers exist only with device nvme"}
 # read but changing no byte the ledger counts
 NO_BYTES = {"steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
             "gradient_predivide_factor", "gradient_clipping"}
@@ -107,12 +91,24 @@ class DeepSpeedConfig:
     gradient_accumulation_steps: int | None
     given: frozenset[str]               # the zero_optimization / activation keys the file sets
     not_modelled: tuple[tuple[str, str], ...]   # (dotted key, why) for every other key
+    auto: frozenset[str] = frozenset()  # keys still "auto" (None above): resolve() fills them
+    resolved: tuple[tuple[str, str], ...] = ()  # (dotted key, "auto → value, from where")
+
+    def resolve(self, hidden_size: int | None = None, micro_batch: int | None = None,
+                ) -> "DeepSpeedConfig":
+        """The "auto" values transformers' Trainer fills (zerospec/plan/ds_auto.py)."""
+        from .ds_auto import resolve
+        return resolve(self, hidden_size, micro_batch)
 
     def batch(self, n_d: int) -> Batch:
         """DeepSpeed's batch rule for N_d GPUs: two of the three keys give the third (floor
         division, as DeepSpeed), then train_batch_size = micro × gas × N_d must hold exactly."""
         t, m, g = (self.train_batch_size, self.train_micro_batch_size_per_gpu,
                    self.gradient_accumulation_steps)
+        if "train_micro_batch_size_per_gpu" in self.auto:
+            raise ValueError(f"{self.path!r}: train_micro_batch_size_per_gpu is \"auto\", which "
+                             f"transformers fills from per_device_train_batch_size; give "
+                             f"--micro-batch N")
         if t is None and m is None:
             raise ValueError(f"{self.path!r}: neither train_batch_size nor "
                              f"train_micro_batch_size_per_gpu is set; DeepSpeed needs one")
@@ -135,7 +131,7 @@ def _number(path: str, key: str, value, *, bool_: bool = False, positive: bool =
         return value
     # DeepSpeed accepts 5e8 for an integer setting
     ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and float(value) == int(value) and value >= (1 if positive else 0))
+          and math.isfinite(value) and float(value) == int(value) and value >= (1 if positive else 0))
     if not ok:
         raise ValueError(f"{path!r}: {key} = {value!r}; accepted: an integer >= {int(positive)}")
     return int(value)
@@ -148,15 +144,20 @@ def _section(path: str, doc: dict, name: str) -> dict:
     return sec
 
 
-def _precision(path: str, doc: dict) -> str:
+def _precision(path: str, doc: dict, resolved: list) -> str:
+    """fp16 / bf16 (or the legacy bfloat16) enabled, else fp32; ``enabled: "auto"`` as
+    transformers fills it: TrainingArguments' fp16 / bf16, False unless asked (fp32)."""
     on = []
-    for key in ("fp16", "bf16", "bfloat16"):
-        sec = _section(path, doc, key)
-        if sec.get("enabled", False) is True:
-            on.append("fp16" if key == "fp16" else "bf16")
-        elif sec.get("enabled", False) not in (False,):
-            raise ValueError(f"{path!r}: {key}.enabled = {sec['enabled']!r}; accepted: true or false")
-    if len(on) > 1 and set(on) != {"bf16"}:
+    for name, (key, sec) in ds_owner.precision_sections(path, doc).items():
+        enabled = sec.get("enabled", False)
+        if enabled == "auto":
+            resolved.append((f"{key}.enabled", f"auto → false (transformers: TrainingArguments."
+                                               f"{name} defaults to False)"))
+        elif enabled is True:
+            on.append(name)
+        elif enabled is not False:
+            raise ValueError(f"{path!r}: {key}.enabled = {enabled!r}; accepted: true or false")
+    if len(on) > 1:
         raise ValueError(f"{path!r}: fp16 and bf16 are both enabled; DeepSpeed accepts one")
     return on[0] if on else "fp32"
 
@@ -166,10 +167,8 @@ def _offload(path: str, zero: dict, name: str, left: list) -> Offload | None:
     changes no counted byte (:data:`OFFLOAD_NOT_MODELLED`) goes to ``left``, with why."""
     sec, defaults = _section(path, zero, name), OFFLOAD_DEFAULTS[name]
     where = f"zero_optimization.{name}"
-    unknown = sorted(set(sec) - set(defaults))
-    if unknown:
-        raise ValueError(f"{path!r}: {where}.{unknown[0]} is not a DeepSpeed 0.19.8 setting; "
-                         f"accepted: {', '.join(defaults)}")
+    ds_owner.unknown(path, where, sec, defaults)
+    sec = {k: v for k, v in sec.items() if v != "auto"}      # DeepSpeed drops "auto"
     device = sec.get("device", "none")
     if device not in OFFLOAD_DEVICES:
         raise ValueError(f"{path!r}: {where}.device = {device!r}; accepted: "
@@ -199,16 +198,32 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
     would refuse raises ValueError naming the key, the value and what is accepted."""
     if not isinstance(doc, dict):
         raise ValueError(f"{path!r}: a DeepSpeed config is a JSON object, got a {type(doc).__name__}")
-    zero, act = _section(path, doc, "zero_optimization"), _section(path, doc, "activation_checkpointing")
-    kw = {}
+    ds_owner.check_finite(path, doc)
+    zero, legacy = ds_owner.zero_section(path, doc)
+    act = _section(path, doc, "activation_checkpointing")
+    kw, auto, resolved = {}, set(), []
+    stage = zero.get("stage", 0)
     for key, default in ZERO_DEFAULTS.items():
         value = zero.get(key, default)
+        if value == "auto":           # DeepSpeedConfigModel drops it: the default, unless
+            if key in HIDDEN_AUTO and (stage == 3 or key == "reduce_bucket_size"):
+                auto.add(f"zero_optimization.{key}")    # transformers fills it (resolve)
+                kw[key] = None
+                continue
+            value = default
+            resolved.append((f"zero_optimization.{key}", "auto → DeepSpeed's default (its config "
+                                                         "model drops \"auto\")"))
         if value is None:             # overlap_comm: DeepSpeed's stage-dependent default
             value = kw["stage"] == 3
         kw[key] = _number(path, f"zero_optimization.{key}", value,
-                          bool_=default is None or isinstance(default, bool))
+                          bool_=default is None or isinstance(default, bool),
+                          positive=key == "reduce_bucket_size")    # Field(gt=0) in 0.19.8
     for key, default in ZEROPP_DEFAULTS.items():
         value = zero.get(key, default)
+        if value == "auto":           # dropped by DeepSpeed's config model: the default
+            value = default
+            resolved.append((f"zero_optimization.{key}", "auto → DeepSpeed's default (its config "
+                                                         "model drops \"auto\")"))
         if key == "mics_shard_size" and value == -1:
             kw[key] = -1
         elif key == "mics_shard_size" and (isinstance(value, bool) or not isinstance(value, int)
@@ -223,8 +238,19 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
     for key, default in ACTIVATION_DEFAULTS.items():
         kw[key] = _number(path, f"activation_checkpointing.{key}", act.get(key, default), bool_=True)
     for key in BATCH_KEYS:
+        if doc.get(key) == "auto":    # transformers: from the micro-batch and the accumulation
+            if key == "train_micro_batch_size_per_gpu":
+                auto.add(key)          # --micro-batch fills it (resolve)
+            elif key == "gradient_accumulation_steps":
+                resolved.append((key, "auto → 1 (transformers: TrainingArguments."
+                                      "gradient_accumulation_steps defaults to 1)"))
+            else:
+                resolved.append((key, "auto → micro × gas × N_d (transformers: world_size × "
+                                      "per_device_train_batch_size × gradient_accumulation_steps)"))
+            kw[key] = 1 if key == "gradient_accumulation_steps" else None
+            continue
         kw[key] = None if doc.get(key) is None else _number(path, key, doc[key], positive=True)
-    left = []
+    left = list(legacy)
     offload = {k: _offload(path, zero, k, left) for k in OFFLOAD_DEFAULTS}
     for key in doc:
         if key in BATCH_KEYS or key in ("zero_optimization", "activation_checkpointing", "fp16",
@@ -236,24 +262,33 @@ def parse(doc, path: str = "<config>") -> DeepSpeedConfig:
                      if key == "aio" else "not read by zerospec"))
     for key in zero:
         if key not in ZERO_DEFAULTS and key not in ZEROPP_DEFAULTS and key not in OFFLOAD_DEFAULTS:
-            left.append((f"zero_optimization.{key}", "not read by zerospec"))
+            left.append((f"zero_optimization.{key}", "not read by zerospec" + (
+                f": {ds_owner.ZERO_WHY[key]}" if key in ds_owner.ZERO_WHY else "")))
     for sec in ("fp16", "bf16", "bfloat16"):   # loss scaling and the like: no byte of the step
         left += [(f"{sec}.{k}", "changes no byte of the step") for k in doc.get(sec, {})
                  if k != "enabled"]
+    left += [(f"{k} (\"auto\")", "filled by transformers' Trainer; not modelled") for k in
+             _autos(doc) if k.partition(".")[0] not in ("zero_optimization", "fp16", "bf16",
+                                                        *BATCH_KEYS)]
     for key in act:
         if key not in ACTIVATION_DEFAULTS:
-            left.append((f"activation_checkpointing.{key}", "not read by zerospec"))
+            left.append((f"activation_checkpointing.{key}", "not read by zerospec" + {
+                "number_checkpoints": ": the model code's checkpoint count; zerospec's is "
+                                      "--checkpoint-activations K",
+                "synchronize_checkpoint_boundary": ": a device synchronisation, no byte",
+                "profile": ": timing, no byte"}.get(key, "")))
     given = frozenset([k for k in zero if k in ZERO_DEFAULTS or k in ZEROPP_DEFAULTS
                        or k in OFFLOAD_DEFAULTS] + [k for k in act if k in ACTIVATION_DEFAULTS])
-    return DeepSpeedConfig(path=path, precision=_precision(path, doc), given=given,
-                           not_modelled=tuple(left), **offload, **kw)
+    return DeepSpeedConfig(path=path, precision=_precision(path, doc, resolved), given=given,
+                           not_modelled=tuple(left), auto=frozenset(auto),
+                           resolved=tuple(resolved), **offload, **kw)
+
 
 
 def read(path: str) -> DeepSpeedConfig:
     """Read and :func:`parse` the DeepSpeed JSON config at ``path``."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = ds_owner.load(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read DeepSpeed config {path!r} ({exc}); accepted: a JSON file "
                          f"such as deepspeed.initialize(config=...) takes") from None

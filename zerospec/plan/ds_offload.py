@@ -52,13 +52,16 @@ def offload_rows(ds: DeepSpeedConfig, psi: int, n_d: int, t) -> None:
                                   f"3, offload_param stage 3 (measuring it is refused)")
         return
     from .offload import closed_form
+    from ..paper import theory
     c = closed_form(ds.stage, psi, n_d, "deepspeed", p is not None, ds.precision)
+    # without offload, this stage's own model states (ZeRO-2 keeps its fp16 parameters whole)
+    plain = theory.model_state_bytes(ds.stage, psi, n_d, *((8, 4) if ds.precision == "fp32" else ()))
     t.add("offload_optimizer", o.device,
           f"ZeRO-Offload (DeepSpeed's mode): fp32 states and Adam on the host, {fmt_bytes(c['host'])} "
           f"per GPU between steps with its fp32 gradient buffer" + (" (in NVMe files between steps)"
                                                       if o.device == "nvme" else "")
           + f"; model states on the GPU {fmt_bytes(c['device'])} instead of "
-            f"{fmt_bytes(16 * psi // n_d)}; PCIe per step {fmt_bytes(c['to_host'])} down (fp32 "
+            f"{fmt_bytes(plain)} (ZeRO-{ds.stage} without offload); PCIe per step {fmt_bytes(c['to_host'])} down (fp32 "
             f"gradients), {fmt_bytes(c['from_host'])} up (B5, B6)")
     if p is not None:
         t.add("offload_param", p.device, "ZeRO-Infinity: fp16 parameter partitions on the "

@@ -226,7 +226,7 @@ def estimate_table(ex: Explanation, units: str = "GB", largest_layer: int | None
     """The closed-form estimates beside the measured peak, each with what it leaves out."""
     from ..render.format import Table
     g = _gb(units)
-    L = max(u.numel for u in ex.result.units) if largest_layer is None else largest_layer
+    L = ex.model.largest_module(ex.n_m) if largest_layer is None else largest_layer
     t = Table("explain_estimates", f"Closed-form estimates vs the measured step, Ψ = {ex.psi:,} "
               f"per DP group, N_d = {ex.n_d}", ["Estimate", "Formula", "Per GPU (bytes)",
                                                 f"Per GPU ({units})", f"Fits {ex.where}",
@@ -243,7 +243,8 @@ def estimate_table(ex: Explanation, units: str = "GB", largest_layer: int | None
     t.add("measured: step peak", "ledger", ex.peak, ex.peak, ex.fits, "fragmentation")
     t.add("allocator model: reserved peak", "replay", ex.reserved, ex.reserved,
           ex.reserved <= ex.capacity, "—")
-    t.notes.append(f"DeepSpeed's L = {L:,} parameters (the largest sharding unit"
+    t.notes.append(f"DeepSpeed's L = {L:,} parameters (the largest single module, as its "
+                   f"model_to_params takes it"
                    + (")." if largest_layer is None else "; --largest-layer).")
                    + " An estimate that fits while the step peak does not is the gap a "
                      "model-states-only formula hides.")

@@ -102,6 +102,9 @@ def explain_tables(args, machine) -> list:
     micro, settings, notes, pinned = args.micro_batch, dict(flags), [], {}
     if ds is not None:
         from .deepspeed import config_kwargs, merge
+        from ..model.presets import preset as _preset
+        hidden = (args.hf_config[1] if args.hf_config else _preset(args.preset).model).n_embd
+        ds = ds.resolve(hidden, micro)     # "auto" as transformers' Trainer fills it
         if stage != ds.stage:
             raise ValueError(f"--stage {stage} contradicts {ds.path}'s zero_optimization.stage "
                              f"{ds.stage}; drop one")
@@ -119,10 +122,16 @@ def explain_tables(args, machine) -> list:
             m = dataclasses.replace(m, block_size=args.seq or m.block_size)
             pinned = config_pinned(ds, m, stage, gpus // n_m, n_m)
         notes = [f"From {ds.path}: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".",
+                 *([f"\"auto\" resolved: " + "; ".join(f"{k}: {v}" for k, v in ds.resolved) + "."]
+                   if ds.resolved else []),
                  "Not modelled: " + ("; ".join(left) or "nothing") + "."]
+    if settings.get("offload_mode") is not None and not settings.get("offload_optimizer"):
+        raise ValueError(f"--offload-mode {settings['offload_mode']} says which gradients "
+                         f"ZeRO-Offload sends down; it needs --offload-optimizer cpu or nvme")
     name, model = args.preset, None
     if args.hf_config is not None:
         name, model = args.hf_config
+        notes += _hf_notes(args.hf_config)
     where = (machine.key if machine.m is not None and not args.gpu_mem_given else
              "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)")
     ex = E.explain(name, stage, gpus, args.gpu_mem, where, seq=args.seq, micro_batch=micro or 1,
@@ -157,4 +166,16 @@ def explain_tables(args, machine) -> list:
     if args.fit:
         from .fit import fit_table
         out.append(fit_table(ex, args.units))
+    return out
+
+
+def _hf_notes(c) -> list[str]:
+    """What a config.json left to transformers' defaults, and every key not modelled, with why."""
+    out = []
+    if getattr(c, "defaulted", ()):
+        out.append(f"From {c.name}: absent, transformers' defaults: "
+                   + ", ".join(f"{k} = {v}" for k, v in c.defaulted) + ".")
+    if getattr(c, "not_modelled", ()):
+        out.append(f"Not modelled from {c.name}: "
+                   + "; ".join(f"{k} ({why})" for k, why in c.not_modelled) + ".")
     return out

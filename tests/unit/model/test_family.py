@@ -29,6 +29,14 @@ CONFIGS = {
                                bias=False, d_ff=36),
     "swiglu-bias-tied": GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=3, n_embd=18,
                                   mlp="swiglu", positions="rope", rope_theta=500.0),
+    # Mistral-Nemo's head_dim (heads × head_dim != n_embd), Llama's attention_bias and mlp_bias
+    "head-dim-o-mlp-bias": GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32,
+                                     d_head=12, n_kv_head=2, norm="rmsnorm", mlp="swiglu", d_ff=48,
+                                     positions="rope", tie_embeddings=False, bias=False,
+                                     qkv_bias=True, o_bias=True, mlp_bias=True),
+    # a step shorter than the learned position table (GPT-2 at --seq below n_positions)
+    "short-step": GPTConfig(vocab_size=64, block_size=8, n_positions=16, n_layer=1, n_head=4,
+                            n_embd=32),
 }
 
 
@@ -69,26 +77,27 @@ class Reference(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.c = c
-        d, hd, kv = c.n_embd, c.n_embd // c.n_head, c.n_kv_head or c.n_head
+        d, hd, kv = c.n_embd, c.head_dim, c.n_kv_head or c.n_head
         f, qb = c.d_ff or 4 * d, c.bias if c.qkv_bias is None else c.qkv_bias
+        ob, mb, q = c.has_o_bias, c.has_mlp_bias, c.n_head * hd
         norm = (lambda: nn.RMSNorm(d, eps=c.norm_eps)) if c.norm == "rmsnorm" else \
             (lambda: nn.LayerNorm(d, eps=c.norm_eps, bias=c.bias))
         self.wte = nn.Embedding(c.vocab_size, d)
-        self.wpe = nn.Embedding(c.block_size, d) if c.positions == "learned" else None
+        self.wpe = nn.Embedding(c.position_rows, d) if c.positions == "learned" else None
         self.h = nn.ModuleList()
         for _ in range(c.n_layer):
-            b = nn.ModuleDict({"ln_1": norm(), "q": nn.Linear(d, d, qb), "k": nn.Linear(d, kv * hd, qb),
-                               "v": nn.Linear(d, kv * hd, qb), "o": nn.Linear(d, d, c.bias), "ln_2": norm(),
-                               "up": nn.Linear(d, f, c.bias), "down": nn.Linear(f, d, c.bias)})
+            b = nn.ModuleDict({"ln_1": norm(), "q": nn.Linear(d, q, qb), "k": nn.Linear(d, kv * hd, qb),
+                               "v": nn.Linear(d, kv * hd, qb), "o": nn.Linear(q, d, ob), "ln_2": norm(),
+                               "up": nn.Linear(d, f, mb), "down": nn.Linear(f, d, mb)})
             if c.mlp == "swiglu":
-                b["gate"] = nn.Linear(d, f, c.bias)
+                b["gate"] = nn.Linear(d, f, mb)
             self.h.append(b)
         self.ln_f = norm()
         self.lm_head = None if c.tie_embeddings else nn.Linear(d, c.vocab_size, bias=False)
 
     def load(self, init: dict[str, dict[str, torch.Tensor]]) -> "Reference":
         c, d = self.c, self.c.n_embd
-        kvd = (c.n_kv_head or c.n_head) * d // c.n_head
+        kvd = (c.n_kv_head or c.n_head) * c.head_dim
         with torch.no_grad():
             self.wte.weight.copy_(init["embed"]["wte"])
             if self.wpe is not None:
@@ -103,7 +112,7 @@ class Reference(nn.Module):
                             t.copy_(p[f"{ours}.{n}"])
                 for n in ("weight", "bias"):
                     if f"attn.c_attn.{n}" in p:
-                        for mod, t in zip("qkv", p[f"attn.c_attn.{n}"].split([d, kvd, kvd])):
+                        for mod, t in zip("qkv", p[f"attn.c_attn.{n}"].split([c.n_head * c.head_dim, kvd, kvd])):
                             getattr(b[mod], n).copy_(t)
             for n, t in self.ln_f.named_parameters():
                 t.copy_(init["ln_f"][n])

@@ -25,7 +25,11 @@ LLAMA = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, 
 QWEN2 = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, n_kv_head=2,
                   norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", d_ff=36, positions="rope",
                   rope_theta=1e6, tie_embeddings=False, bias=False, qkv_bias=True)
-FAMILY = {"gpt2": CFG, "llama": LLAMA, "qwen2": QWEN2}
+# Mistral-Nemo's head_dim (4 × 8 = 32 != 24) with Llama's attention_bias and mlp_bias
+NEMO_BIASED = GPTConfig(vocab_size=37, block_size=12, n_layer=1, n_head=4, n_embd=24, n_kv_head=2,
+                        d_head=8, norm="rmsnorm", mlp="swiglu", d_ff=36, positions="rope",
+                        tie_embeddings=False, bias=False, qkv_bias=True, o_bias=True, mlp_bias=True)
+FAMILY = {"gpt2": CFG, "llama": LLAMA, "qwen2": QWEN2, "head-dim-biases": NEMO_BIASED}
 
 
 def _params(seed=1, cfg=CFG):
@@ -155,17 +159,20 @@ def test_rank_j_holds_its_query_heads_and_its_kv_heads_and_its_part_of_gate_and_
         assert torch.equal(mine[name], p[name])
 
 
-@pytest.mark.parametrize("family,n_m", [("gpt2", 2), ("gpt2", 4), ("llama", 2), ("qwen2", 2)])
+@pytest.mark.parametrize("family,n_m", [("gpt2", 2), ("gpt2", 4), ("llama", 2), ("qwen2", 2),
+                                      ("head-dim-biases", 2)])
 def test_psi_summed_over_mp_ranks_counts_the_replicated_parts_n_m_times(family, n_m):
     """Σ_j Ψ_j = Ψ + (N_m − 1)·Ψ_replicated + the padding rows, Ψ_replicated written from the
     shapes: the position table (GPT-2), the final norm, and per block the two norms and the two
-    row-parallel biases (GPT-2: LayerNorm weight + bias; Llama / Qwen2: RMSNorm weight, no bias);
+    row-parallel biases (GPT-2: LayerNorm weight + bias; Llama / Qwen2: RMSNorm weight, no bias;
+    with Llama's attention_bias and mlp_bias: o_proj's and down_proj's);
     the padding: V_p − V rows of wte (and of an untied head), V_p = 128·N_m here."""
     cfg = FAMILY[family]
     V, T, d = 37, 12, cfg.n_embd
     replicated = {"gpt2": T * d + 2 * d + 1 * (2 * 2 * d + 2 * d),
                   "llama": d + 1 * (2 * d),
-                  "qwen2": d + 1 * (2 * d)}[family]
+                  "qwen2": d + 1 * (2 * d),
+                  "head-dim-biases": d + 1 * (2 * d + 2 * d)}[family]   # + o_proj, down biases
     padding = (128 * n_m - V) * d * (1 if family == "gpt2" else 2)
     assert megatron.psi_per_rank(cfg, 1) == cfg.psi and megatron.psi_padding(cfg, 1) == 0
     assert megatron.psi_padding(cfg, n_m) == padding

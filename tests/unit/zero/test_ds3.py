@@ -84,8 +84,7 @@ def test_plan_measures_a_deepspeed_zero3_config_on_meta_before_anyone_launches_i
     from zerospec.plan import ds_config
     from zerospec.plan.deepspeed import deepspeed_measured_table
     ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
-        "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 10**12,
-        "reduce_bucket_size": 0}})
+        "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 10**12}})
     rows = _rows(deepspeed_measured_table(ds, "1.5B", 8))
     units = preset("1.5B").model.units(8)
     psi_p, embed = sum(u.padded for u in units), units[0].padded
