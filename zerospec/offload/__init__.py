@@ -77,10 +77,7 @@ def check(cfg) -> None:
     if cfg.stage not in (2, 3):
         raise ValueError(f"offload_optimizer={o!r} (ZeRO-Offload) is built on ZeRO-2: it needs "
                          f"stage 2 or 3, got stage={cfg.stage}")
-    refused = {"grad_accum_steps > 1 / exact_grads": cfg.exact,
-               "bucket_elements": cfg.bucket_elements is not None,
-               "contiguous_gradients": cfg.contiguous_gradients,
-               "n_m > 1": cfg.n_m > 1, "hpz > 1": cfg.hpz > 1,
+    refused = {"n_m > 1": cfg.n_m > 1,
                "shard_group (MiCS)": cfg.shard_group is not None,
                "qwz / qgz (ZeRO++)": cfg.qwz or cfg.qgz,
                "stage3_* (DeepSpeed's ZeRO-3)": bool(cfg.stage3_persistence_threshold

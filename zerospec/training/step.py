@@ -232,13 +232,13 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
     # r: the rank's DP index (rank = dp_index · N_m + mp_index), whichever group its stage sees
     stage, fetcher, G, r = rank.stage, rank.fetcher, cfg.grad_accum_steps, rank.ctx.rank // cfg.n_m
     phase = functools.partial(_timed, rank.ctx, out.seconds)
-    stage.zero_grad()
     flops, micro = {"forward": 0, "backward": 0}, []
     ops = {"forward": Counter(), "backward": Counter()}
     delayed = cfg.dpu and rank.ctx.step > cfg.dpu   # B8: the pending update, before FWD-BWD
     if delayed:   # on a GPU the host runs it while FWD-BWD use the parameters it has not updated
         with phase("step"):
             report = rank.updater.step()
+    stage.zero_grad()   # after the delayed update, which reads the previous step's sums
     for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
         fetcher.begin_step()
         fetcher.grad_scale = rank.updater.scale

@@ -42,6 +42,8 @@ MAX_TERMS = 2 ** 13   # fp16 values summed exactly in fp64: 40 + log2(terms) <= 
 class _Exact:
     """What both layouts share: fp64 buffers, a zeroed start, one division by N·G."""
 
+    exact_sums = True
+
     def __init__(self, *args, grad_accum_steps: int = 1, **kwargs):
         self.accum_steps = grad_accum_steps
         super().__init__(*args, **kwargs)

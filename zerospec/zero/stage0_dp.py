@@ -22,6 +22,7 @@ class DataParallel:
     label = theory.stage(0).label          # DP
     pad = False   # stage 0 partitions nothing, so it needs no padding
     resident = True   # every rank keeps the full fp16 parameters between uses (stages 0–2)
+    exact_sums = False   # gradients summed exactly in fp64 (zerospec/zero/exact.py)
 
     def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig,
                  precision: Precision | None = None, buckets=None, grad_buffer=None):

@@ -36,7 +36,7 @@ from zerospec.training.config import TrainConfig
     ({"stage": 2, "offload_optimizer": "cpu", "nvme_path": "/tmp"}, "needs offload_optimizer='nvme' or offload_params='nvme'"),
     ({"stage": 2, "dpu": 2}, "dpu=2 delays ZeRO-Offload's host update: it needs offload_optimizer"),
     ({"stage": 2, "offload_optimizer": "cpu", "dpu": -1}, "dpu (warm-up steps"),
-    ({"stage": 2, "offload_optimizer": "cpu", "grad_accum_steps": 2}, "not combined with grad_accum"),
+    ({"stage": 2, "offload_optimizer": "cpu", "shard_group": 1}, "not combined with shard_group"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bad_offload_setting_is_one_error_naming_it(kw, named):
     with pytest.raises(ValueError) as e:
