@@ -262,10 +262,7 @@ def _checkpoints(args, cfg) -> dict:
     if args.save is not None:
         kw["save"] = {cfg.steps: args.save}
     if args.resume is not None:
-        try:
-            kw["resume"] = checkpoint.load(args.resume, n_ranks=cfg.n_d, model=cfg.model)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--resume {args.resume}: {e}") from None
+        kw["resume"] = checkpoint.load(args.resume, n_ranks=cfg.n_d, model=cfg.model)
     return kw
 
 
