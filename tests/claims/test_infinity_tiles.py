@@ -47,7 +47,7 @@ class _GatheredPeak(Observer):
 
 
 @functools.lru_cache(maxsize=None)
-def _observed(tiles: int) -> _GatheredPeak:
+def _observed(tiles: int, checkpoint_activations: int = 0) -> _GatheredPeak:
     seen = []
 
     def make(ctx):
@@ -55,7 +55,8 @@ def _observed(tiles: int) -> _GatheredPeak:
         return seen[-1]
 
     with mock.patch.object(threads, "Observer", make):
-        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=tiles),
+        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=tiles,
+                          checkpoint_activations=checkpoint_activations),
               cluster=VirtualCluster(2, observe=True))
     return seen[0]
 
@@ -154,10 +155,30 @@ def test_a_tiling_that_does_not_divide_d_ff_is_one_error_naming_it(tiles):
         TrainConfig(stage=3, n_d=2, model=M, tiles=tiles)
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_activation_checkpointing_of_a_tiled_run_is_bit_identical_to_the_tiled_run(stage):
+    """The recompute runs the same tiles in the same order: every loss and master weight of
+    tiles + activation checkpointing equals the tiled run's bit for bit (k = 1 and 2)."""
+    tiled = train(TrainConfig(stage=stage, n_d=2, model=M, steps=2, tiles=4))
+    for k in (1, 2):
+        assert_same_training(train(TrainConfig(stage=stage, n_d=2, model=M, steps=2, tiles=4,
+                                               checkpoint_activations=k)), tiled)
+
+
+@pytest.mark.claim("C-I3")
+def test_with_activation_checkpointing_backward_still_gathers_one_tile_at_a_time():
+    """k = 1: the recompute gathers each tile, uses it and lets it go; its backward gathers it
+    again. Backward never holds two tiles at once, and at most the block's other parameters
+    plus one tile — forward's peak: checkpointing adds no gathered byte to a tiled run."""
+    rest = 2 * (M.units(2)[1].numel - MLP)
+    for t in (2, 4):
+        o = _observed(t, 1)
+        assert o.tiles["backward"] == 1
+        assert o.gathered["backward"] == o.gathered["forward"] == rest + 2 * MLP // t
+
+
 def test_what_tiling_does_not_build_yet_is_refused_naming_it():
-    """Model parallelism, activation checkpointing and checkpoints with tiles: one error each."""
-    with pytest.raises(ValueError, match="tiles=2 needs n_m=1 and checkpoint_activations=0"):
-        TrainConfig(stage=3, n_d=2, model=M, tiles=2, checkpoint_activations=1)
+    """Model parallelism and checkpoints with tiles: one error each."""
     with pytest.raises(ValueError, match="tiles=2 needs n_m=1"):
         TrainConfig(stage=3, n_d=1, n_m=2, model=M, tiles=2)
     with pytest.raises(ValueError, match=r"checkpoints of a tiled run \(tiles=2\) are not built"):

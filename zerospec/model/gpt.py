@@ -167,7 +167,7 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
             run_blocks=blocks, mp=None, tiles: int = 1) -> torch.Tensor:
     """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.
 
-    ``run_blocks(cfg, x, fetch, layers)`` runs the transformer blocks: :func:`blocks` by default,
+    ``run_blocks(cfg, x, fetch, layers, tiles=…)`` runs the transformer blocks: :func:`blocks` by default,
     the seam activation checkpointing and model parallelism wrap (zerospec/zero_r/checkpointing.py).
     ``mp``: this rank's model-parallel group, whose rows of the vocabulary the embedding, the LM
     head and the cross-entropy use as Megatron-LM does (zerospec/model/vocab.py); None: the whole
@@ -182,10 +182,7 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
             x = _lookup(idx, p["wte"], mp) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
         else:
             x = _lookup(idx, p["wte"], mp)                     # (B, T, C)
-    if tiles > 1:
-        x = blocks(cfg, x, fetch, range(L), mp, tiles)        # (B, T, C)
-    else:
-        x = run_blocks(cfg, x, fetch, range(L))                # (B, T, C)
+    x = run_blocks(cfg, x, fetch, range(L), tiles=tiles)       # (B, T, C)
     with fetch(n + 1) as p:
         x = _norm(cfg, x, p, "")
     head, name = (0, "wte") if cfg.tie_embeddings else (n + 2, "weight")

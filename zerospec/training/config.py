@@ -143,12 +143,10 @@ class TrainConfig:
 
 def check_tiles(cfg) -> None:
     """Memory-centric tiling's setting (spec/infinity.md, C-I3): ValueError naming the value and
-    what is accepted. Not yet with model parallelism, activation checkpointing (whose recompute
-    would keep every tile of a segment gathered) or checkpoints of the run."""
+    what is accepted. Not yet with model parallelism."""
     gpt.check_tiles(cfg.model, cfg.tiles)
-    if cfg.tiles > 1 and (cfg.n_m > 1 or cfg.checkpoint_activations):
-        raise ValueError(f"tiles={cfg.tiles} needs n_m=1 and checkpoint_activations=0, got "
-                         f"n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
+    if cfg.tiles > 1 and cfg.n_m > 1:
+        raise ValueError(f"tiles={cfg.tiles} needs n_m=1, got n_m={cfg.n_m}")
 
 
 def check_config(cfg) -> None:
