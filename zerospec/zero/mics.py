@@ -36,18 +36,22 @@ def check(cfg) -> None:
         raise ValueError(f"shard_group (MiCS's partition group size p)={p!r} must be an integer "
                          f"that divides the {cfg.n_d} data-parallel ranks; accepted: "
                          f"{', '.join(map(str, divisors(cfg.n_d)))}")
-    qwz, qgz = getattr(cfg, "qwz", False), getattr(cfg, "qgz", False)
-    if cfg.stage == 0 or cfg.n_m != 1 or cfg.hpz != 1 or qwz or qgz:
+    if cfg.stage == 0 or cfg.n_m != 1 or cfg.hpz != 1:
         raise ValueError(f"shard_group={p} shards the model states of stage 1, 2 or 3 over p of "
-                         f"the data-parallel ranks: it needs stage >= 1, n_m=1, hpz=1 and neither "
-                         f"qwZ nor qgZ (their groups span the whole data-parallel world), got "
-                         f"stage={cfg.stage}, n_m={cfg.n_m}, hpz={cfg.hpz}, qwz={qwz}, qgz={qgz}")
-
+                         f"the data-parallel ranks: it needs stage >= 1, n_m=1 and hpz=1, got "
+                         f"stage={cfg.stage}, n_m={cfg.n_m}, hpz={cfg.hpz}")
+    g = cfg.gpus_per_node
+    if getattr(cfg, "qgz", False) and g is not None and p % g:
+        raise ValueError(f"shard_group={p} with qgz: qgZ's two hops run inside and across the "
+                         f"nodes of the partition group, so it must be whole nodes of "
+                         f"gpus_per_node={g}; accepted: a multiple of {g} dividing {cfg.n_d}")
 
 class ReplicatedShards:
     """A stage over its partition group, whose gradient shards are all-reduced across the
     replication group at the accumulation boundary (see the module doc). ``ctx``: the partition
-    group's view of the rank, with ``replicas``, the replication group's interconnect."""
+    group's view of the rank, with ``replicas``, the replication group's interconnect. qwZ and
+    qgZ (zero/zeropp.py) quantize the partition group's collectives; the replicas' all-reduce
+    is not quantized."""
 
     def __init__(self, ctx, *args, **kwargs):
         self.replicas = ctx.replicas

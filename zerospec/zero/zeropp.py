@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, global_group, local_group, qgz_groups
+from ..comm.groups import Group, Nodes, global_group, local_group, qgz_groups
 from ..comm.quantize import dequantize, group_size, quantize
 
 
@@ -66,7 +66,7 @@ def check(cfg) -> None:
                          f"grad_accum_steps=1, exact_grads=False and bucket_elements=None, got "
                          f"{cfg.grad_accum_steps}, {cfg.exact_grads}, {cfg.bucket_elements!r}")
     for u in cfg.units():
-        if cfg.qwz or not falls_back(u, cfg.n_d):
+        if cfg.qwz or not falls_back(u, cfg.shard_size):
             group_size(u.chunk, cfg.quant_group_size, f"shard of unit {u.name!r}")
 
 
@@ -79,11 +79,15 @@ class Quantized:
         self.nodes = Nodes(ctx.n_ranks, gpus_per_node)
         g = self.nodes.per_node
         if qgz:
+            # groups name global ranks; a MiCS stage sees its partition group, p consecutive
+            # ranks from ``base`` (comm/groups.py shard_group), whose nodes qgZ's hops run over
+            n, base = ctx.n_ranks, getattr(ctx, "global_rank", ctx.rank) - ctx.rank
             make = getattr(ctx.comm.backend, "new_groups", None)
             if make is not None:   # torch.distributed: every process makes every group, in order
-                make(qgz_groups(ctx.n_ranks, g))
-            self.local_comm = ctx.comm.subgroup(local_group(ctx.rank, g))
-            self.global_comm = ctx.comm.subgroup(global_group(ctx.rank, g, ctx.n_ranks))
+                make([_from(grp, b) for b in range(0, ctx.comm.ctx.n_ranks, n)
+                      for grp in qgz_groups(n, g)])
+            self.local_comm = ctx.comm.subgroup(_from(local_group(ctx.rank, g), base))
+            self.global_comm = ctx.comm.subgroup(_from(global_group(ctx.rank, g, n), base))
         super().__init__(ctx, *args, **kwargs)
         self.qgz_fallback = [u.name for u in self.units if qgz and falls_back(u, ctx.n_ranks)]
         self.quant_group = [group_size(u.chunk, quant_group_size) if qwz or not falls_back(
@@ -106,6 +110,11 @@ class Quantized:
                                  self.nodes.n_nodes, self.quant_group[i], self.memory)
         if self.grad_buffer is None:
             self.memory.free(slot)
+
+
+def _from(group: Group, base: int) -> Group:
+    """``group``'s ranks counted from global rank ``base``."""
+    return Group(group.name, tuple(base + r for r in group.ranks))
 
 
 def _wire(memory, codes: torch.Tensor, inv: torch.Tensor):

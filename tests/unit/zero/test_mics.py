@@ -95,13 +95,20 @@ def test_a_partition_group_that_does_not_divide_n_d_is_refused_naming_the_accept
         dataclasses.replace(BASE, shard_group=p)
 
 
-@pytest.mark.parametrize("kw", [{"stage": 0}, {"hpz": 2}, {"stage": 3, "qwz": True},
-                                {"stage": 3, "qgz": True}])
-def test_mics_without_a_sharded_stage_or_beside_hpz_or_quantized_collectives_is_refused(kw):
-    """Stage 0 shards nothing; hpZ's partition is another split of the same ranks; qwZ's and
-    qgZ's collectives run over the whole data-parallel world (a rank failed in setup before)."""
+@pytest.mark.parametrize("kw", [{"stage": 0}, {"hpz": 2}])
+def test_mics_without_a_sharded_stage_or_beside_hpz_is_refused(kw):
+    """Stage 0 shards nothing; hpZ's partition is another split of the same ranks."""
     with pytest.raises(ValueError, match="shard_group=2 shards the model states of stage 1, 2 or 3"):
         dataclasses.replace(BASE, shard_group=2, **kw)
+
+
+def test_qgz_over_a_partition_group_that_is_not_whole_nodes_is_refused():
+    """qgZ's hops are inside and across the partition group's nodes: p = 2 on nodes of 4 GPUs
+    has no such nodes; the error names p, the GPUs per node and what is accepted."""
+    cfg = TrainConfig(stage=3, n_d=8, model=ODD, gpus_per_node=4, qgz=True)
+    with pytest.raises(ValueError, match="shard_group=2 with qgz: .* gpus_per_node=4; accepted: a "
+                                         "multiple of 4 dividing 8"):
+        dataclasses.replace(cfg, shard_group=2)
 
 
 def test_checkpoints_of_a_mics_run_are_refused_before_any_rank_starts(tmp_path):
