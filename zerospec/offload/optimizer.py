@@ -45,6 +45,7 @@ class HostOptimizer:
     the master, as DeepSpeed's offload does: 4 bytes down, 4 up."""
 
     master_apart = True   # the host's masters, whatever the precision
+    shards_leave = True   # each gradient shard goes down inside backward (the stage's hook)
 
     def __init__(self, ctx, *args, offload: str, offload_mode: str = "paper", nvme_path=None,
                  **kwargs):
@@ -167,8 +168,8 @@ class HostOptimizer:
             wide.copy_(slot)               # exact; the wire carries fp64 so the sum stays exact
             self.comm.reduce_scatter(shard, wide, op)
             self.memory.free(wide)
-        else:
-            self.comm.reduce_scatter(shard, slot, op)
+        else:   # the stage's hook: a reduce-scatter, or qgZ's all-to-alls (zero/zeropp.py)
+            self.reduce_unit(i, shard, slot)
         if self.grad_buffer is None:
             self.memory.free(slot)
         if self.fused is self.comm:
@@ -178,6 +179,7 @@ class HostOptimizer:
         """The reduced shard to the host: copied into the gradient buffer, or (exact sums) into a
         host staging buffer added to the step's sum there, as DeepSpeed's ZeRO-Offload keeps its
         accumulated gradients in host memory (stage_1_and_2.py: ``accumulated_grads_in_cpu``)."""
+        self.shard_ready(i, shard, "sum" if self.exact_sums else "mean")   # MiCS: the replicas
         if self.exact_sums:
             part = self._host_alloc("buffer", shard.numel(), torch.float64)
             self.comm.copy_to_host(part, shard)

@@ -27,6 +27,7 @@ from ..optim.update import Reach, StepReport, Updater
 from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
+from ..zero.exact import with_exact
 from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.zeropp import with_zeropp
@@ -162,7 +163,7 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
     cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     if cfg.stage3_persistence_threshold or cfg.stage3_max_reuse_distance:   # DeepSpeed's ZeRO-3
-        cls = DeepSpeedParameters
+        cls = with_exact(DeepSpeedParameters) if cfg.exact else DeepSpeedParameters
         kwargs = {"persistence_threshold": cfg.stage3_persistence_threshold,
                   "keep": reused_within(gpt.fetch_order(cfg.model, cfg.tiles), units,
                                         cfg.stage3_max_reuse_distance)

@@ -61,10 +61,6 @@ def check(cfg) -> None:
         raise ValueError(f"{on} quantize 16-bit parameters and gradients (DeepSpeed's kernels take "
                          f"fp16/bf16), got precision={cfg.precision!r} (fp32 parameters); "
                          f"accepted: 'fp16', 'bf16'")
-    if cfg.qgz and (cfg.exact or cfg.bucket_elements is not None):
-        raise ValueError(f"qgz replaces the per-unit gradient reduce-scatter: it needs "
-                         f"grad_accum_steps=1, exact_grads=False and bucket_elements=None, got "
-                         f"{cfg.grad_accum_steps}, {cfg.exact_grads}, {cfg.bucket_elements!r}")
     for u in cfg.units():
         if cfg.qwz or not falls_back(u, cfg.shard_size):
             group_size(u.chunk, cfg.quant_group_size, f"shard of unit {u.name!r}")
@@ -103,13 +99,11 @@ class Quantized:
                                     self.memory)
 
     # -- qgZ ---------------------------------------------------------------------------------------
-    def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+    def reduce_unit(self, i: int, out: torch.Tensor, slot: torch.Tensor, post: bool = False) -> None:
         if not self.qgz or self.units[i].name in self.qgz_fallback:
-            return super().grad_ready(i, slot)
-        quantized_reduce_scatter(self.grad16[i], slot, self.local_comm, self.global_comm,
+            return super().reduce_unit(i, out, slot, post)
+        quantized_reduce_scatter(out, slot, self.local_comm, self.global_comm,
                                  self.nodes.n_nodes, self.quant_group[i], self.memory)
-        if self.grad_buffer is None:
-            self.memory.free(slot)
 
 
 def _from(group: Group, base: int) -> Group:

@@ -95,11 +95,11 @@ def test_a_partition_group_that_does_not_divide_n_d_is_refused_naming_the_accept
         dataclasses.replace(BASE, shard_group=p)
 
 
-@pytest.mark.parametrize("kw", [{"stage": 0}, {"hpz": 2}])
-def test_mics_without_a_sharded_stage_or_beside_hpz_is_refused(kw):
-    """Stage 0 shards nothing; hpZ's partition is another split of the same ranks."""
+def test_mics_without_a_sharded_stage_is_refused():
+    """Stage 0 shards nothing (hpZ beside MiCS: the combination table's refusal,
+    tests/claims/test_combine.py)."""
     with pytest.raises(ValueError, match="shard_group=2 shards the model states of stage 1, 2 or 3"):
-        dataclasses.replace(BASE, shard_group=2, **kw)
+        dataclasses.replace(BASE, shard_group=2, stage=0)
 
 
 def test_qgz_over_a_partition_group_that_is_not_whole_nodes_is_refused():
