@@ -181,7 +181,7 @@ def test_what_tiling_does_not_build_yet_is_refused_naming_it():
     """Model parallelism and checkpoints with tiles: one error each."""
     with pytest.raises(ValueError, match="tiles=2 needs n_m=1"):
         TrainConfig(stage=3, n_d=1, n_m=2, model=M, tiles=2)
-    with pytest.raises(ValueError, match=r"checkpoints of a tiled run \(tiles=2\) are not built"):
+    with pytest.raises(ValueError, match=r"tiles with checkpoint files \(save, resume\) is refused"):
         train(TrainConfig(stage=3, n_d=2, model=M, tiles=2, steps=1), keep_state=True)
 
 

@@ -143,6 +143,9 @@ def rank_pieces(stage, prefix: str = "") -> dict[str, dict]:
     ``prefix``: the rank's MP index's (:func:`mp_prefix`)."""
     if stage.stage == 0 and stage.ctx.rank != 0:
         return {}                          # replicated: rank 0 writes it once
+    replicas = getattr(stage, "replicas", None)
+    if replicas is not None and replicas.rank != 0:
+        return {}                          # MiCS: the first partition group writes the shards
     with _held(stage):
         return _rank_pieces(stage, prefix)
 
@@ -259,6 +262,8 @@ def _layout_pieces(stage, rank: int, n_m: int = 1) -> dict[str, dict]:
     prefix = mp_prefix(n_m, j)
     if stage.stage == 0:
         return {prefix + u.name: {"start": 0, "stop": u.numel} for u in stage.units} if dp == 0 else {}
+    if dp >= stage.ctx.n_ranks:            # MiCS: a rank past the first partition group of p
+        return {}
     out = {}
     for u in stage.units:
         s = u.shard(dp)

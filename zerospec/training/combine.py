@@ -116,6 +116,9 @@ REFUSED = {
     "them while FWD-BWD fetch them: there is no stale copy to train on",
     _pair("prefetch", "dpu"): "as offloaded parameters with DPU: the prefetcher reads the host "
     "copy the delayed update writes",
+    _pair("tiles", "checkpoints"): "a checkpoint holds each unit as contiguous [start, stop) "
+    "ranges of the untiled layout, and a tile's c_proj weight is a strided column slice of its "
+    "block's: no range of the format holds a tile",
     _pair("meta", "loss_scale"): "loss scaling decides on values (an overflow skips the step); "
     "meta tensors have none",
     _pair("meta", "clip"): "clipping scales by the gradient's norm, a value; meta tensors have "
