@@ -192,3 +192,25 @@ class _Lazy(dict):
 
 
 _DEFAULTS = _Lazy()
+
+
+def matrix() -> str:
+    """The table as Markdown: a matrix of the features (✓ composes, ✗n refused for reason n,
+    — the same feature), then the reasons, numbered."""
+    refused = sorted(REFUSED.items(), key=lambda kv: [NAMES.index(n) for n in sorted(
+        kv[0], key=NAMES.index)])
+    number = {pair: k for k, (pair, _) in enumerate(refused, 1)}
+    head = "| | " + " | ".join(f"{k}" for k in range(1, len(FEATURES) + 1)) + " |"
+    lines = [head, "|---|" + "---|" * len(FEATURES)]
+    for k, a in enumerate(FEATURES, 1):
+        cells = ["—" if a is b else f"✗{number[_pair(a.name, b.name)]}"
+                 if _pair(a.name, b.name) in number else "✓" for b in FEATURES]
+        lines.append(f"| {k}. {a.title} | " + " | ".join(cells) + " |")
+    lines += ["", "Refused, and why:", ""]
+    for k, (pair, why) in enumerate(refused, 1):
+        a, b = sorted(pair, key=NAMES.index)
+        lines.append(f"{k}. {BY_NAME[a].title} with {BY_NAME[b].title}: {why}.")
+    return "\n".join(lines) + "\n"
+
+
+NAMES = [f.name for f in FEATURES]

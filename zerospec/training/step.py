@@ -32,7 +32,7 @@ from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.zeropp import with_zeropp
 from ..zero.fetch import ParamFetcher
-from ..comm.groups import Grid, mics_groups, replica_group, shard_group
+from ..comm.groups import Grid, Group, make_within, mics_groups, replica_group, shard_group, within
 from ..model import megatron
 from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
@@ -116,7 +116,8 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
             resume.restore(stage, mp.index if mp is not None else 0)   # this MP index's slices
     meta = resume.meta if resume is not None else {}
     scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
-    reach = mp and Reach.model_parallel(stage, ctx.comm, mp.comm, mp.index, megatron.replicated)
+    reach = mp and Reach.model_parallel(stage, _one_copy(ctx, cfg), mp.comm, mp.index,
+                                        megatron.replicated)
     updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0), reach)
     master, model_states = stage.owned_master(), ctx.memory.model_states()
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
@@ -126,25 +127,43 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
 
 
 def _groups(ctx, cfg: TrainConfig, init):
-    """The context the stage sees (its DP group's view with N_m > 1), the MP group (None without
-    MP) and this rank's initial weights (its MP index's); see :func:`rank_main`."""
+    """The context the stage sees (its DP group's view with N_m > 1; MiCS: its partition group's
+    inside that), the MP group (None without MP) and this rank's initial weights (its MP index's);
+    see :func:`rank_main`."""
+    dp, mp = ctx, None
+    if cfg.n_m > 1:
+        grid = Grid(cfg.n_d, cfg.n_m)
+        dp_comm, mp_comm = ctx.comm.split(grid)
+        dp, mp, init = GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+        dp.siblings = [grid.dp_group(j) for j in range(cfg.n_m)]   # every MP index's DP group
     if cfg.shard_group is not None:   # MiCS: the stage sees its partition group (zero/mics.py)
-        return _mics_view(ctx, cfg.shard_group), None, init
-    if cfg.n_m == 1:
-        return ctx, None, init
-    grid = Grid(cfg.n_d, cfg.n_m)
-    dp_comm, mp_comm = ctx.comm.split(grid)
-    return GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+        dp = _mics_view(ctx, dp, cfg.shard_group)
+    return dp, mp, init
 
 
-def _mics_view(ctx, p: int) -> GroupView:
-    """The rank seen through its partition group, with its replication group's interconnect."""
+def _mics_view(ctx, dp, p: int) -> GroupView:
+    """The rank seen through its partition group inside ``dp`` (its DP group's view, or the
+    rank itself), with its replication group's interconnect."""
+    make_within(dp, lambda n: mics_groups(n, p))
+    parent = dp.comm.group
+    view = GroupView(ctx, dp.comm.subgroup(within(parent, shard_group(dp.rank, p))))
+    view.replicas = dp.comm.subgroup(within(parent, replica_group(dp.rank, p, dp.n_ranks)))
+    view.siblings = [within(s, shard_group(r, p)) for s in getattr(dp, "siblings", [None])
+                     for r in range(0, dp.n_ranks, p)]
+    return view
+
+
+def _one_copy(ctx, cfg: TrainConfig):
+    """The ranks that hold one copy of the model states between them (norms and overflow votes
+    sum over them): every rank, or with MiCS the p·N_m GPUs of the rank's partition groups."""
+    if cfg.shard_group is None:
+        return ctx.comm
+    k = cfg.shard_group * cfg.n_m
+    first = ctx.rank // k * k
     make = getattr(ctx.comm.backend, "new_groups", None)
     if make is not None:   # torch.distributed: every process makes every group, in order
-        make(mics_groups(ctx.n_ranks, p))
-    view = GroupView(ctx, ctx.comm.subgroup(shard_group(ctx.rank, p)))
-    view.replicas = ctx.comm.subgroup(replica_group(ctx.rank, p, ctx.n_ranks))
-    return view
+        make([Group("shard", tuple(range(b, b + k))) for b in range(0, cfg.n_ranks, k)])
+    return ctx.comm.subgroup(Group("shard", tuple(range(first, first + k))))
 
 
 def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
@@ -173,7 +192,7 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
     if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
         cls = with_zeropp(cls)
         kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
-                      gpus_per_node=cfg.gpus_per_node)
+                      gpus_per_node=cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m)   # DP ranks
     if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
     if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)

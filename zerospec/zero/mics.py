@@ -40,12 +40,11 @@ def check(cfg) -> None:
         raise ValueError(f"shard_group (MiCS's partition group size p)={p!r} must be an integer "
                          f"that divides the {cfg.n_d} data-parallel ranks; accepted: "
                          f"{', '.join(map(str, divisors(cfg.n_d)))}")
-    if cfg.stage == 0 or cfg.n_m != 1:
+    if cfg.stage == 0:
         raise ValueError(f"shard_group={p} shards the model states of stage 1, 2 or 3 over p of "
-                         f"the data-parallel ranks: it needs stage >= 1 and n_m=1, got "
-                         f"stage={cfg.stage}, n_m={cfg.n_m}")
-    g = cfg.gpus_per_node
-    if getattr(cfg, "qgz", False) and g is not None and p % g:
+                         f"the data-parallel ranks: it needs stage >= 1, got stage={cfg.stage}")
+    g = cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m   # DP ranks per node
+    if getattr(cfg, "qgz", False) and g and p % g:
         raise ValueError(f"shard_group={p} with qgz: qgZ's two hops run inside and across the "
                          f"nodes of the partition group, so it must be whole nodes of "
                          f"gpus_per_node={g}; accepted: a multiple of {g} dividing {cfg.n_d}")

@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Group, Nodes, global_group, local_group, qgz_groups
+from ..comm.groups import Nodes, global_group, local_group, make_within, qgz_groups, within
 from ..comm.quantize import dequantize, group_size, quantize
 
 
@@ -54,9 +54,13 @@ def check(cfg) -> None:
     if not (cfg.qwz or cfg.qgz):
         return
     on = " and ".join(n for n in ("qwz", "qgz") if getattr(cfg, n))
-    if cfg.stage != 3 or cfg.n_m != 1:
+    if cfg.stage != 3:
         raise ValueError(f"{on} quantize ZeRO-3's collectives over the data-parallel ranks: they "
-                         f"need stage 3 and n_m=1, got stage={cfg.stage}, n_m={cfg.n_m}")
+                         f"need stage 3, got stage={cfg.stage}")
+    if cfg.qgz and cfg.gpus_per_node and cfg.gpus_per_node % cfg.n_m:
+        raise ValueError(f"qgz's hops run inside and across nodes of data-parallel ranks: with "
+                         f"n_m={cfg.n_m} a node of gpus_per_node={cfg.gpus_per_node} GPUs must hold "
+                         f"whole model-parallel groups; accepted: a multiple of {cfg.n_m}")
     if cfg.precision not in ("fp16", "bf16"):
         raise ValueError(f"{on} quantize 16-bit parameters and gradients (DeepSpeed's kernels take "
                          f"fp16/bf16), got precision={cfg.precision!r} (fp32 parameters); "
@@ -74,16 +78,11 @@ class Quantized:
         self.qwz, self.qgz = qwz, qgz
         self.nodes = Nodes(ctx.n_ranks, gpus_per_node)
         g = self.nodes.per_node
-        if qgz:
-            # groups name global ranks; a MiCS stage sees its partition group, p consecutive
-            # ranks from ``base`` (comm/groups.py shard_group), whose nodes qgZ's hops run over
-            n, base = ctx.n_ranks, getattr(ctx, "global_rank", ctx.rank) - ctx.rank
-            make = getattr(ctx.comm.backend, "new_groups", None)
-            if make is not None:   # torch.distributed: every process makes every group, in order
-                make([_from(grp, b) for b in range(0, ctx.comm.ctx.n_ranks, n)
-                      for grp in qgz_groups(n, g)])
-            self.local_comm = ctx.comm.subgroup(_from(local_group(ctx.rank, g), base))
-            self.global_comm = ctx.comm.subgroup(_from(global_group(ctx.rank, g, n), base))
+        if qgz:   # the nodes of the ranks the stage sees (its DP or MiCS partition group)
+            n, parent = ctx.n_ranks, ctx.comm.group
+            make_within(ctx, lambda n: qgz_groups(n, g))
+            self.local_comm = ctx.comm.subgroup(within(parent, local_group(ctx.rank, g)))
+            self.global_comm = ctx.comm.subgroup(within(parent, global_group(ctx.rank, g, n)))
         super().__init__(ctx, *args, **kwargs)
         self.qgz_fallback = [u.name for u in self.units if qgz and falls_back(u, ctx.n_ranks)]
         self.quant_group = [group_size(u.chunk, quant_group_size) if qwz or not falls_back(
@@ -104,11 +103,6 @@ class Quantized:
             return super().reduce_unit(i, out, slot, post)
         quantized_reduce_scatter(out, slot, self.local_comm, self.global_comm,
                                  self.nodes.n_nodes, self.quant_group[i], self.memory)
-
-
-def _from(group: Group, base: int) -> Group:
-    """``group``'s ranks counted from global rank ``base``."""
-    return Group(group.name, tuple(base + r for r in group.ranks))
 
 
 def _wire(memory, codes: torch.Tensor, inv: torch.Tensor):
