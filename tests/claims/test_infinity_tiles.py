@@ -177,10 +177,21 @@ def test_with_activation_checkpointing_backward_still_gathers_one_tile_at_a_time
         assert o.gathered["backward"] == o.gathered["forward"] == rest + 2 * MLP // t
 
 
-def test_what_tiling_does_not_build_yet_is_refused_naming_it():
-    """Model parallelism and checkpoints with tiles: one error each."""
-    with pytest.raises(ValueError, match="tiles=2 needs n_m=1"):
-        TrainConfig(stage=3, n_d=1, n_m=2, model=M, tiles=2)
+def test_with_model_parallelism_each_rank_tiles_its_slice_and_stages_stay_bit_identical():
+    """N_m = 2: each MP rank's d_ff / N_m is cut into T tiles, their partial outputs summed, then
+    summed over the MP group (the row-parallel exit): stages 0–3 train the same bits at a fixed
+    tiling, and P_a, which only moves checkpoints, changes none."""
+    runs = [train(TrainConfig(stage=s, n_d=2, n_m=2, model=M, steps=2, tiles=2)) for s in range(4)]
+    runs.append(train(TrainConfig(stage=3, n_d=2, n_m=2, model=M, steps=2, tiles=2,
+                                  checkpoint_activations=1, partition_activations=True)))
+    for r in runs[1:]:
+        assert_same_training(runs[0], r)
+    with pytest.raises(ValueError, match=r"d_ff / n_m = 64/2 = 32, got 3"):
+        TrainConfig(stage=3, n_d=2, n_m=2, model=M, tiles=3)
+
+
+def test_checkpoints_of_a_tiled_run_are_the_tables_refusal():
+    """Checkpoint files with tiles: the combination table's one error."""
     with pytest.raises(ValueError, match=r"tiles with checkpoint files \(save, resume\) is refused"):
         train(TrainConfig(stage=3, n_d=2, model=M, tiles=2, steps=1), keep_state=True)
 

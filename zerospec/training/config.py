@@ -145,10 +145,8 @@ class TrainConfig:
 
 def check_tiles(cfg) -> None:
     """Memory-centric tiling's setting (spec/infinity.md, C-I3): ValueError naming the value and
-    what is accepted. Not yet with model parallelism."""
-    gpt.check_tiles(cfg.model, cfg.tiles)
-    if cfg.tiles > 1 and cfg.n_m > 1:
-        raise ValueError(f"tiles={cfg.tiles} needs n_m=1, got n_m={cfg.n_m}")
+    what is accepted (with model parallelism, T tiles of each rank's d_ff / N_m)."""
+    gpt.check_tiles(cfg.model, cfg.tiles, cfg.n_m)
 
 
 def check_config(cfg) -> None:
