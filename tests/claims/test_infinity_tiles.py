@@ -190,10 +190,20 @@ def test_with_model_parallelism_each_rank_tiles_its_slice_and_stages_stay_bit_id
         TrainConfig(stage=3, n_d=2, n_m=2, model=M, tiles=3)
 
 
-def test_checkpoints_of_a_tiled_run_are_the_tables_refusal():
-    """Checkpoint files with tiles: the combination table's one error."""
-    with pytest.raises(ValueError, match=r"tiles with checkpoint files \(save, resume\) is refused"):
-        train(TrainConfig(stage=3, n_d=2, model=M, tiles=2, steps=1), keep_state=True)
+def test_a_tiled_run_saved_and_resumed_continues_bit_for_bit_and_only_at_its_tiling(tmp_path):
+    """The checkpoint holds the run's own units (each tile its own): saved after step 1 and
+    resumed, the run continues with the uninterrupted run's losses and masters bit for bit; an
+    untiled run refuses it, naming the layout."""
+    from zerospec.training import checkpoint
+    cfg = TrainConfig(stage=3, n_d=2, model=M, steps=2, tiles=2)
+    whole = train(cfg)
+    train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=2), save={1: tmp_path / "ck"})
+    rest = train(cfg, resume=checkpoint.load(tmp_path / "ck", n_ranks=2))
+    assert rest.losses == whole.losses[1:]
+    assert all(torch.equal(rest.master[k], whole.master[k]) for k in whole.master)
+    with pytest.raises(ValueError, match="the checkpoint's model layout differs from cfg.model"):
+        train(TrainConfig(stage=3, n_d=2, model=M, steps=2),
+              resume=checkpoint.load(tmp_path / "ck", n_ranks=2))
 
 
 def test_the_cli_trains_tiled_and_refuses_a_bad_t(capsys):

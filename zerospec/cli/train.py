@@ -262,7 +262,7 @@ def _checkpoints(args, cfg) -> dict:
     if args.save is not None:
         kw["save"] = {cfg.steps: args.save}
     if args.resume is not None:
-        kw["resume"] = checkpoint.load(args.resume, n_ranks=cfg.n_d, model=cfg.model)
+        kw["resume"] = checkpoint.load(args.resume, n_ranks=cfg.n_d)   # train() checks the layout
     return kw
 
 

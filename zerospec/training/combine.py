@@ -49,7 +49,7 @@ def _f(name, title, stages=ALL_STAGES, neutral=False, needs=(), flag="", match=F
                    match)
 
 
-NODES = ("gpus_per_node", 2)
+NODES = ("gpus_per_node", 4)   # h·N_m GPUs per node: hpZ with MP (N_m = 2) too
 AC = ("checkpoint_activations", 1)
 MP = ("n_m", 2)
 OFFLOAD = ("offload_optimizer", "cpu")
@@ -114,11 +114,6 @@ REFUSED = {
     _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "
     "parameters the device holds; offloaded parameters are on the host, where that update writes "
     "them while FWD-BWD fetch them: there is no stale copy to train on",
-    _pair("prefetch", "dpu"): "as offloaded parameters with DPU: the prefetcher reads the host "
-    "copy the delayed update writes",
-    _pair("tiles", "checkpoints"): "a checkpoint holds each unit as contiguous [start, stop) "
-    "ranges of the untiled layout, and a tile's c_proj weight is a strided column slice of its "
-    "block's: no range of the format holds a tile",
     _pair("meta", "loss_scale"): "loss scaling decides on values (an overflow skips the step); "
     "meta tensors have none",
     _pair("meta", "clip"): "clipping scales by the gradient's norm, a value; meta tensors have "
@@ -130,9 +125,27 @@ REFUSED = {
 # ``needs``: a pair with a feature it needs composes as that feature does
 
 
+def needed(name: str) -> list[str]:
+    """The features ``name`` turns on through its ``needs`` (the prefetcher: offloaded
+    parameters and ZeRO-Offload; P_a: MP and checkpointing)."""
+    needs = set(BY_NAME[name].needs)
+    return [f.name for f in FEATURES if f.sets and set(f.sets) <= needs]
+
+
 def refusal(a: str, b: str) -> str | None:
-    """The table's reason ``a`` and ``b`` are not combined, or None when they compose."""
-    return REFUSED.get(_pair(a, b))
+    """The table's reason ``a`` and ``b`` are not combined, or None when they compose: their own
+    pair's, or that of a feature one of them needs with the other."""
+    for x, y in itertools.chain([(a, b)], ((n, b) for n in needed(a)), ((a, n) for n in needed(b))):
+        if _pair(x, y) in REFUSED:
+            why = REFUSED[_pair(x, y)]
+            return why if (x, y) == (a, b) else \
+                f"{BY_NAME[x].title} with {BY_NAME[y].title}: {why}"
+    return None
+
+
+def refused_pairs() -> list[tuple[str, str]]:
+    """Every refused pair of the table, its own or through a feature one of them needs."""
+    return [(a, b) for a, b in itertools.combinations(NAMES, 2) if refusal(a, b)]
 
 
 def message(a: str, b: str) -> str:
@@ -197,8 +210,7 @@ _DEFAULTS = _Lazy()
 def matrix() -> str:
     """The table as Markdown: a matrix of the features (✓ composes, ✗n refused for reason n,
     — the same feature), then the reasons, numbered."""
-    refused = sorted(REFUSED.items(), key=lambda kv: [NAMES.index(n) for n in sorted(
-        kv[0], key=NAMES.index)])
+    refused = [(_pair(a, b), refusal(a, b)) for a, b in refused_pairs()]
     number = {pair: k for k, (pair, _) in enumerate(refused, 1)}
     head = "| | " + " | ".join(f"{k}" for k in range(1, len(FEATURES) + 1)) + " |"
     lines = [head, "|---|" + "---|" * len(FEATURES)]

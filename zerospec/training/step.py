@@ -233,7 +233,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         train_step(rank, cfg, idx, tgt, out)
         if save and step in save:
             checkpoint.save_from_rank(ctx, rank.stage, save[step],
-                                      checkpoint.unit_spec(cfg.model, cfg.n_m),
+                                      checkpoint.unit_spec(cfg.model, cfg.n_m, cfg.tiles),
                                       resume_meta(cfg, step, rank.updater), cfg.n_m)
         if on_step is not None:
             on_step(step, rank.stage)
