@@ -114,6 +114,11 @@ REFUSED = {
     _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "
     "parameters the device holds; offloaded parameters are on the host, where that update writes "
     "them while FWD-BWD fetch them: there is no stale copy to train on",
+    _pair("ds3", "params"): "DeepSpeed's persistence threshold keeps small units whole on the "
+    "device and its reuse distance keeps gathered units from forward to backward, while "
+    "ZeRO-Infinity's parameter offload keeps every fp16 chunk on the host between uses: two "
+    "homes for the same parameters",
+    _pair("meta", "checkpoints"): "checkpoint files hold values; meta tensors have none",
     _pair("meta", "loss_scale"): "loss scaling decides on values (an overflow skips the step); "
     "meta tensors have none",
     _pair("meta", "clip"): "clipping scales by the gradient's norm, a value; meta tensors have "
@@ -130,6 +135,11 @@ def needed(name: str) -> list[str]:
     parameters and ZeRO-Offload; P_a: MP and checkpointing)."""
     needs = set(BY_NAME[name].needs)
     return [f.name for f in FEATURES if f.sets and set(f.sets) <= needs]
+
+
+# pairs where a neutral feature changes values after all: DeepSpeed's persistent units are never
+# gathered, so qwZ quantizes fewer gathers; qgZ's all-to-alls follow the nodes
+NOT_NEUTRAL = {_pair("ds3", "qwz"), _pair("ds3", "qgz"), _pair("nodes", "qgz")}
 
 
 def refusal(a: str, b: str) -> str | None:
@@ -185,6 +195,8 @@ def reference(names, n_ranks: int = 4) -> dict | None:
     same settings less a neutral feature's own (what it needs kept, at the same stage), or None
     when none of them is neutral or each is needed by another."""
     kw = settings(names, n_ranks)
+    if len(names) == 2 and _pair(*names) in NOT_NEUTRAL:
+        return None
     for f in (BY_NAME[n] for n in names):
         own = {k for k, _ in f.sets}
         needed = {k for g in names for k, _ in BY_NAME[g].needs if g != f.name}

@@ -89,13 +89,10 @@ class Quantized:
             u, ctx.n_ranks) else 0 for u in self.units]
 
     # -- qwZ ---------------------------------------------------------------------------------------
-    def acquire(self, i: int) -> torch.Tensor:
-        if not self.qwz or self.is_resident(i):
-            return super().acquire(i)
-        u = self.units[i]
-        full = self.memory.alloc("gathered", (u.padded,), self.dtype, zero=False)
-        return quantized_all_gather(full, self.param16[i], self.comm, self.quant_group[i],
-                                    self.memory)
+    def gather_unit(self, i: int, full: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        if not self.qwz:
+            return super().gather_unit(i, full, chunk)
+        return quantized_all_gather(full, chunk, self.comm, self.quant_group[i], self.memory)
 
     # -- qgZ ---------------------------------------------------------------------------------------
     def reduce_unit(self, i: int, out: torch.Tensor, slot: torch.Tensor, post: bool = False) -> None:
