@@ -55,8 +55,9 @@ def test_offload_reaches_the_step_in_deepspeeds_mode():
     kw, left = config_kwargs(ds, 4)
     assert kw["offload_optimizer"] == "cpu" and kw["offload_mode"] == "deepspeed"
     assert kw["offload_params"] == "cpu" and kw["contiguous_gradients"] is True
-    assert kw["bucket_elements"] and kw["stage3_persistence_threshold"]
-    assert not any("with offload" in n for n in left)
+    assert kw["bucket_elements"] and "stage3_persistence_threshold" not in kw
+    assert any(n.startswith("stage3_param_persistence_threshold, stage3_max_reuse_distance with "
+                            "offload_param: not measured") for n in left)
 
 
 @pytest.mark.parametrize("zero,named", [
