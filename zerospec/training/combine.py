@@ -40,7 +40,8 @@ class Feature:
             return bool(getattr(cfg, self.flag))
         if self.match:
             return all(getattr(cfg, f) == v for f, v in self.sets)
-        return bool(self.sets) and all(getattr(cfg, f) != _DEFAULTS[f] for f, _ in self.sets)
+        default = {f.name: f.default for f in dataclasses.fields(cfg)}
+        return bool(self.sets) and all(getattr(cfg, f) != default[f] for f, _ in self.sets)
 
 
 def _f(name, title, stages=ALL_STAGES, neutral=False, needs=(), flag="", match=False,
@@ -205,18 +206,6 @@ def reference(names, n_ranks: int = 4) -> dict | None:
     return None
 
 
-def _defaults() -> dict:
-    from .config import TrainConfig
-    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-
-
-class _Lazy(dict):
-    def __missing__(self, key):
-        self.update(_defaults())
-        return dict.__getitem__(self, key)
-
-
-_DEFAULTS = _Lazy()
 
 
 def matrix() -> str:
