@@ -178,7 +178,9 @@ def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
 
 
 def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
-    """The stage's class and its keyword arguments but the buffers, which need the rank."""
+    """The stage's class and its keyword arguments but the buffers, which need the rank: the
+    paper's stage wrapped in its features in zero/hooks.COMPOSITION's order, innermost first,
+    each overriding only the named hooks (zero/hooks.StageHooks)."""
     cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     if cfg.stage3_persistence_threshold or cfg.stage3_max_reuse_distance:   # DeepSpeed's ZeRO-3

@@ -60,5 +60,5 @@ class StageHooks(Protocol):
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]: ...
 
 
-HOOKS = frozenset(n for n in vars(StageHooks) if not n.startswith("__") or n == "__init__") | {
-    "__init__"} | frozenset(StageHooks.__annotations__)
+HOOKS = frozenset(n for n in vars(StageHooks) if not n.startswith("__")) | frozenset(
+    StageHooks.__annotations__)
