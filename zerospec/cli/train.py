@@ -130,6 +130,12 @@ def add_parser(sub) -> None:
     z.add_argument("--contiguous-gradients", action="store_true",
                    help="M_D for gradients: stages 2–3 write every unit's gradient into one "
                         "slot allocated once")
+    z.add_argument("--stage3-persistence-threshold", type=int, default=0, metavar="E",
+                   help="DeepSpeed's stage3_param_persistence_threshold: units of at most E "
+                        "elements stay whole (stage 3; default 0, the paper's)")
+    z.add_argument("--stage3-max-reuse-distance", type=int, default=0, metavar="E",
+                   help="DeepSpeed's stage3_max_reuse_distance: keep a unit gathered from "
+                        "forward to backward when reused within E elements (default 0)")
     z.add_argument("--bucket-size", type=_bucket_size, default=None, metavar="B|model",
                    help="reduce gradients (and stage 1/2's parameter gathers) through buckets of "
                         "at most B elements (C_B, spec/buffers.md); 'model': one fp32 buffer of "
@@ -169,6 +175,8 @@ def _config(args, n_ranks: int):
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
                        checkpoint_activations=args.checkpoint_activations,
                        bucket_elements=args.bucket_size,
+                       stage3_persistence_threshold=args.stage3_persistence_threshold,
+                       stage3_max_reuse_distance=args.stage3_max_reuse_distance,
                        gpus_per_node=args.gpus_per_node, hpz=args.hpz,
                        offload_optimizer=args.offload_optimizer, offload_mode=args.offload_mode,
                        offload_params=args.offload_params, nvme_path=args.nvme_path,

@@ -90,3 +90,14 @@ def test_resume_from_a_missing_directory_is_one_line(capsys, tmp_path):
     """A directory with no checkpoint: exit 2, one line naming it."""
     assert_usage_error(capsys, "train", *TINY, "--resume", str(tmp_path / "none"),
                        named=str(tmp_path / "none"))
+
+
+def test_deepspeeds_stage3_knobs_reach_the_run_and_move_no_bit(capsys):
+    """``--stage3-persistence-threshold`` and ``--stage3-max-reuse-distance`` reach the config,
+    and with ``--grad-accum 2`` and ``--offload-optimizer cpu`` the losses and master digest
+    are those of plain stage 3 with accumulation."""
+    knobs = _json(capsys, *TINY, "--stage", "3", "--grad-accum", "2", "--offload-optimizer", "cpu",
+                  "--stage3-persistence-threshold", "100", "--stage3-max-reuse-distance", "100000")
+    assert knobs["config"]["stage3_persistence_threshold"] == 100
+    assert knobs["config"]["stage3_max_reuse_distance"] == 100000
+    _same_training(knobs, _json(capsys, *TINY, "--stage", "3", "--grad-accum", "2"))
