@@ -180,8 +180,14 @@ def test_with_activation_checkpointing_backward_still_gathers_one_tile_at_a_time
 def test_with_model_parallelism_each_rank_tiles_its_slice_and_stages_stay_bit_identical():
     """N_m = 2: each MP rank's d_ff / N_m is cut into T tiles, their partial outputs summed, then
     summed over the MP group (the row-parallel exit): stages 0–3 train the same bits at a fixed
-    tiling, and P_a, which only moves checkpoints, changes none."""
+    tiling, and P_a, which only moves checkpoints, changes none. Tiling adds no MP collective:
+    the MP group's all-reduces and their elements are the untiled run's (Megatron's two per
+    block in forward, one after attention and one after the MLP)."""
     runs = [train(TrainConfig(stage=s, n_d=2, n_m=2, model=M, steps=2, tiles=2)) for s in range(4)]
+    untiled = train(TrainConfig(stage=0, n_d=2, n_m=2, model=M, steps=2))
+    for rank in range(4):
+        mp = [(x.op, x.phase, x.elements_sent) for x in runs[0].comm.records(rank, group="mp")]
+        assert mp == [(x.op, x.phase, x.elements_sent) for x in untiled.comm.records(rank, group="mp")]
     runs.append(train(TrainConfig(stage=3, n_d=2, n_m=2, model=M, steps=2, tiles=2,
                                   checkpoint_activations=1, partition_activations=True)))
     for r in runs[1:]:
