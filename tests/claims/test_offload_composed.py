@@ -1,5 +1,6 @@
-"""ZeRO-Offload composed with the features that only move bytes (spec/offload.md, spec/combine.md):
-gradient accumulation and exact sums, ZeRO-R's C_B buckets and contiguous gradients, hpZ. Each
+"""ZeRO-Offload composed with the other features (spec/offload.md, spec/combine.md): gradient
+accumulation and exact sums, ZeRO-R's C_B buckets and contiguous gradients, hpZ, MiCS (the
+replicas reduce each shard before it leaves the device), qwZ/qgZ, DeepSpeed's ZeRO-3 knobs. Each
 run is the same arithmetic on the same values as the run without offload, so every loss and fp32
 master weight equals that run's bit for bit (B6); what crosses PCIe is booked per micro-batch.
 
@@ -33,12 +34,16 @@ def run(stage: int, **kw):
 
 # (stage, the feature's settings): the default run's cases; the rest of the grid in SLOW
 CASES = [(3, {"grad_accum_steps": 2}), (2, {"bucket_elements": BUCKET}),
-         (2, {"contiguous_gradients": True}), (3, {"hpz": 2, "gpus_per_node": 2})]
+         (2, {"contiguous_gradients": True}), (3, {"hpz": 2, "gpus_per_node": 2}),
+         (3, {"shard_group": 2, "gpus_per_node": 2})]
 SLOW = [(s, kw) for s in (2, 3) for kw in (
     {"grad_accum_steps": 2}, {"exact_grads": True}, {"bucket_elements": BUCKET},
     {"bucket_elements": "model"}, {"grad_accum_steps": 2, "bucket_elements": BUCKET},
     {"contiguous_gradients": True}, {"contiguous_gradients": True, "bucket_elements": BUCKET})
-    if (s, kw) not in CASES] + [(3, {"hpz": 2, "gpus_per_node": 2, "grad_accum_steps": 2})]
+    if (s, kw) not in CASES] + [(3, {"hpz": 2, "gpus_per_node": 2, "grad_accum_steps": 2}),
+    (2, {"shard_group": 2, "grad_accum_steps": 2}), (3, {"qgz": True, "gpus_per_node": 2}),
+    (3, {"qwz": True}), (3, {"stage3_persistence_threshold": 100,
+                             "stage3_max_reuse_distance": 10 ** 6})]
 
 
 def _id(case) -> str:
