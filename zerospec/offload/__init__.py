@@ -77,7 +77,11 @@ def check(cfg) -> None:
 
 def check_checkpointable(cfg, save, resume) -> None:
     """ValueError when a checkpoint is asked of a run whose fp16 chunks are not in host memory
-    (ZeRO-Infinity's parameters on NVMe, or whole on their owners: zerospec/offload/params.py)."""
+    (ZeRO-Infinity's parameters on NVMe, or whole on their owners: zerospec/offload/params.py),
+    or at or after the step a delayed update is pending from (DPU)."""
+    if save and cfg.dpu and max(save) >= cfg.dpu:
+        raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
+                         f"miss the gradient whose update is still pending (spec/offload.md)")
     if (save or resume is not None) and cfg.offload_params and (
             cfg.offload_params == "nvme" or cfg.offload_partition == "owner"):
         raise ValueError(f"checkpoints with offload_params={cfg.offload_params!r}, "

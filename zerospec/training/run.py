@@ -125,6 +125,7 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
                          f"{[c.n_ranks for c in cfgs]}")
     if (resume is not None or save) and len(cfgs) != 1:
         raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
+    check_checkpointable(cfgs[0], save, resume)
     for c in cfgs:   # the table's pairs with real processes (and checkpoint files)
         combine.check(c, ("torch", "checkpoints") if resume is not None or save else ("torch",))
     if resume is not None:

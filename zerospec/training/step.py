@@ -222,9 +222,6 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     With N_m > 1 the rank sits on the N_d × N_m grid (comm/groups.py): the ZeRO stage sees its
     DP group only (a :class:`GroupView`: same stage code, sharding over N_d), the model its MP
     group (Megatron's operators), and both MP ranks of a replica read the same micro-batch."""
-    if save and cfg.dpu and max(save) >= cfg.dpu:
-        raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
-                         f"miss the gradient whose update is still pending (spec/offload.md)")
     check_checkpointable(cfg, save, resume)
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})

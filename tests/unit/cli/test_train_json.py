@@ -101,3 +101,11 @@ def test_deepspeeds_stage3_knobs_reach_the_run_and_move_no_bit(capsys):
     assert knobs["config"]["stage3_persistence_threshold"] == 100
     assert knobs["config"]["stage3_max_reuse_distance"] == 100000
     _same_training(knobs, _json(capsys, *TINY, "--stage", "3", "--grad-accum", "2"))
+
+
+def test_a_save_the_delayed_update_would_miss_is_one_line(capsys, tmp_path):
+    """``--save`` after step ``--dpu`` N would miss the pending gradient: exit 2, one line, no
+    rank started."""
+    assert_usage_error(capsys, "train", *TINY, "--stage", "2", "--offload-optimizer", "cpu",
+                       "--dpu", "1", "--save", str(tmp_path / "ck"),
+                       named="save=[2]: a checkpoint at or after step dpu=1")
