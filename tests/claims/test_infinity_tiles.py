@@ -47,7 +47,7 @@ class _GatheredPeak(Observer):
 
 
 @functools.lru_cache(maxsize=None)
-def _observed(tiles: int) -> _GatheredPeak:
+def _observed(tiles: int, checkpoint_activations: int = 0) -> _GatheredPeak:
     seen = []
 
     def make(ctx):
@@ -55,7 +55,8 @@ def _observed(tiles: int) -> _GatheredPeak:
         return seen[-1]
 
     with mock.patch.object(threads, "Observer", make):
-        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=tiles),
+        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=tiles,
+                          checkpoint_activations=checkpoint_activations),
               cluster=VirtualCluster(2, observe=True))
     return seen[0]
 
@@ -165,14 +166,61 @@ def test_a_tiling_that_does_not_divide_d_ff_is_one_error_naming_it(tiles):
         TrainConfig(stage=3, n_d=2, model=M, tiles=tiles)
 
 
-def test_what_tiling_does_not_build_yet_is_refused_naming_it():
-    """Model parallelism, activation checkpointing and checkpoints with tiles: one error each."""
-    with pytest.raises(ValueError, match="tiles=2 needs n_m=1 and checkpoint_activations=0"):
-        TrainConfig(stage=3, n_d=2, model=M, tiles=2, checkpoint_activations=1)
-    with pytest.raises(ValueError, match="tiles=2 needs n_m=1"):
-        TrainConfig(stage=3, n_d=1, n_m=2, model=M, tiles=2)
-    with pytest.raises(ValueError, match=r"checkpoints of a tiled run \(tiles=2\) are not built"):
-        train(TrainConfig(stage=3, n_d=2, model=M, tiles=2, steps=1), keep_state=True)
+@pytest.mark.parametrize("stage", [1, 3])
+def test_activation_checkpointing_of_a_tiled_run_is_bit_identical_to_the_tiled_run(stage):
+    """The recompute runs the same tiles in the same order: every loss and master weight of
+    tiles + activation checkpointing equals the tiled run's bit for bit (k = 1 and 2)."""
+    tiled = train(TrainConfig(stage=stage, n_d=2, model=M, steps=2, tiles=4))
+    for k in (1, 2):
+        assert_same_training(train(TrainConfig(stage=stage, n_d=2, model=M, steps=2, tiles=4,
+                                               checkpoint_activations=k)), tiled)
+
+
+@pytest.mark.claim("C-I3")
+def test_with_activation_checkpointing_backward_still_gathers_one_tile_at_a_time():
+    """k = 1: the recompute gathers each tile, uses it and lets it go; its backward gathers it
+    again. Backward never holds two tiles at once, and at most the block's other parameters
+    plus one tile — forward's peak: checkpointing adds no gathered byte to a tiled run."""
+    rest = 2 * (M.units(2)[1].numel - MLP)
+    for t in (2, 4):
+        o = _observed(t, 1)
+        assert o.tiles["backward"] == 1
+        assert o.gathered["backward"] == o.gathered["forward"] == rest + 2 * MLP // t
+
+
+def test_with_model_parallelism_each_rank_tiles_its_slice_and_stages_stay_bit_identical():
+    """N_m = 2: each MP rank's d_ff / N_m is cut into T tiles, their partial outputs summed, then
+    summed over the MP group (the row-parallel exit): stages 0–3 train the same bits at a fixed
+    tiling, and P_a, which only moves checkpoints, changes none. Tiling adds no MP collective:
+    the MP group's all-reduces and their elements are the untiled run's (Megatron's two per
+    block in forward, one after attention and one after the MLP)."""
+    runs = [train(TrainConfig(stage=s, n_d=2, n_m=2, model=M, steps=2, tiles=2)) for s in range(4)]
+    untiled = train(TrainConfig(stage=0, n_d=2, n_m=2, model=M, steps=2))
+    for rank in range(4):
+        mp = [(x.op, x.phase, x.elements_sent) for x in runs[0].comm.records(rank, group="mp")]
+        assert mp == [(x.op, x.phase, x.elements_sent) for x in untiled.comm.records(rank, group="mp")]
+    runs.append(train(TrainConfig(stage=3, n_d=2, n_m=2, model=M, steps=2, tiles=2,
+                                  checkpoint_activations=1, partition_activations=True)))
+    for r in runs[1:]:
+        assert_same_training(runs[0], r)
+    with pytest.raises(ValueError, match=r"d_ff / n_m = 64/2 = 32, got 3"):
+        TrainConfig(stage=3, n_d=2, n_m=2, model=M, tiles=3)
+
+
+def test_a_tiled_run_saved_and_resumed_continues_bit_for_bit_and_only_at_its_tiling(tmp_path):
+    """The checkpoint holds the run's own units (each tile its own): saved after step 1 and
+    resumed, the run continues with the uninterrupted run's losses and masters bit for bit; an
+    untiled run refuses it, naming the layout."""
+    from zerospec.training import checkpoint
+    cfg = TrainConfig(stage=3, n_d=2, model=M, steps=2, tiles=2)
+    whole = train(cfg)
+    train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=2), save={1: tmp_path / "ck"})
+    rest = train(cfg, resume=checkpoint.load(tmp_path / "ck", n_ranks=2))
+    assert rest.losses == whole.losses[1:]
+    assert all(torch.equal(rest.master[k], whole.master[k]) for k in whole.master)
+    with pytest.raises(ValueError, match="the checkpoint's model layout differs from cfg.model"):
+        train(TrainConfig(stage=3, n_d=2, model=M, steps=2),
+              resume=checkpoint.load(tmp_path / "ck", n_ranks=2))
 
 
 def test_the_cli_trains_tiled_and_refuses_a_bad_t(capsys):

@@ -173,3 +173,29 @@ def test_with_rounded_means_the_first_step_agrees_and_each_update_stays_within_l
     lr = BASE.adam.lr
     gap = max(float((a.master[k] - b.master[k]).abs().max()) for k in a.master)
     assert 0 < gap <= 2 * lr      # they differ (two roundings against one), within the bound
+
+
+# -- MiCS with ZeRO++'s quantized collectives ----------------------------------------------------
+QUANT = [{"qwz": True}, {"qgz": True}, {"qwz": True, "qgz": True}]
+
+
+@pytest.mark.parametrize("quant", QUANT, ids=lambda q: "+".join(q))
+def test_one_partition_group_of_every_rank_quantizes_as_the_flat_stage_does(quant):
+    """p = N: one partition group, no replica to all-reduce with; qwZ's int8 gathers and qgZ's
+    int4 all-to-alls run over the same ranks in the same order, so every loss and master weight
+    equals qwZ/qgZ without MiCS bit for bit."""
+    assert_same_training(train(dataclasses.replace(BASE, shard_group=N, **quant)),
+                         train(dataclasses.replace(BASE, **quant)))
+
+
+@pytest.mark.parametrize("quant", QUANT, ids=lambda q: "+".join(q))
+@pytest.mark.claim("M3")
+def test_with_quantized_collectives_too_only_the_replica_all_reduce_crosses_nodes(quant):
+    """p = G: qwZ's gathers and qgZ's all-to-alls stay inside the partition group, a node; what
+    leaves a node is the replicas' fp16 all-reduce alone, 2(R−1)/R·Ψ/p per GPU per step, as
+    without quantization."""
+    r = train(dataclasses.replace(BASE, shard_group=G, steps=1, **quant))
+    per_gpu = theory.mics_replica_all_reduce(r.psi_held, N, G)
+    for k in range(N):
+        assert {x.op for x in r.comm.records(k, link="inter")} == {"all_reduce"}
+        assert r.comm.elements(k, link="inter") == per_gpu

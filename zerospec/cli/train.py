@@ -46,6 +46,13 @@ def add_parser(sub) -> None:
                    help="stage 1 gradient sync (default reduce_scatter)")
     p.add_argument("--timeout", type=T.positive_float, default=120.0,
                    help="seconds a collective may wait before every rank fails, default 120")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: the configuration, each step's loss as an exact float (float.hex), "
+                        "the ledgers' totals and a sha256 of the final fp32 masters; default table")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="write the run's checkpoint files to DIR after the last step")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue from the checkpoint in DIR up to --steps")
     nodes = p.add_argument_group("nodes and ZeRO++'s hpZ (spec/nodes.md)")
     nodes.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
                        help="ranks sit on nodes of G GPUs (rank r on node r // G); default: one node")
@@ -123,6 +130,12 @@ def add_parser(sub) -> None:
     z.add_argument("--contiguous-gradients", action="store_true",
                    help="M_D for gradients: stages 2–3 write every unit's gradient into one "
                         "slot allocated once")
+    z.add_argument("--stage3-persistence-threshold", type=int, default=0, metavar="E",
+                   help="DeepSpeed's stage3_param_persistence_threshold: units of at most E "
+                        "elements stay whole (stage 3; default 0, the paper's)")
+    z.add_argument("--stage3-max-reuse-distance", type=int, default=0, metavar="E",
+                   help="DeepSpeed's stage3_max_reuse_distance: keep a unit gathered from "
+                        "forward to backward when reused within E elements (default 0)")
     z.add_argument("--bucket-size", type=_bucket_size, default=None, metavar="B|model",
                    help="reduce gradients (and stage 1/2's parameter gathers) through buckets of "
                         "at most B elements (C_B, spec/buffers.md); 'model': one fp32 buffer of "
@@ -162,6 +175,8 @@ def _config(args, n_ranks: int):
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
                        checkpoint_activations=args.checkpoint_activations,
                        bucket_elements=args.bucket_size,
+                       stage3_persistence_threshold=args.stage3_persistence_threshold,
+                       stage3_max_reuse_distance=args.stage3_max_reuse_distance,
                        gpus_per_node=args.gpus_per_node, hpz=args.hpz,
                        offload_optimizer=args.offload_optimizer, offload_mode=_offload_mode(args),
                        offload_params=args.offload_params, nvme_path=args.nvme_path,
@@ -183,18 +198,19 @@ def summary(result, backend: str) -> str:
     if cfg.clip_grad_norm is not None:
         extra += [("grad norm", lambda s: f"{result.grad_norms[s]:.6g}")]
     if cfg.gpus_per_node:   # what crosses the network (spec/nodes.md)
-        extra += [("elements leaving node 0", lambda s: f"{comm.crossing(0, step=s + 1):,}")]
+        extra += [("elements leaving node 0", lambda s: f"{comm.crossing(0, step=first + s):,}")]
         if cfg.qwz or cfg.qgz:   # int8, packed int4 and fp32 scales: bytes are the measure
-            extra += [("bytes leaving node 0", lambda s: f"{comm.crossing_bytes(0, step=s + 1):,}")]
+            extra += [("bytes leaving node 0", lambda s: f"{comm.crossing_bytes(0, step=first + s):,}")]
     if cfg.n_m > 1:   # each group's traffic on its own (MP inside a node, DP across)
-        extra = [("MP elements", lambda s: f"{comm.elements(0, step=s + 1, group='mp'):,}"),
-                 ("host link bytes", lambda s: f"{comm.link_bytes(0, step=s + 1, group='host'):,}"),
+        extra = [("MP elements", lambda s: f"{comm.elements(0, step=first + s, group='mp'):,}"),
+                 ("host link bytes", lambda s: f"{comm.link_bytes(0, step=first + s, group='host'):,}"),
                  *extra]
     if cfg.offload_optimizer:   # ZeRO-Offload's PCIe (and NVMe) copies, apart from collectives
         links = ("host", "nvme") if "nvme" in (cfg.offload_optimizer, cfg.offload_params) \
             else ("host",)
-        extra += [(f"{k} link bytes", lambda s, k=k: f"{comm.link_bytes(0, step=s + 1, group=k):,}")
+        extra += [(f"{k} link bytes", lambda s, k=k: f"{comm.link_bytes(0, step=first + s, group=k):,}")
                   for k in links]
+    first = cfg.steps - len(result.losses) + 1   # after --resume: the first step run
     sent = "DP elements sent (rank 0)" if cfg.n_m > 1 else "elements sent (rank 0)"
     head = ["step", "loss", "collectives", sent, "wire elements (rank 0)",
             *(name for name, _ in extra)]
@@ -219,12 +235,13 @@ def summary(result, backend: str) -> str:
              + (f"; activation checkpoints: {result.memory[0].peak['checkpoints']:,} B on the "
                 f"device at the peak" if cfg.checkpoint_activations else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in range(1, cfg.steps + 1):
+    for k, loss in enumerate(result.losses):
+        s = first + k
         recs = comm.records(0, step=s, group=own)
         n = len(recs) if cfg.offload_optimizer else len(comm.records(0, step=s))   # not copies
-        cells = [str(s), f"{result.losses[s - 1]:.6f}", str(n),
+        cells = [str(s), f"{loss:.6f}", str(n),
                  f"{sum(r.elements_sent for r in recs):,}", f"{sum(r.wire_elements_sent for r in recs):,}",
-                 *(cell(s - 1) for _, cell in extra)]
+                 *(cell(k) for _, cell in extra)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -234,15 +251,36 @@ def run(args) -> int:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.ranks is not None and args.ranks < 1:
         raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
-    if args.backend == "sim":
-        from ..training.run import train
-        print(summary(train(_config(args, args.ranks or 4)), "sim"))
-        return 0
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ and args.backend == "torch":
         return _run_torchrun(args)
-    from ..training.run import train_processes
-    print(summary(train_processes(_config(args, args.ranks or 4)), "torch (gloo, local processes)"))
+    from ..training import run as tr
+    cfg = _config(args, args.ranks or 4)
+    kw = _checkpoints(args, cfg)
+    if args.backend == "sim":
+        _print(args, tr.train(cfg, **kw), "sim")
+    else:
+        _print(args, tr.train_processes(cfg, **kw), "torch (gloo, local processes)")
     return 0
+
+
+def _checkpoints(args, cfg) -> dict:
+    """``--save`` / ``--resume`` as train()'s ``save`` and ``resume`` (training/checkpoint.py)."""
+    from ..training import checkpoint
+    kw = {}
+    if args.save is not None:
+        kw["save"] = {cfg.steps: args.save}
+    if args.resume is not None:
+        kw["resume"] = checkpoint.load(args.resume, n_ranks=cfg.n_d)   # train() checks the layout
+    return kw
+
+
+def _print(args, result, backend: str) -> None:
+    if args.format == "json":
+        import json
+        from ..training.record import record
+        print(json.dumps(record(result), indent=1))
+    else:
+        print(summary(result, backend))
 
 
 def _run_torchrun(args) -> int:
@@ -265,14 +303,14 @@ def _run_torchrun(args) -> int:
         cfg = _config(args, world)
         ctx = rank_context(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu",
                            store=dist.distributed_c10d._get_default_store())
-        mine, = tr.train_rank(ctx, [cfg])
+        mine, = tr.train_rank(ctx, [cfg], **_checkpoints(args, cfg))
         # reporting only: gathered outside the Interconnect, so the ledger does not count it
         mine = _to_cpu(mine)
         every = [None] * world
         dist.gather_object(mine, every if ctx.rank == 0 else None, dst=0)
         if ctx.rank == 0:
             backend = f"torch ({dist.get_backend()}, torchrun)"
-            print(summary(tr.assemble(cfg, every), backend))
+            _print(args, tr.assemble(cfg, every), backend)
     finally:
         dist.destroy_process_group()
     return 0

@@ -147,6 +147,23 @@ def divides(value, n: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and n % value == 0
 
 
+def within(parent: Group | None, group: Group) -> Group:
+    """``group``, whose ranks are positions in ``parent`` (a DP group, a MiCS partition group;
+    None: the world), in global ranks: a feature's groups inside the ranks its stage sees."""
+    if parent is None:
+        return group
+    return Group(group.name, tuple(parent.ranks[r] for r in group.ranks))
+
+
+def make_within(ctx, groups_of) -> None:
+    """torch.distributed: every process makes every group, in order — ``groups_of(n)`` (positions
+    in a parent of n ranks) inside each of the stage's sibling parents (``ctx.siblings``: every
+    DP or partition group, the rank's own among them; the world without any)."""
+    make = getattr(ctx.comm.backend, "new_groups", None)
+    if make is not None:
+        make([within(p, g) for p in getattr(ctx, "siblings", [None]) for g in groups_of(ctx.n_ranks)])
+
+
 def hpz_group(rank: int, h: int) -> Group:
     """hpZ's secondary partition of ``rank``: the h consecutive ranks around it, ``rank // h``'s
     block. With h dividing the GPUs per node, the block lies inside ``rank``'s node."""

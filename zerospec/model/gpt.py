@@ -115,7 +115,7 @@ def _block_mp(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], mp) -
 
 
 def tiled_mlp(cfg: GPTConfig, h: torch.Tensor, fetch, first: int, tiles: int,
-              bias: torch.Tensor | None) -> torch.Tensor:
+              bias: torch.Tensor | None, mp=None) -> torch.Tensor:
     """The MLP in ``tiles`` tiles along d_ff (C-I3): tile k's weights (unit ``first + k``) are
     fetched just before its slice of the MLP runs and let go right after; the down projection's
     partial outputs are summed in tile order, then its bias is added — a different summation
@@ -125,17 +125,25 @@ def tiled_mlp(cfg: GPTConfig, h: torch.Tensor, fetch, first: int, tiles: int,
         with fetch(first + k) as q:
             part = F.linear(_mlp_in(cfg, h, q), q["mlp.c_proj.weight"])
         acc = part if acc is None else acc + part
+    if mp is not None:   # row-parallel: this rank's tiles are its slice of d_ff, summed over MP
+        acc = mp.exit(acc)
     return acc if bias is None else acc + bias
 
 
 def tiled_block(cfg: GPTConfig, x: torch.Tensor, p: dict[str, torch.Tensor], fetch, first: int,
-                tiles: int) -> torch.Tensor:
-    """:func:`block` with its MLP tiled (:func:`tiled_mlp`, tiles in units ``first``, …)."""
+                tiles: int, mp=None) -> torch.Tensor:
+    """:func:`block` with its MLP tiled (:func:`tiled_mlp`, tiles in units ``first``, …); with
+    ``mp``, Megatron's block whose MLP slice is tiled."""
     h = _norm(cfg, x, p, "ln_1.")
-    y = _attn(cfg, h, p)
-    x = x + F.linear(y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
+    if mp is None:
+        y = _attn(cfg, h, p)
+        x = x + F.linear(y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
+    else:
+        y = _attn(cfg, mp.enter(h), p, mp.n_m)                        # this rank's heads
+        x = x + _row_out(mp, y, p["attn.c_proj.weight"], p.get("attn.c_proj.bias"))
     h = _norm(cfg, x, p, "ln_2.")
-    return x + tiled_mlp(cfg, h, fetch, first, tiles, p.get("mlp.c_proj.bias"))
+    return x + tiled_mlp(cfg, h if mp is None else mp.enter(h), fetch, first, tiles,
+                         p.get("mlp.c_proj.bias"), mp)
 
 
 def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None,
@@ -146,7 +154,7 @@ def blocks(cfg: GPTConfig, x: torch.Tensor, fetch, layers: range, mp=None,
         u = 1 + i * (1 + tiles) if tiles > 1 else 1 + i
         with fetch(u) as p:
             x = (block(cfg, x, p, mp) if tiles == 1                          # (B, T, C)
-                 else tiled_block(cfg, x, p, fetch, u + 1, tiles))
+                 else tiled_block(cfg, x, p, fetch, u + 1, tiles, mp))
     return x
 
 
@@ -167,7 +175,7 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
             run_blocks=blocks, mp=None, tiles: int = 1) -> torch.Tensor:
     """Mean cross-entropy of next-token prediction; ``fetch(i)`` yields unit i's parameters.
 
-    ``run_blocks(cfg, x, fetch, layers)`` runs the transformer blocks: :func:`blocks` by default,
+    ``run_blocks(cfg, x, fetch, layers, tiles=…)`` runs the transformer blocks: :func:`blocks` by default,
     the seam activation checkpointing and model parallelism wrap (zerospec/zero_r/checkpointing.py).
     ``mp``: this rank's model-parallel group, whose rows of the vocabulary the embedding, the LM
     head and the cross-entropy use as Megatron-LM does (zerospec/model/vocab.py); None: the whole
@@ -182,10 +190,7 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
             x = _lookup(idx, p["wte"], mp) + F.embedding(torch.arange(T, device=idx.device), p["wpe"])
         else:
             x = _lookup(idx, p["wte"], mp)                     # (B, T, C)
-    if tiles > 1:
-        x = blocks(cfg, x, fetch, range(L), mp, tiles)        # (B, T, C)
-    else:
-        x = run_blocks(cfg, x, fetch, range(L))                # (B, T, C)
+    x = run_blocks(cfg, x, fetch, range(L), tiles=tiles)       # (B, T, C)
     with fetch(n + 1) as p:
         x = _norm(cfg, x, p, "")
     head, name = (0, "wte") if cfg.tie_embeddings else (n + 2, "weight")

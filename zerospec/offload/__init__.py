@@ -6,7 +6,7 @@ spec/infinity.md).
 A TrainConfig asks for it with ``offload_optimizer`` ("cpu" or "nvme"), ``offload_mode``
 ("paper" or "deepspeed"), ``offload_params`` ("cpu" or "nvme"), ``offload_partition``,
 ``offload_buffer_elements``, ``offload_prefetch``, ``nvme_path`` and ``dpu``; :func:`check`
-refuses what is not built.
+refuses a bad value (what does not combine is zerospec/training/combine.py's table).
 """
 from .nvme import NvmeError, SwapDir, check_dir
 from .optimizer import HostOptimizer, with_offload
@@ -25,10 +25,10 @@ def check(cfg) -> None:
     if p is not None and p not in TIERS:
         raise ValueError(f"offload_params={p!r} (ZeRO-Infinity's parameter offload): accepted "
                          f"{', '.join(TIERS)} or None")
-    if p is not None and (cfg.stage != 3 or o is None or cfg.dpu):
+    if p is not None and (cfg.stage != 3 or o is None):
         raise ValueError(f"offload_params={p!r} fetches each stage-3 chunk from the host: it needs "
-                         f"stage 3 and offload_optimizer 'cpu' or 'nvme' without dpu, got "
-                         f"stage={cfg.stage}, offload_optimizer={o!r}, dpu={cfg.dpu}")
+                         f"stage 3 and offload_optimizer 'cpu' or 'nvme', got "
+                         f"stage={cfg.stage}, offload_optimizer={o!r}")
     if cfg.offload_partition not in PARTITIONS:
         raise ValueError(f"offload_partition must be one of {', '.join(PARTITIONS)}, got "
                          f"{cfg.offload_partition!r}")
@@ -69,30 +69,19 @@ def check(cfg) -> None:
     if d and o is None:
         raise ValueError(f"dpu={d} delays ZeRO-Offload's host update: it needs offload_optimizer "
                          f"'cpu' or 'nvme', got None")
-    if d and cfg.loss_scale is not None:
-        raise ValueError(f"dpu={d} with loss scaling is not built: an overflow found one step late "
-                         f"would skip an update whose parameters the device already used")
     if o is None:
         return
     if cfg.stage not in (2, 3):
         raise ValueError(f"offload_optimizer={o!r} (ZeRO-Offload) is built on ZeRO-2: it needs "
                          f"stage 2 or 3, got stage={cfg.stage}")
-    refused = {"grad_accum_steps > 1 / exact_grads": cfg.exact,
-               "bucket_elements": cfg.bucket_elements is not None,
-               "contiguous_gradients": cfg.contiguous_gradients,
-               "n_m > 1": cfg.n_m > 1, "hpz > 1": cfg.hpz > 1,
-               "shard_group (MiCS)": cfg.shard_group is not None,
-               "qwz / qgz (ZeRO++)": cfg.qwz or cfg.qgz,
-               "stage3_* (DeepSpeed's ZeRO-3)": bool(cfg.stage3_persistence_threshold
-                                                    or cfg.stage3_max_reuse_distance)}
-    bad = [k for k, v in refused.items() if v]
-    if bad:
-        raise ValueError(f"offload_optimizer={o!r} is not combined with {', '.join(bad)} yet")
-
 
 def check_checkpointable(cfg, save, resume) -> None:
     """ValueError when a checkpoint is asked of a run whose fp16 chunks are not in host memory
-    (ZeRO-Infinity's parameters on NVMe, or whole on their owners: zerospec/offload/params.py)."""
+    (ZeRO-Infinity's parameters on NVMe, or whole on their owners: zerospec/offload/params.py),
+    or at or after the step a delayed update is pending from (DPU)."""
+    if save and cfg.dpu and max(save) >= cfg.dpu:
+        raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
+                         f"miss the gradient whose update is still pending (spec/offload.md)")
     if (save or resume is not None) and cfg.offload_params and (
             cfg.offload_params == "nvme" or cfg.offload_partition == "owner"):
         raise ValueError(f"checkpoints with offload_params={cfg.offload_params!r}, "

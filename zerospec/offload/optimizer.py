@@ -45,6 +45,7 @@ class HostOptimizer:
     the master, as DeepSpeed's offload does: 4 bytes down, 4 up."""
 
     master_apart = True   # the host's masters, whatever the precision
+    shards_leave = True   # each gradient shard goes down inside backward (the stage's hook)
 
     def __init__(self, ctx, *args, offload: str, offload_mode: str = "paper", nvme_path=None,
                  **kwargs):
@@ -67,12 +68,17 @@ class HostOptimizer:
             return self.host.alloc(category, (numel,), dtype)
 
     def _allocate_gradients(self) -> None:
-        """The host gradient buffer of the rank's shard: fp16 (paper) or fp32 (DeepSpeed); the
-        device keeps none between steps (B4's last row: g16 on the CPU)."""
+        """The host gradient buffer of the rank's shard: fp16 (paper) or fp32 (DeepSpeed); with
+        exact sums the fp64 sum of the step's micro-batches (category ``grad16``, as on the
+        device: zerospec/zero/exact.py). The device keeps none between steps (B4's last row)."""
+        if self.exact_sums:
+            self.grad_dtype = torch.float64   # a partial sum of fp16 values is not an fp16 value
         dtype = self.grad_dtype or self.dtype
         cat = "grad32" if dtype == torch.float32 else "grad16"
         self.grad_host = [self._host_alloc(cat, u.chunk, dtype) for u in self.units]
         self.grad16 = [None] * len(self.units)
+        if self.exact_sums:   # what the exact stage zeroes, sums into and divides: on the host
+            self.grad_acc = self.grad_host
 
     def _allocate_optimizer(self, init) -> None:
         self.master, self.exp_avg, self.exp_avg_sq = [], [], []
@@ -146,18 +152,58 @@ class HostOptimizer:
 
     # -- backward: each gradient shard down to the host as soon as it exists -------------------------
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+        """Unit i's gradient reduce-scattered over the DP group into a device shard, which goes
+        down (:meth:`_grad_down`) as soon as it is whole: at once without buckets (not posted),
+        when its last bucket is reduced with them (ZeRO-R's C_B, zero_r/buffers.py). With exact
+        sums the shard is the micro-batch's fp64 sum over the ranks, as the exact stage's."""
         u = self.units[i]
-        shard = self.memory.alloc("grad16", (u.chunk,), self.dtype, zero=False)   # 2Ψ/N, one unit
-        self.comm.reduce_scatter(shard, slot, "mean")   # not posted: copied down at once
+        exact = self.exact_sums
+        dtype, op = (torch.float64, "sum") if exact else (self.dtype, "mean")
+        shard = self.memory.alloc("buffer" if exact else "grad16", (u.chunk,), dtype, zero=False)
+        down = functools.partial(self._grad_down, i, shard)
+        if self.fused is not self.comm:   # the bucket casts to the shard's dtype: exact still
+            self.fused.reduce_scatter(shard, slot, op, then=down)
+        elif exact:
+            wide = self.memory.alloc("buffer", (u.padded,), torch.float64, zero=False)
+            wide.copy_(slot)               # exact; the wire carries fp64 so the sum stays exact
+            self.comm.reduce_scatter(shard, wide, op)
+            self.memory.free(wide)
+        else:   # the stage's hook: a reduce-scatter, or qgZ's all-to-alls (zero/zeropp.py)
+            self.reduce_unit(i, shard, slot)
         if self.grad_buffer is None:
             self.memory.free(slot)
+        if self.fused is self.comm:
+            down()
+
+    def _grad_down(self, i: int, shard: torch.Tensor) -> None:
+        """The reduced shard to the host: copied into the gradient buffer, or (exact sums) into a
+        host staging buffer added to the step's sum there, as DeepSpeed's ZeRO-Offload keeps its
+        accumulated gradients in host memory (stage_1_and_2.py: ``accumulated_grads_in_cpu``)."""
+        self.shard_ready(i, shard, "sum" if self.exact_sums else "mean")   # MiCS: the replicas
+        if self.exact_sums:
+            part = self._host_alloc("buffer", shard.numel(), torch.float64)
+            self.comm.copy_to_host(part, shard)
+            self.memory.free(shard)
+            with off_device():
+                self.grad_host[i].add_(part)   # exact
+            self.host.free(part)
+            return
         if self.grad_dtype is not None:   # DeepSpeed: cast up on the device, fp32 across PCIe
-            up = self.memory.alloc("grad32", (u.chunk,), self.grad_dtype, zero=False)
+            up = self.memory.alloc("grad32", (shard.numel(),), self.grad_dtype, zero=False)
             up.copy_(shard)
             self.memory.free(shard)
             shard = up
         self.comm.copy_to_host(self.grad_host[i], shard)
         self.memory.free(shard)
+
+    def zero_grad(self) -> None:
+        with off_device():   # exact sums: the host's sums
+            super().zero_grad()
+
+    def _average(self) -> None:
+        """Exact sums: the one division by N·G, on the host."""
+        with off_device():
+            super()._average()
 
     def grad_for_step(self, i: int) -> torch.Tensor:
         return self.grad_host[i]

@@ -56,7 +56,7 @@ class Prefetching:
         u = self.units[self.trace[q]]
         full = self.memory.alloc("gathered", (u.padded,), self.dtype, zero=False)
         chunk = self._dev.pop(q)
-        self.comm.all_gather(full, chunk)
+        self.gather_unit(self.trace[q], full, chunk)   # the stage's hook: qwZ quantizes it
         self.memory.free(chunk)
         self._full[q] = full
 

@@ -6,16 +6,13 @@ from __future__ import annotations
 from ..render.format import fmt_bytes
 from .ds_config import DeepSpeedConfig
 
-# measure()'s settings zerospec's ZeRO-Offload does not combine with yet: dropped, each said
-OFFLOAD_DROPS = {"bucket_elements": "reduce_bucket_size", "contiguous_gradients": "contiguous_gradients",
-                 "stage3_persistence_threshold": "stage3_param_persistence_threshold",
-                 "stage3_max_reuse_distance": "stage3_max_reuse_distance"}
-
 
 def offload_kwargs(ds: DeepSpeedConfig, kw: dict, left: list[str]) -> dict:
     """offload_optimizer / offload_param → measure()'s offload_optimizer (DeepSpeed's mode: its
     fp32 gradients cross PCIe) and offload_params; a section without the stage it needs is
-    refused, and the settings offload is not combined with are dropped from ``kw``, each said."""
+    refused; the other settings pass as they are (ZeRO-Offload combines with them:
+    spec/combine.md), but the stage-3 knobs with offload_param, which the table refuses: dropped,
+    said."""
     o, p = ds.offload_optimizer, ds.offload_param
     if p is not None and ds.stage != 3:
         raise ValueError(f"{ds.path!r}: zero_optimization.offload_param (device {p.device}) "
@@ -31,15 +28,16 @@ def offload_kwargs(ds: DeepSpeedConfig, kw: dict, left: list[str]) -> dict:
         raise ValueError(f"{ds.path!r}: zero_optimization.offload_optimizer (device {o.device}) "
                          f"is built on ZeRO-2 and ZeRO-3 here; accepted: stage 2 or 3, got stage "
                          f"{ds.stage}")
-    dropped = [dskey for key, dskey in OFFLOAD_DROPS.items() if kw.pop(key, None)]
-    if dropped:
-        left[:] = [x for x in left if not x.startswith("persistence per tensor")]
-        left.append(f"{', '.join(dropped)} with offload: zerospec's ZeRO-Offload does not combine "
-                    f"them yet (spec/offload.md): each unit's gradient goes down whole, no "
-                    f"tensor is kept whole")
     out = {"offload_optimizer": o.device, "offload_mode": "deepspeed"}
     if p is not None:
         out["offload_params"] = p.device
+        dropped = [ds_key for key, ds_key in (
+            ("stage3_persistence_threshold", "stage3_param_persistence_threshold"),
+            ("stage3_max_reuse_distance", "stage3_max_reuse_distance")) if kw.pop(key, None)]
+        if dropped:   # the combination table's refusal (zerospec/training/combine.py), said
+            left[:] = [x for x in left if not x.startswith("persistence per tensor")]
+            left.append(f"{', '.join(dropped)} with offload_param: not measured, zerospec keeps "
+                        f"every offloaded fp16 chunk on the host (spec/combine.md)")
     return out
 
 

@@ -52,10 +52,13 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded as asked; the message names the file and the problem."""
 
 
-def unit_spec(model, n_m: int = 1) -> list:
+def unit_spec(model, n_m: int = 1, tiles: int = 1) -> list:
     """The units a checkpoint of an N_d × N_m run holds: the model's (N_m = 1), or each MP index
-    j's slices of them, named ``mp{j}/<unit>`` (all N_m slices have the same shapes)."""
-    one = [(n, [(p, tuple(s)) for p, s in ps]) for n, ps in model.unit_spec(n_m)]
+    j's slices of them, named ``mp{j}/<unit>`` (all N_m slices have the same shapes); a tiled
+    run's (``tiles`` T > 1) are its own units, each block's MLP as T tiles ``h.<i>.mlp<k>``:
+    a tile's c_proj columns are no contiguous range of the untiled unit, so a tiled checkpoint
+    resumes a run of the same T."""
+    one = [(n, [(p, tuple(s)) for p, s in ps]) for n, ps in model.unit_spec(n_m, tiles)]
     return one if n_m == 1 else [(mp_prefix(n_m, j) + n, ps) for j in range(n_m) for n, ps in one]
 
 
@@ -143,6 +146,9 @@ def rank_pieces(stage, prefix: str = "") -> dict[str, dict]:
     ``prefix``: the rank's MP index's (:func:`mp_prefix`)."""
     if stage.stage == 0 and stage.ctx.rank != 0:
         return {}                          # replicated: rank 0 writes it once
+    replicas = getattr(stage, "replicas", None)
+    if replicas is not None and replicas.rank != 0:
+        return {}                          # MiCS: the first partition group writes the shards
     with _held(stage):
         return _rank_pieces(stage, prefix)
 
@@ -259,6 +265,8 @@ def _layout_pieces(stage, rank: int, n_m: int = 1) -> dict[str, dict]:
     prefix = mp_prefix(n_m, j)
     if stage.stage == 0:
         return {prefix + u.name: {"start": 0, "stop": u.numel} for u in stage.units} if dp == 0 else {}
+    if dp >= stage.ctx.n_ranks:            # MiCS: a rank past the first partition group of p
+        return {}
     out = {}
     for u in stage.units:
         s = u.shard(dp)

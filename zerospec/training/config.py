@@ -18,6 +18,7 @@ from ..zero import hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 from ..offload import check as check_offload
+from . import combine
 
 DEVICES = ("cpu", "meta")
 
@@ -93,6 +94,7 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         policy(self.precision)
+        combine.check(self)   # the table's refused pairs, each with its reason
         checkpointing.check(self.checkpoint_activations, self.model.n_layer)
         buffers.check(self.bucket_elements, self.stage, self.n_d)
         gpt.check_mp(self.model, self.n_m)
@@ -143,12 +145,8 @@ class TrainConfig:
 
 def check_tiles(cfg) -> None:
     """Memory-centric tiling's setting (spec/infinity.md, C-I3): ValueError naming the value and
-    what is accepted. Not yet with model parallelism, activation checkpointing (whose recompute
-    would keep every tile of a segment gathered) or checkpoints of the run."""
-    gpt.check_tiles(cfg.model, cfg.tiles)
-    if cfg.tiles > 1 and (cfg.n_m > 1 or cfg.checkpoint_activations):
-        raise ValueError(f"tiles={cfg.tiles} needs n_m=1 and checkpoint_activations=0, got "
-                         f"n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
+    what is accepted (with model parallelism, T tiles of each rank's d_ff / N_m)."""
+    gpt.check_tiles(cfg.model, cfg.tiles, cfg.n_m)
 
 
 def check_config(cfg) -> None:
@@ -165,8 +163,6 @@ def check_config(cfg) -> None:
     if cfg.exact and cfg.n_d * cfg.grad_accum_steps > MAX_TERMS:
         raise ValueError(f"n_d × grad_accum_steps = {cfg.n_d * cfg.grad_accum_steps} exceeds "
                          f"{MAX_TERMS}, the most fp16 gradients fp64 sums exactly")
-    if (cfg.loss_scale or c) and cfg.device == "meta":
-        raise ValueError("loss scaling and clipping need real values; device='meta' has none")
 
 
 def check_zero_r(cfg) -> None:
@@ -179,14 +175,14 @@ def check_zero_r(cfg) -> None:
         v = getattr(cfg, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-        if v and (cfg.stage != 3 or cfg.exact):
+        if v and cfg.stage != 3:
             raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/ds3.py): it needs "
-                             f"stage 3 without exact sums, got stage={cfg.stage}, exact={cfg.exact}")
-    if cfg.contiguous_gradients and (cfg.stage < 2 or cfg.exact):
+                             f"stage 3, got stage={cfg.stage}")
+    if cfg.contiguous_gradients and cfg.stage < 2:
         raise ValueError(f"contiguous_gradients (M_D for gradients) reuses the slot stages 2–3 "
-                         f"reduce-scatter each unit's gradient from: it needs stage 2 or 3 without "
-                         f"exact sums, got stage={cfg.stage}, exact={cfg.exact} (stages 0–1 keep "
-                         f"one persistent gradient buffer per unit already)")
+                         f"reduce-scatter each unit's gradient from: it needs stage 2 or 3, got "
+                         f"stage={cfg.stage} (stages 0–1 keep one persistent gradient buffer per "
+                         f"unit already)")
     if cfg.contiguous_checkpoints and not cfg.checkpoint_activations:
         raise ValueError("contiguous_checkpoints (M_D) copies activation checkpoints into one "
                          "buffer: it needs checkpoint_activations >= 1, got 0 (off)")

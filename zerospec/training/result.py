@@ -71,7 +71,8 @@ class Result(Sized):
         """The final training state, unsharded (needs ``train(..., keep_state=True)``)."""
         if any(o.state is None for o in self.ranks):
             raise ValueError("this run kept no state: call train(cfg, keep_state=True)")
-        return checkpoint.assemble(checkpoint.unit_spec(self.config.model, self.config.n_m),
+        return checkpoint.assemble(checkpoint.unit_spec(self.config.model, self.config.n_m,
+                                                         self.config.tiles),
                                    self.ranks[0].state["meta"],
                                    {f"rank {r}": o.state["pieces"] for r, o in enumerate(self.ranks)},
                                    where="run state")

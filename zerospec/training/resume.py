@@ -32,7 +32,7 @@ def check(cfg, state) -> None:
         raise ValueError(f"the checkpoint was written at n_m={n_m} (model-parallel degree) but the "
                          f"config has n_m={cfg.n_m}: a checkpoint resumes at another n_d with the "
                          f"same n_m (its files hold the Megatron slices of n_m={n_m})")
-    if state.spec != unit_spec(cfg.model, cfg.n_m):
+    if state.spec != unit_spec(cfg.model, cfg.n_m, cfg.tiles):
         raise ValueError("the checkpoint's model layout differs from cfg.model "
                          "(checkpoint.load(dir, model=cfg.model) names the difference)")
     data = {"seed": cfg.seed, "global_batch": cfg.batch}

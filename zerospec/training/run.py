@@ -15,7 +15,7 @@ from ..comm.ledger import CommLedger
 from ..model import gpt, megatron
 from ..model.data import BigramData
 from ..offload import check_checkpointable
-from . import checkpoint
+from . import checkpoint, combine
 from .config import TrainConfig
 from .result import Result, build_result
 from .resume import check as resume_check
@@ -66,11 +66,7 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     if cluster.gpus_per_node != cfg.gpus_per_node:
         raise ValueError(f"cluster has gpus_per_node={cluster.gpus_per_node} but config says "
                          f"gpus_per_node={cfg.gpus_per_node}")
-    _no_mics_checkpoints(cfg, resume, save, keep_state)
-    if cfg.tiles > 1 and (resume is not None or save or keep_state):
-        raise ValueError(f"checkpoints of a tiled run (tiles={cfg.tiles}) are not built: its units "
-                         f"are not a checkpoint's (h.<i>.mlp<k>); save, resume and keep_state need "
-                         f"tiles=1")
+    combine.check(cfg, ("checkpoints",) if resume is not None or save or keep_state else ())
     if resume is not None:
         resume_check(cfg, resume)
     init, batches = initial_weights(cfg, units), make_batches(cfg)
@@ -82,15 +78,6 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     result.host = [ctx.host for ctx in cluster.contexts]
     result.nvme = [ctx.nvme for ctx in cluster.contexts]
     return result
-
-
-def _no_mics_checkpoints(cfg: TrainConfig, resume, save, keep_state: bool = False) -> None:
-    """MiCS's replicas hold the same shards, which the checkpoint layout (one owner per slice)
-    does not model: refused before any rank starts."""
-    if cfg.shard_group is not None and (resume is not None or save or keep_state):
-        raise ValueError(f"shard_group={cfg.shard_group}: checkpoints of a MiCS run are not "
-                         f"modelled (its replicas hold the same shards); save, resume and "
-                         f"keep_state need shard_group=None")
 
 
 # -- training on processes ------------------------------------------------------------------------
@@ -138,13 +125,11 @@ def train_processes(cfgs, *, backend: str = "gloo", resume=None, save: dict | No
                          f"{[c.n_ranks for c in cfgs]}")
     if (resume is not None or save) and len(cfgs) != 1:
         raise ValueError(f"resume and save take a single config, got {len(cfgs)}")
-    _no_mics_checkpoints(cfgs[0], resume, save)
+    check_checkpointable(cfgs[0], save, resume)
+    for c in cfgs:   # the table's pairs with real processes (and checkpoint files)
+        combine.check(c, ("torch", "checkpoints") if resume is not None or save else ("torch",))
     if resume is not None:
         resume_check(cfgs[0], resume)     # here, not in every process: one clear error
-    if any(c.device != "cpu" for c in cfgs):
-        raise ValueError(f"train_processes runs real tensors: device must be 'cpu' "
-                         f"(the process's own device is chosen by the backend), got "
-                         f"{[c.device for c in cfgs]}")
     launch_kw.setdefault("timeout", max(c.timeout for c in cfgs))
     per_rank = launch(train_rank, cfgs[0].n_ranks, cfgs, resume, save, backend=backend, **launch_kw)
     results = [assemble(cfg, [per_rank[r][k] for r in range(cfg.n_ranks)])

@@ -27,11 +27,12 @@ from ..optim.update import Reach, StepReport, Updater
 from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.ds3 import DeepSpeedParameters, reused_within
+from ..zero.exact import with_exact
 from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.zeropp import with_zeropp
 from ..zero.fetch import ParamFetcher
-from ..comm.groups import Grid, mics_groups, replica_group, shard_group
+from ..comm.groups import Grid, Group, make_within, mics_groups, replica_group, shard_group, within
 from ..model import megatron
 from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
@@ -115,7 +116,8 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
             resume.restore(stage, mp.index if mp is not None else 0)   # this MP index's slices
     meta = resume.meta if resume is not None else {}
     scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
-    reach = mp and Reach.model_parallel(stage, ctx.comm, mp.comm, mp.index, megatron.replicated)
+    reach = mp and Reach.model_parallel(stage, _one_copy(ctx, cfg), mp.comm, mp.index,
+                                        megatron.replicated)
     updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0), reach)
     master, model_states = stage.owned_master(), ctx.memory.model_states()
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
@@ -125,25 +127,43 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
 
 
 def _groups(ctx, cfg: TrainConfig, init):
-    """The context the stage sees (its DP group's view with N_m > 1), the MP group (None without
-    MP) and this rank's initial weights (its MP index's); see :func:`rank_main`."""
+    """The context the stage sees (its DP group's view with N_m > 1; MiCS: its partition group's
+    inside that), the MP group (None without MP) and this rank's initial weights (its MP index's);
+    see :func:`rank_main`."""
+    dp, mp = ctx, None
+    if cfg.n_m > 1:
+        grid = Grid(cfg.n_d, cfg.n_m)
+        dp_comm, mp_comm = ctx.comm.split(grid)
+        dp, mp, init = GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+        dp.siblings = [grid.dp_group(j) for j in range(cfg.n_m)]   # every MP index's DP group
     if cfg.shard_group is not None:   # MiCS: the stage sees its partition group (zero/mics.py)
-        return _mics_view(ctx, cfg.shard_group), None, init
-    if cfg.n_m == 1:
-        return ctx, None, init
-    grid = Grid(cfg.n_d, cfg.n_m)
-    dp_comm, mp_comm = ctx.comm.split(grid)
-    return GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+        dp = _mics_view(ctx, dp, cfg.shard_group)
+    return dp, mp, init
 
 
-def _mics_view(ctx, p: int) -> GroupView:
-    """The rank seen through its partition group, with its replication group's interconnect."""
+def _mics_view(ctx, dp, p: int) -> GroupView:
+    """The rank seen through its partition group inside ``dp`` (its DP group's view, or the
+    rank itself), with its replication group's interconnect."""
+    make_within(dp, lambda n: mics_groups(n, p))
+    parent = dp.comm.group
+    view = GroupView(ctx, dp.comm.subgroup(within(parent, shard_group(dp.rank, p))))
+    view.replicas = dp.comm.subgroup(within(parent, replica_group(dp.rank, p, dp.n_ranks)))
+    view.siblings = [within(s, shard_group(r, p)) for s in getattr(dp, "siblings", [None])
+                     for r in range(0, dp.n_ranks, p)]
+    return view
+
+
+def _one_copy(ctx, cfg: TrainConfig):
+    """The ranks that hold one copy of the model states between them (norms and overflow votes
+    sum over them): every rank, or with MiCS the p·N_m GPUs of the rank's partition groups."""
+    if cfg.shard_group is None:
+        return ctx.comm
+    k = cfg.shard_group * cfg.n_m
+    first = ctx.rank // k * k
     make = getattr(ctx.comm.backend, "new_groups", None)
     if make is not None:   # torch.distributed: every process makes every group, in order
-        make(mics_groups(ctx.n_ranks, p))
-    view = GroupView(ctx, ctx.comm.subgroup(shard_group(ctx.rank, p)))
-    view.replicas = ctx.comm.subgroup(replica_group(ctx.rank, p, ctx.n_ranks))
-    return view
+        make([Group("shard", tuple(range(b, b + k))) for b in range(0, cfg.n_ranks, k)])
+    return ctx.comm.subgroup(Group("shard", tuple(range(first, first + k))))
 
 
 def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
@@ -158,11 +178,13 @@ def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
 
 
 def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
-    """The stage's class and its keyword arguments but the buffers, which need the rank."""
+    """The stage's class and its keyword arguments but the buffers, which need the rank: the
+    paper's stage wrapped in its features in zero/hooks.COMPOSITION's order, innermost first,
+    each overriding only the named hooks (zero/hooks.StageHooks)."""
     cls = EXACT_STAGES[cfg.stage] if cfg.exact else STAGES[cfg.stage]
     kwargs = {"zero1_comm": cfg.zero1_comm} if cfg.stage == 1 else {}
     if cfg.stage3_persistence_threshold or cfg.stage3_max_reuse_distance:   # DeepSpeed's ZeRO-3
-        cls = DeepSpeedParameters
+        cls = with_exact(DeepSpeedParameters) if cfg.exact else DeepSpeedParameters
         kwargs = {"persistence_threshold": cfg.stage3_persistence_threshold,
                   "keep": reused_within(gpt.fetch_order(cfg.model, cfg.tiles), units,
                                         cfg.stage3_max_reuse_distance)
@@ -172,7 +194,7 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
     if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
         cls = with_zeropp(cls)
         kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
-                      gpus_per_node=cfg.gpus_per_node)
+                      gpus_per_node=cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m)   # DP ranks
     if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
     if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
@@ -200,9 +222,6 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     With N_m > 1 the rank sits on the N_d × N_m grid (comm/groups.py): the ZeRO stage sees its
     DP group only (a :class:`GroupView`: same stage code, sharding over N_d), the model its MP
     group (Megatron's operators), and both MP ranks of a replica read the same micro-batch."""
-    if save and cfg.dpu and max(save) >= cfg.dpu:
-        raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
-                         f"miss the gradient whose update is still pending (spec/offload.md)")
     check_checkpointable(cfg, save, resume)
     rank = build_rank(ctx, cfg, units, init, resume)
     out = RankOutput([], rank.master, rank.model_states, [], [], {p: 0.0 for p in PHASES})
@@ -213,7 +232,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
         train_step(rank, cfg, idx, tgt, out)
         if save and step in save:
             checkpoint.save_from_rank(ctx, rank.stage, save[step],
-                                      checkpoint.unit_spec(cfg.model, cfg.n_m),
+                                      checkpoint.unit_spec(cfg.model, cfg.n_m, cfg.tiles),
                                       resume_meta(cfg, step, rank.updater), cfg.n_m)
         if on_step is not None:
             on_step(step, rank.stage)
@@ -232,13 +251,13 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
     # r: the rank's DP index (rank = dp_index · N_m + mp_index), whichever group its stage sees
     stage, fetcher, G, r = rank.stage, rank.fetcher, cfg.grad_accum_steps, rank.ctx.rank // cfg.n_m
     phase = functools.partial(_timed, rank.ctx, out.seconds)
-    stage.zero_grad()
     flops, micro = {"forward": 0, "backward": 0}, []
     ops = {"forward": Counter(), "backward": Counter()}
     delayed = cfg.dpu and rank.ctx.step > cfg.dpu   # B8: the pending update, before FWD-BWD
     if delayed:   # on a GPU the host runs it while FWD-BWD use the parameters it has not updated
         with phase("step"):
             report = rank.updater.step()
+    stage.zero_grad()   # after the delayed update, which reads the previous step's sums
     for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
         fetcher.begin_step()
         fetcher.grad_scale = rank.updater.scale

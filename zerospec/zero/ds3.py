@@ -82,9 +82,9 @@ class DeepSpeedParameters(Parameters):
 
     def sync_params(self) -> None:
         """Every rank's chunk from its master; the persistent units gathered whole again."""
-        if self.precision.master:
+        if self.master_apart:   # ZeRO-Offload's _param_up copies it up from the host instead
             for i in range(len(self.units)):
-                self._param_chunk(i).copy_(self.master[i])
+                self._param_up(i)
         # one gather per persistent unit, not through C_B's buckets: those stream every unit
         with self.comm.batch():
             for i in sorted(self.persistent):

@@ -29,6 +29,8 @@ a stage number to its exact class.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .stage0_dp import DataParallel
@@ -42,13 +44,23 @@ MAX_TERMS = 2 ** 13   # fp16 values summed exactly in fp64: 40 + log2(terms) <= 
 class _Exact:
     """What both layouts share: fp64 buffers, a zeroed start, one division by N·G."""
 
+    exact_sums = True
+
     def __init__(self, *args, grad_accum_steps: int = 1, **kwargs):
         self.accum_steps = grad_accum_steps
         super().__init__(*args, **kwargs)
 
     def grad_slot(self, i: int) -> torch.Tensor:
-        """One unit's fp16 micro-batch gradient in flight (the same rounding as without accumulation)."""
+        """One unit's fp16 micro-batch gradient in flight (the same rounding as without
+        accumulation); with contiguous gradients (M_D), the one reused slot's view."""
+        if self.grad_buffer is not None:
+            return self.grad_buffer.slot(i)
         return self._alloc("grad16", self.units[i].padded, self.dtype)
+
+    def _done_with(self, slot: torch.Tensor) -> None:
+        """The micro-batch's slot is read: freed, unless it is M_D's reused one."""
+        if self.grad_buffer is None:
+            self.memory.free(slot)
 
     def zero_grad(self) -> None:
         for a in self.grad_acc:
@@ -92,12 +104,12 @@ class ShardedAccumulation(_Exact):
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         if self.fused is not self.comm:   # buckets: the bucket is fp64: the cast and the sums stay exact
             self.fused.reduce_scatter(self.grad_acc[i], slot, "sum", accumulate=True)
-            self.memory.free(slot)
+            self._done_with(slot)
             return
         u = self.units[i]
         wide = self.memory.alloc("buffer", (u.padded,), torch.float64, zero=False)
         wide.copy_(slot)                   # exact; the wire carries fp64 so the sum stays exact
-        self.memory.free(slot)
+        self._done_with(slot)
         part = self.memory.alloc("buffer", (u.chunk,), torch.float64, zero=False)
         self.comm.reduce_scatter(part, wide, "sum")
         self.memory.free(wide)
@@ -129,3 +141,9 @@ class ExactParameters(ShardedAccumulation, Parameters):
 
 
 EXACT_STAGES = {0: ExactDataParallel, 1: ExactOptimizerStates, 2: ExactGradients, 3: ExactParameters}
+
+
+@functools.cache
+def with_exact(cls: type) -> type:
+    """A stage-3 variant (DeepSpeed's ZeRO-3, zero/ds3.py) with exact sums in front."""
+    return type(f"Exact{cls.__name__}", (ShardedAccumulation, cls), {})

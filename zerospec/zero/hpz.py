@@ -6,7 +6,8 @@ Forward gathers each unit over the whole DP group, as stage 3 does, and each GPU
 secondary partition (comm/groups.py ``hpz_group``; h dividing the GPUs per node puts the
 partition inside a node). Backward — the re-gather of C24/C57, and a checkpointed segment's
 recompute, which runs in backward — gathers the unit over those h ranks from their secondary
-shards: on intra-node links only, so backward's cross-node volume is 0 (stage 3: M).
+shards: on intra-node links only, so backward's cross-node volume is 0 (stage 3: M). With model
+parallelism the partition is h consecutive ranks of the stage's DP group, h·N_m GPUs.
 
 Memory (D6): the secondary shards of every unit, 2Ψ/h bytes (padded), live from forward to the
 end of backward, then are freed: +2Ψ/h per GPU at the peak between forward and backward, none
@@ -14,8 +15,7 @@ after the step.
 
 No arithmetic: a secondary shard holds the bits forward gathered, so backward's gather returns
 the bits stage 3's would, and hpZ trains bit-identically to stage 3 on every path (checkpointing,
-accumulation, clipping, checkpoints). Rank r's secondary partition is in DP index space, so
-hpZ runs without model parallelism (N_m = 1).
+accumulation, clipping, checkpoints). Rank r's secondary partition is in DP index space.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, divisors, hpz_group, hpz_groups
+from ..comm.groups import Nodes, divisors, hpz_group, hpz_groups, make_within, within
 
 
 def check(cfg) -> None:
@@ -35,14 +35,15 @@ def check(cfg) -> None:
         raise ValueError(f"hpz (zero_hpz_partition_size) must be an integer >= 1 (1: off), got {h!r}")
     if h == 1:
         return
-    g = nodes.per_node
-    if g % h:
-        raise ValueError(f"hpz (zero_hpz_partition_size)={h} must divide the GPUs per node "
+    g, m = nodes.per_node, cfg.n_m
+    if g % (h * m):   # h consecutive DP ranks span h·N_m GPUs (rank = dp_index·N_m + mp_index)
+        on = f" × n_m={m}" if m > 1 else ""
+        raise ValueError(f"hpz (zero_hpz_partition_size)={h}{on} must divide the GPUs per node "
                          f"({g}) so that each secondary partition lies inside one node; accepted: "
-                         f"{', '.join(map(str, divisors(g)))}")
-    if cfg.stage != 3 or cfg.n_m != 1:
+                         f"{', '.join(str(d // m) for d in divisors(g) if d % m == 0)}")
+    if cfg.stage != 3:
         raise ValueError(f"hpz={h} is a ZeRO-3 setting over the data-parallel ranks: it needs "
-                         f"stage 3 and n_m=1, got stage={cfg.stage}, n_m={cfg.n_m}")
+                         f"stage 3, got stage={cfg.stage}")
 
 
 class SecondaryPartition:
@@ -51,10 +52,8 @@ class SecondaryPartition:
 
     def __init__(self, ctx, *args, hpz: int, **kwargs):
         self.h = hpz
-        make = getattr(ctx.comm.backend, "new_groups", None)
-        if make is not None:   # torch.distributed: every process makes every group, in order
-            make(hpz_groups(ctx.n_ranks, hpz))
-        self.hpz_comm = ctx.comm.subgroup(hpz_group(ctx.rank, hpz))
+        make_within(ctx, lambda n: hpz_groups(n, hpz))   # in DP index space (with MP: its group)
+        self.hpz_comm = ctx.comm.subgroup(within(ctx.comm.group, hpz_group(ctx.rank, hpz)))
         self.secondary: dict[int, torch.Tensor] = {}
         super().__init__(ctx, *args, **kwargs)
 

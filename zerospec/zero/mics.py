@@ -22,9 +22,13 @@ rounding of Σ_all / N — the bound is derived in spec/mics.md.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
+import torch
+
 from ..comm.groups import divides, divisors
+from ..runtime.observe import off_device
 
 
 def check(cfg) -> None:
@@ -36,18 +40,21 @@ def check(cfg) -> None:
         raise ValueError(f"shard_group (MiCS's partition group size p)={p!r} must be an integer "
                          f"that divides the {cfg.n_d} data-parallel ranks; accepted: "
                          f"{', '.join(map(str, divisors(cfg.n_d)))}")
-    qwz, qgz = getattr(cfg, "qwz", False), getattr(cfg, "qgz", False)
-    if cfg.stage == 0 or cfg.n_m != 1 or cfg.hpz != 1 or qwz or qgz:
+    if cfg.stage == 0:
         raise ValueError(f"shard_group={p} shards the model states of stage 1, 2 or 3 over p of "
-                         f"the data-parallel ranks: it needs stage >= 1, n_m=1, hpz=1 and neither "
-                         f"qwZ nor qgZ (their groups span the whole data-parallel world), got "
-                         f"stage={cfg.stage}, n_m={cfg.n_m}, hpz={cfg.hpz}, qwz={qwz}, qgz={qgz}")
-
+                         f"the data-parallel ranks: it needs stage >= 1, got stage={cfg.stage}")
+    g = cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m   # DP ranks per node
+    if getattr(cfg, "qgz", False) and g and p % g:
+        raise ValueError(f"shard_group={p} with qgz: qgZ's two hops run inside and across the "
+                         f"nodes of the partition group, so it must be whole nodes of "
+                         f"gpus_per_node={g}; accepted: a multiple of {g} dividing {cfg.n_d}")
 
 class ReplicatedShards:
     """A stage over its partition group, whose gradient shards are all-reduced across the
     replication group at the accumulation boundary (see the module doc). ``ctx``: the partition
-    group's view of the rank, with ``replicas``, the replication group's interconnect."""
+    group's view of the rank, with ``replicas``, the replication group's interconnect. qwZ and
+    qgZ (zero/zeropp.py) quantize the partition group's collectives; the replicas' all-reduce
+    is not quantized."""
 
     def __init__(self, ctx, *args, **kwargs):
         self.replicas = ctx.replicas
@@ -55,15 +62,25 @@ class ReplicatedShards:
 
     def reduce_gradients(self) -> None:
         super().reduce_gradients()           # inside the partition group (exact: then _average)
-        if not hasattr(self, "accum_steps"):   # rounded means: the second hop's mean
+        if not self.exact_sums and not self.shards_leave:   # rounded means: the second hop's mean
             self._across_replicas("mean")
 
     def _average(self) -> None:
         """Exact sums: add the replicas' fp64 partial sums (exact), then the one division by N·G."""
-        self._across_replicas("sum")
+        if not self.shards_leave:
+            self._across_replicas("sum")
         n = self.ctx.n_ranks * self.replicas.n_ranks * self.accum_steps
-        for i in range(len(self.units)):
-            self.grad_for_step(i).div_(n)
+        with off_device() if self.shards_leave else contextlib.nullcontext():
+            for i in range(len(self.units)):
+                self.grad_for_step(i).div_(n)
+
+    def shard_ready(self, i: int, shard: torch.Tensor, op: str) -> None:
+        """ZeRO-Offload: the shard leaves the device in backward, so the replicas reduce it
+        before, each micro-batch (G all-reduces per step instead of one). With exact sums the
+        order of the fp64 additions cannot matter; with rounded means G = 1 and this is the
+        boundary's hop: the same bits either way."""
+        if self.replicas.n_ranks > 1:
+            self.replicas.all_reduce(shard, op)
 
     def _across_replicas(self, op: str) -> None:
         if self.replicas.n_ranks == 1:

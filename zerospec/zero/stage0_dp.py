@@ -22,6 +22,8 @@ class DataParallel:
     label = theory.stage(0).label          # DP
     pad = False   # stage 0 partitions nothing, so it needs no padding
     resident = True   # every rank keeps the full fp16 parameters between uses (stages 0–2)
+    exact_sums = False   # gradients summed exactly in fp64 (zerospec/zero/exact.py)
+    shards_leave = False   # gradient shards go to the host inside backward (ZeRO-Offload)
 
     def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig,
                  precision: Precision | None = None, buckets=None, grad_buffer=None):
@@ -101,6 +103,11 @@ class DataParallel:
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         """Unit i's local gradient is complete: kept until the synchronisation after backward."""
+
+    def shard_ready(self, i: int, shard: torch.Tensor, op: str) -> None:
+        """Hook: unit i's reduced gradient shard, about to leave the device (ZeRO-Offload,
+        zerospec/offload/optimizer.py); ``op``: "mean", or "sum" for exact sums. MiCS's replicas
+        reduce it here (zero/mics.py)."""
 
     def end_backward(self) -> None:
         """Backward is over: free what was held for it alone (hpZ's secondary shards, zero/hpz.py)."""

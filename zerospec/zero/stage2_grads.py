@@ -35,11 +35,17 @@ class Gradients(OptimizerStates):
         if self.fused is self.comm:
             # posted: the slot is read at once and the rank goes on with its backward, as a GPU
             # does while the reduction runs; reduce_gradients waits for the shard (comm/posted.py)
-            self.comm.reduce_scatter(self.grad16[i], slot, "mean", post=True)
+            self.reduce_unit(i, self.grad16[i], slot, post=True)
         else:   # buckets: copied into the current bucket, reduced when it is full (still in backward)
             self.fused.reduce_scatter(self.grad16[i], slot, "mean")
         if self.grad_buffer is None:
             self.memory.free(slot)
+
+    def reduce_unit(self, i: int, out: torch.Tensor, slot: torch.Tensor, post: bool = False) -> None:
+        """The hook for how unit i's fp16 gradient ``slot`` becomes this rank's mean shard
+        ``out``: one reduce-scatter over the DP group (qgZ's all-to-alls: zero/zeropp.py);
+        ``post``: the result may wait until :meth:`reduce_gradients`."""
+        self.comm.reduce_scatter(out, slot, "mean", post=post)
 
     def reduce_gradients(self) -> None:
         """Every unit was reduce-scattered inside backward: wait until each shard is written."""

@@ -34,7 +34,13 @@ class Parameters(Gradients):
 
     def acquire(self, i: int) -> torch.Tensor:
         full = self.memory.alloc("gathered", (self.units[i].padded,), self.dtype, zero=False)
-        return self.comm.all_gather(full, self.param16[i])
+        return self.gather_unit(i, full, self.param16[i])
+
+    def gather_unit(self, i: int, full: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        """The hook for how unit i's fp16 chunks become ``full``: one all-gather over the DP
+        group (qwZ's int8 gather: zero/zeropp.py; ZeRO-Infinity calls it with the chunk it
+        brought up from the host, zerospec/offload/params.py)."""
+        return self.comm.all_gather(full, chunk)
 
     def release(self, i: int, full16: torch.Tensor) -> None:
         self.memory.free(full16)

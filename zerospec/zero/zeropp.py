@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, global_group, local_group, qgz_groups
+from ..comm.groups import Nodes, global_group, local_group, make_within, qgz_groups, within
 from ..comm.quantize import dequantize, group_size, quantize
 
 
@@ -54,19 +54,19 @@ def check(cfg) -> None:
     if not (cfg.qwz or cfg.qgz):
         return
     on = " and ".join(n for n in ("qwz", "qgz") if getattr(cfg, n))
-    if cfg.stage != 3 or cfg.n_m != 1:
+    if cfg.stage != 3:
         raise ValueError(f"{on} quantize ZeRO-3's collectives over the data-parallel ranks: they "
-                         f"need stage 3 and n_m=1, got stage={cfg.stage}, n_m={cfg.n_m}")
+                         f"need stage 3, got stage={cfg.stage}")
+    if cfg.qgz and cfg.gpus_per_node and cfg.gpus_per_node % cfg.n_m:
+        raise ValueError(f"qgz's hops run inside and across nodes of data-parallel ranks: with "
+                         f"n_m={cfg.n_m} a node of gpus_per_node={cfg.gpus_per_node} GPUs must hold "
+                         f"whole model-parallel groups; accepted: a multiple of {cfg.n_m}")
     if cfg.precision not in ("fp16", "bf16"):
         raise ValueError(f"{on} quantize 16-bit parameters and gradients (DeepSpeed's kernels take "
                          f"fp16/bf16), got precision={cfg.precision!r} (fp32 parameters); "
                          f"accepted: 'fp16', 'bf16'")
-    if cfg.qgz and (cfg.exact or cfg.bucket_elements is not None):
-        raise ValueError(f"qgz replaces the per-unit gradient reduce-scatter: it needs "
-                         f"grad_accum_steps=1, exact_grads=False and bucket_elements=None, got "
-                         f"{cfg.grad_accum_steps}, {cfg.exact_grads}, {cfg.bucket_elements!r}")
     for u in cfg.units():
-        if cfg.qwz or not falls_back(u, cfg.n_d):
+        if cfg.qwz or not falls_back(u, cfg.shard_size):
             group_size(u.chunk, cfg.quant_group_size, f"shard of unit {u.name!r}")
 
 
@@ -78,34 +78,28 @@ class Quantized:
         self.qwz, self.qgz = qwz, qgz
         self.nodes = Nodes(ctx.n_ranks, gpus_per_node)
         g = self.nodes.per_node
-        if qgz:
-            make = getattr(ctx.comm.backend, "new_groups", None)
-            if make is not None:   # torch.distributed: every process makes every group, in order
-                make(qgz_groups(ctx.n_ranks, g))
-            self.local_comm = ctx.comm.subgroup(local_group(ctx.rank, g))
-            self.global_comm = ctx.comm.subgroup(global_group(ctx.rank, g, ctx.n_ranks))
+        if qgz:   # the nodes of the ranks the stage sees (its DP or MiCS partition group)
+            n, parent = ctx.n_ranks, ctx.comm.group
+            make_within(ctx, lambda n: qgz_groups(n, g))
+            self.local_comm = ctx.comm.subgroup(within(parent, local_group(ctx.rank, g)))
+            self.global_comm = ctx.comm.subgroup(within(parent, global_group(ctx.rank, g, n)))
         super().__init__(ctx, *args, **kwargs)
         self.qgz_fallback = [u.name for u in self.units if qgz and falls_back(u, ctx.n_ranks)]
         self.quant_group = [group_size(u.chunk, quant_group_size) if qwz or not falls_back(
             u, ctx.n_ranks) else 0 for u in self.units]
 
     # -- qwZ ---------------------------------------------------------------------------------------
-    def acquire(self, i: int) -> torch.Tensor:
-        if not self.qwz or self.is_resident(i):
-            return super().acquire(i)
-        u = self.units[i]
-        full = self.memory.alloc("gathered", (u.padded,), self.dtype, zero=False)
-        return quantized_all_gather(full, self.param16[i], self.comm, self.quant_group[i],
-                                    self.memory)
+    def gather_unit(self, i: int, full: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        if not self.qwz:
+            return super().gather_unit(i, full, chunk)
+        return quantized_all_gather(full, chunk, self.comm, self.quant_group[i], self.memory)
 
     # -- qgZ ---------------------------------------------------------------------------------------
-    def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+    def reduce_unit(self, i: int, out: torch.Tensor, slot: torch.Tensor, post: bool = False) -> None:
         if not self.qgz or self.units[i].name in self.qgz_fallback:
-            return super().grad_ready(i, slot)
-        quantized_reduce_scatter(self.grad16[i], slot, self.local_comm, self.global_comm,
+            return super().reduce_unit(i, out, slot, post)
+        quantized_reduce_scatter(out, slot, self.local_comm, self.global_comm,
                                  self.nodes.n_nodes, self.quant_group[i], self.memory)
-        if self.grad_buffer is None:
-            self.memory.free(slot)
 
 
 def _wire(memory, codes: torch.Tensor, inv: torch.Tensor):

@@ -84,6 +84,7 @@ class _Piece:
     at: int
     w: int
     add: bool                  # accumulate into ``out`` instead of copying
+    then: object = None        # called once this piece, the output's last, is delivered
 
 
 class Buckets:
@@ -112,11 +113,12 @@ class Buckets:
         return tensor
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum", *,
-                       accumulate: bool = False) -> torch.Tensor:
-        """``input`` (a full unit, any dtype) is cast to ``output``'s dtype in the bucket."""
+                       accumulate: bool = False, then=None) -> torch.Tensor:
+        """``input`` (a full unit, any dtype) is cast to ``output``'s dtype in the bucket;
+        ``then()``, if given, runs once ``output`` is whole (ZeRO-Offload copies it down then)."""
         n = self.ctx.n_ranks
         self._add("reduce_scatter", op, output.dtype, input.view(n, -1), output.view(1, -1),
-                  accumulate)
+                  accumulate, then)
         return output
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
@@ -140,7 +142,7 @@ class Buckets:
     def buffer_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype
 
-    def _add(self, op, reduce_op, dtype, src, out, add) -> None:
+    def _add(self, op, reduce_op, dtype, src, out, add, then=None) -> None:
         """Copy ``src``'s columns into buckets; each full bucket is reduced (or gathered) at once."""
         key = (op, reduce_op, self.buffer_dtype(dtype))
         if self._stream is None:
@@ -161,7 +163,8 @@ class Buckets:
                 self._grid()[self.ctx.rank, at].copy_(src[0, a:a + w])
             else:                    # every row: the whole unit piece (cast to the bucket's dtype)
                 self._grid()[:, at].copy_(src[:, a:a + w])
-            self._pieces.append(_Piece(out, a, self._fill, w, add))
+            # buckets flush in order, so the output is whole once its last piece is delivered
+            self._pieces.append(_Piece(out, a, self._fill, w, add, then if a + w == cols else None))
             self._fill, self._left, a = self._fill + w, self._left - w, a + w
             if self._fill == self._width:
                 self._flush()
@@ -203,7 +206,10 @@ class Buckets:
             else:
                 dst.copy_(got)
         self.memory.free(self._buf)
+        done = [p.then for p in self._pieces if p.then is not None]
         self._buf, self._pieces = None, []
+        for then in done:
+            then()
 
 
 class FusedBuffers(Buckets):

@@ -70,10 +70,11 @@ def block_runner(k: int, fetcher, mp=None, keep=None):
     if k == 0:
         return gpt.blocks if mp is None else functools.partial(gpt.blocks, mp=mp)
 
-    def run_blocks(cfg: gpt.GPTConfig, x: torch.Tensor, fetch, layers: range) -> torch.Tensor:
+    def run_blocks(cfg: gpt.GPTConfig, x: torch.Tensor, fetch, layers: range,
+                   tiles: int = 1) -> torch.Tensor:
         for seg in _cut(layers, k):
             with fetcher.saved.counting("checkpoints"):   # the one tensor the segment saves
-                x = _Segment.apply(x, _Run(cfg, fetcher, seg, mp, keep))    # (B, T, C)
+                x = _Segment.apply(x, _Run(cfg, fetcher, seg, mp, keep, tiles))   # (B, T, C)
         return x
     return run_blocks
 
@@ -87,9 +88,10 @@ class _Run:
     layers: range
     mp: object = None
     keep: object = None
+    tiles: int = 1          # memory-centric tiling's MLP tiles per block (C-I3); 1: none
 
     def blocks(self, x: torch.Tensor, fetch) -> torch.Tensor:
-        return gpt.blocks(self.cfg, x, fetch, self.layers, self.mp)
+        return gpt.blocks(self.cfg, x, fetch, self.layers, self.mp, self.tiles)
 
     @contextlib.contextmanager
     def serve(self, i: int):
@@ -104,8 +106,15 @@ class _Run:
             stage.release(i, full16)
 
     def refetch(self, i: int):
-        """Unit i for the recompute: a fetcher Use, kept until the segment's backward releases it."""
-        return self.fetcher.fetch(i, last=True)
+        """Unit i for the recompute: a fetcher Use, kept until the segment's backward releases it.
+        An MLP tile is let go after its recompute and gathered again by its backward, so that one
+        tile at a time is gathered in backward too (C-I3's bound; DeepSpeed's ZeRO-3 releases a
+        recomputed module's parameters after its forward the same way)."""
+        return self.fetcher.fetch(i, last=not self._is_tile(i))
+
+    def _is_tile(self, i: int) -> bool:
+        """Unit i is an MLP tile: block b's unit is 1 + b·(1 + T), its tiles the T after it."""
+        return self.tiles > 1 and (i - 1) % (1 + self.tiles) != 0
 
 
 class _Segment(torch.autograd.Function):

@@ -161,7 +161,7 @@ def test_zerospec_train_md_flags_reach_the_run(capsys):
                          "--contiguous-checkpoints", "--contiguous-gradients")
     assert rc == 0 and "checkpoints: 2,880 B on the device" in out   # 2 blocks × 2·12·15 fp32
     assert_usage_error(capsys, "train", "--stage", "1", "--contiguous-gradients",
-                       named="needs stage 2 or 3 without exact sums")
+                       named="needs stage 2 or 3, got stage=1")
 
 
 def test_zerospec_scale_measures_a_grid_with_p_a_per_group(capsys):

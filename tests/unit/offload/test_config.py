@@ -5,6 +5,7 @@ import pytest
 
 from tests.support.cli import assert_usage_error
 from zerospec.model.gpt import ODD
+from zerospec.optim.loss_scale import LossScale
 from zerospec.training.config import TrainConfig
 
 
@@ -15,7 +16,7 @@ from zerospec.training.config import TrainConfig
     ({"stage": 2, "offload_params": "cpu"}, "offload_params='cpu' fetches each stage-3 chunk"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "disk"},
      "offload_params='disk' (ZeRO-Infinity's parameter offload): accepted cpu, nvme"),
-    ({"stage": 3, "offload_params": "nvme"}, "offload_optimizer 'cpu' or 'nvme' without dpu"),
+    ({"stage": 3, "offload_params": "nvme"}, "it needs stage 3 and offload_optimizer 'cpu' or 'nvme'"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_partition": "x"},
      "offload_partition must be one of bandwidth, owner, got 'x'"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "nvme", "offload_buffer_elements": 100},
@@ -36,7 +37,8 @@ from zerospec.training.config import TrainConfig
     ({"stage": 2, "offload_optimizer": "cpu", "nvme_path": "/tmp"}, "needs offload_optimizer='nvme' or offload_params='nvme'"),
     ({"stage": 2, "dpu": 2}, "dpu=2 delays ZeRO-Offload's host update: it needs offload_optimizer"),
     ({"stage": 2, "offload_optimizer": "cpu", "dpu": -1}, "dpu (warm-up steps"),
-    ({"stage": 2, "offload_optimizer": "cpu", "grad_accum_steps": 2}, "not combined with grad_accum"),
+    ({"stage": 2, "offload_optimizer": "cpu", "dpu": 2, "loss_scale": LossScale()},
+     "dynamic loss scaling with DPU is refused: an overflow found one step late"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bad_offload_setting_is_one_error_naming_it(kw, named):
     with pytest.raises(ValueError) as e:

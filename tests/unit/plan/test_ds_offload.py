@@ -48,15 +48,16 @@ def test_bad_offload_values_are_refused_naming_key_and_value(section, named):
 
 def test_offload_reaches_the_step_in_deepspeeds_mode():
     """offload_optimizer cpu → ZeRO-Offload in DeepSpeed's mode (fp32 gradients down),
-    offload_param → parameter offload; the settings offload is not combined with are dropped and
-    said, not passed."""
+    offload_param → parameter offload; DeepSpeed's bucket, contiguous-gradient and stage-3
+    settings pass with it (ZeRO-Offload combines with them), none dropped."""
     ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
         "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})
     kw, left = config_kwargs(ds, 4)
-    assert kw == {"precision": "fp32", "micro_batch": 1, "offload_optimizer": "cpu",
-                  "offload_mode": "deepspeed", "offload_params": "cpu"}
-    assert any(n.startswith("reduce_bucket_size, contiguous_gradients, "
-                            "stage3_param_persistence_threshold") for n in left)
+    assert kw["offload_optimizer"] == "cpu" and kw["offload_mode"] == "deepspeed"
+    assert kw["offload_params"] == "cpu" and kw["contiguous_gradients"] is True
+    assert kw["bucket_elements"] and "stage3_persistence_threshold" not in kw
+    assert any(n.startswith("stage3_param_persistence_threshold, stage3_max_reuse_distance with "
+                            "offload_param: not measured") for n in left)
 
 
 @pytest.mark.parametrize("zero,named", [

@@ -95,20 +95,34 @@ def test_a_partition_group_that_does_not_divide_n_d_is_refused_naming_the_accept
         dataclasses.replace(BASE, shard_group=p)
 
 
-@pytest.mark.parametrize("kw", [{"stage": 0}, {"hpz": 2}, {"stage": 3, "qwz": True},
-                                {"stage": 3, "qgz": True}])
-def test_mics_without_a_sharded_stage_or_beside_hpz_or_quantized_collectives_is_refused(kw):
-    """Stage 0 shards nothing; hpZ's partition is another split of the same ranks; qwZ's and
-    qgZ's collectives run over the whole data-parallel world (a rank failed in setup before)."""
+def test_mics_without_a_sharded_stage_is_refused():
+    """Stage 0 shards nothing (hpZ beside MiCS: the combination table's refusal,
+    tests/claims/test_combine.py)."""
     with pytest.raises(ValueError, match="shard_group=2 shards the model states of stage 1, 2 or 3"):
-        dataclasses.replace(BASE, shard_group=2, **kw)
+        dataclasses.replace(BASE, shard_group=2, stage=0)
 
 
-def test_checkpoints_of_a_mics_run_are_refused_before_any_rank_starts(tmp_path):
-    """Replicas hold the same shards, which the checkpoint layout does not model: save and
-    keep_state are refused, naming shard_group."""
-    cfg = dataclasses.replace(BASE, shard_group=2)
-    for kw in ({"save": {1: tmp_path / "ck"}}, {"keep_state": True}):
-        with pytest.raises(ValueError, match="shard_group=2: checkpoints of a MiCS run are not "
-                                             "modelled"):
-            train(cfg, **kw)
+def test_qgz_over_a_partition_group_that_is_not_whole_nodes_is_refused():
+    """qgZ's hops are inside and across the partition group's nodes: p = 2 on nodes of 4 GPUs
+    has no such nodes; the error names p, the GPUs per node and what is accepted."""
+    cfg = TrainConfig(stage=3, n_d=8, model=ODD, gpus_per_node=4, qgz=True)
+    with pytest.raises(ValueError, match="shard_group=2 with qgz: .* gpus_per_node=4; accepted: a "
+                                         "multiple of 4 dividing 8"):
+        dataclasses.replace(cfg, shard_group=2)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_mics_run_saved_and_resumed_continues_bit_for_bit(stage, tmp_path):
+    """The first partition group writes the shards (the replicas hold the same ones): a run saved
+    after step 1 and resumed to step 2 has the uninterrupted run's loss and masters, bit for bit;
+    the run's final state assembles from the pieces, each element once, to the run's masters."""
+    from zerospec.training import checkpoint
+    cfg = dataclasses.replace(BASE, stage=stage, shard_group=2)
+    whole = train(cfg, keep_state=True)
+    train(dataclasses.replace(cfg, steps=1), save={1: tmp_path / "ck"})
+    rest = train(cfg, resume=checkpoint.load(tmp_path / "ck", n_ranks=4))
+    assert rest.losses == whole.losses[1:]
+    assert all(torch.equal(rest.master[k], whole.master[k]) for k in whole.master)
+    for t, u in zip(whole.state().tensors["master"], whole.units):
+        assert torch.equal(t, torch.cat([whole.master[f"{u.name}/{p}"].reshape(-1)
+                                         for p in u.names]))

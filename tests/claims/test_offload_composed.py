@@ -1,0 +1,89 @@
+"""ZeRO-Offload composed with the other features (spec/offload.md, spec/combine.md): gradient
+accumulation and exact sums, ZeRO-R's C_B buckets and contiguous gradients, hpZ, MiCS (the
+replicas reduce each shard before it leaves the device), qwZ/qgZ, DeepSpeed's ZeRO-3 knobs. Each
+run is the same arithmetic on the same values as the run without offload, so every loss and fp32
+master weight equals that run's bit for bit (B6); what crosses PCIe is booked per micro-batch.
+
+Runs: the ODD model (units divide by no N, so padding shows) on N = 4 virtual GPUs, 2 steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from tests.support.runs import assert_same_training
+from zerospec.model.gpt import ODD
+from zerospec.testing.stale import train_stale
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
+
+N, STEPS = 4, 2
+BUCKET = 1000           # elements: several buckets per stream, units split across them
+
+
+def cfg(stage: int, **kw) -> TrainConfig:
+    return TrainConfig(stage=stage, n_d=N, model=ODD, steps=kw.pop("steps", STEPS), **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def run(stage: int, **kw):
+    return train(cfg(stage, **kw))
+
+
+# (stage, the feature's settings): the default run's cases; the rest of the grid in SLOW
+CASES = [(3, {"grad_accum_steps": 2}), (2, {"bucket_elements": BUCKET}),
+         (2, {"contiguous_gradients": True}), (3, {"hpz": 2, "gpus_per_node": 2}),
+         (3, {"shard_group": 2, "gpus_per_node": 2})]
+SLOW = [(s, kw) for s in (2, 3) for kw in (
+    {"grad_accum_steps": 2}, {"exact_grads": True}, {"bucket_elements": BUCKET},
+    {"bucket_elements": "model"}, {"grad_accum_steps": 2, "bucket_elements": BUCKET},
+    {"contiguous_gradients": True}, {"contiguous_gradients": True, "bucket_elements": BUCKET})
+    if (s, kw) not in CASES] + [(3, {"hpz": 2, "gpus_per_node": 2, "grad_accum_steps": 2}),
+    (2, {"shard_group": 2, "grad_accum_steps": 2}), (3, {"qgz": True, "gpus_per_node": 2}),
+    (3, {"qwz": True}), (3, {"stage3_persistence_threshold": 100,
+                             "stage3_max_reuse_distance": 10 ** 6})]
+
+
+def _id(case) -> str:
+    stage, kw = case
+    return f"stage{stage}-" + "-".join(f"{k}={v}" for k, v in kw.items())
+
+
+@pytest.mark.parametrize("case", CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW],
+                         ids=_id)
+@pytest.mark.claim("B6")
+def test_offload_with_a_feature_trains_bit_identically_to_the_feature_without_offload(case):
+    """The host Adam reads the gradient the stage would (an exact fp64 sum under accumulation, a
+    bucket's reduction, the contiguous slot's): every loss and master weight equals the run
+    without offload bit for bit, in both of offload's modes."""
+    stage, kw = case
+    for mode in ("paper", "deepspeed"):
+        assert_same_training(run(stage, offload_optimizer="cpu", offload_mode=mode, **kw),
+                             run(stage, **kw))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.claim("B5")
+def test_accumulation_sends_each_micro_batchs_fp64_shard_down_and_the_parameters_up_once(stage):
+    """With G micro-batches the host keeps the step's exact sum (DeepSpeed keeps its accumulated
+    gradients in host memory): each micro-batch's reduced shard crosses PCIe as fp64, 8 bytes per
+    element (an fp64 partial sum of fp16 values is no fp16 value), G times; fp16 parameters go up
+    once per step, 2 bytes per element."""
+    g = 3
+    r = run(stage, offload_optimizer="cpu", grad_accum_steps=g, global_batch=N * g)
+    m = sum(u.chunk for u in r.units)
+    for rank in range(N):
+        down = r.comm.link_bytes(rank, step=2, op="to_host")
+        up = r.comm.link_bytes(rank, step=2, op="from_host")
+        assert (down, up) == (g * 8 * m, 2 * m)
+
+
+@pytest.mark.claim("B8")
+def test_dpu_with_accumulation_equals_its_stale_reference():
+    """The delayed update reads the previous step's exact sum before the next step zeroes it:
+    a DPU run with G = 2 has the losses of the stale-by-one reference, bit for bit."""
+    base = cfg(3, steps=3, offload_optimizer="cpu", grad_accum_steps=2)
+    dpu = train(dataclasses.replace(base, dpu=1))
+    assert dpu.losses == train_stale(base, 1).losses
