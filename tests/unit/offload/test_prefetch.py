@@ -24,6 +24,9 @@ class Hops:
         self.comm = types.SimpleNamespace(copy_from_host=lambda dst, src: dst.copy_(src),
                                           all_gather=lambda full, c: full.copy_(c.repeat(N)))
 
+    def gather_unit(self, i, full, chunk):   # the stage's gather hook (zero/hooks.py)
+        return self.comm.all_gather(full, chunk)
+
     def acquire(self, i):            # a fetch on use, no prefetch
         return torch.full((N * CHUNK,), float(i))
 
