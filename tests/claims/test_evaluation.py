@@ -20,6 +20,7 @@ from zerospec.evaluation import tables as pf
 from zerospec.evaluation import runs as pr
 from zerospec.evaluation.configs import BUCKET_ELEMENTS, CONFIGS, FIG6
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
 from tools import specfigures
 
 PAGE = "spec/evaluation.md"
@@ -34,8 +35,8 @@ N_D, N_M = 2, 2
 def table3_step(name: str):
     """One step of ``name`` for 4 blocks of 8192 on a 2 × 2 grid (N_d × N_m), 2 sequences: large
     enough that C_B's buckets fill (a model whose stream fits one bucket never tests the bound)."""
-    return measure(TABLE3_MODEL, CONFIGS[name].stage, N_D, micro_batch=2,
-                   **CONFIGS[name].kwargs(n_m=N_M))
+    return measure(TrainConfig.of(stage=CONFIGS[name].stage, n_d=N_D, model=TABLE3_MODEL,
+                                  **CONFIGS[name].kwargs(n_m=N_M)), micro_batch=2)
 
 
 @pytest.mark.claim("C46")
@@ -110,8 +111,9 @@ def test_figure6_table(md_snapshot):
 def peak_170b(name: str) -> int:
     """Highest peak of any rank: 170B (212 × 8192, 64 heads), 400 GPUs, MP 16, 12 per GPU."""
     run = next(r for r in ev.FIGURE8 if r.size == "170B")
-    r = measure(gpt(run.layers, run.hd, run.heads), CONFIGS[name].stage, run.n_d,
-                micro_batch=run.batch_per_gpu, **CONFIGS[name].kwargs(run.mp))
+    r = measure(TrainConfig.of(stage=CONFIGS[name].stage, n_d=run.n_d,
+                               model=gpt(run.layers, run.hd, run.heads),
+                               **CONFIGS[name].kwargs(run.mp)), micro_batch=run.batch_per_gpu)
     return max(c.memory.peak_total for c in r.classes)
 
 

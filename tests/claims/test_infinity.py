@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from tests.support.runs import assert_same_training
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
+from zerospec.training.sections import BatchOptions, OffloadOptions, ZeroROptions
 from zerospec.training.run import train
 
 N, STEPS = 4, 3
@@ -26,7 +28,7 @@ GB = 10**9
 
 @functools.lru_cache(maxsize=None)
 def run(stage: int = 3, **kw):
-    return train(TrainConfig(stage=stage, n_d=N, model=ODD, steps=STEPS, **kw))
+    return train(TrainConfig.of(stage=stage, n_d=N, model=ODD, steps=STEPS, **kw))
 
 
 def infinity(params: str, partition: str = "bandwidth", optimizer: str = "cpu", **kw):
@@ -89,8 +91,9 @@ def test_the_swap_files_hold_the_trained_fp16_parameters(tmp_path):
     """The files on disk, read by numpy (not by the code under test), are the NVMe tier's
     observer: one per unit and rank, of the chunk's size, equal to the NVMe ledger; together they
     are the trained master weights rounded to fp16, bit for bit."""
-    r = train(TrainConfig(stage=3, n_d=N, model=ODD, steps=STEPS, offload_optimizer="cpu",
-                          offload_params="nvme", nvme_path=str(tmp_path)))
+    r = train(TrainConfig(stage=3, n_d=N, model=ODD, steps=STEPS,
+                          offload=OffloadOptions(offload_optimizer="cpu", offload_params="nvme",
+                                                 nvme_path=str(tmp_path))))
     for rank in range(N):
         files = {p.name: p for p in (tmp_path / f"rank{rank}").glob("*.param16.swap")}
         assert sorted(files) == sorted(f"{u.name}.param16.swap" for u in r.units)
@@ -265,9 +268,10 @@ def _measured():
     """One GPU (the paper's per-GPU view), everything offloaded to NVMe, a checkpoint per block,
     FLOPs counted: (ait per data type, tokens, result)."""
     from zerospec.evaluation import infinity as ev
-    r = train(TrainConfig(stage=3, n_d=1, model=ODD, steps=2, offload_optimizer="nvme",
-                          offload_params="nvme", checkpoint_activations=1, count_flops=True,
-                          global_batch=4))
+    r = train(TrainConfig(stage=3, n_d=1, model=ODD, steps=2, count_flops=True,
+                          batching=BatchOptions(global_batch=4),
+                          zero_r=ZeroROptions(checkpoint_activations=1),
+                          offload=OffloadOptions(offload_optimizer="nvme", offload_params="nvme")))
     return ev.measured_ait(r), 4 * ODD.block_size, r
 
 
@@ -423,9 +427,12 @@ def test_checkpoint_bytes_are_two_bsz_seq_hd_nl_over_ci():
     from zerospec.model.config import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
+    from zerospec.training.sections import ZeroROptions
+    from zerospec.training.sections import BatchOptions, OffloadOptions, ZeroROptions
     m = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=8, n_embd=256)
     for ci in (1, 2, 4):
-        r = measure(m, 0, 1, micro_batch=2, checkpoint_activations=ci)
+        r = measure(TrainConfig(stage=0, n_d=1, model=m,
+                                zero_r=ZeroROptions(checkpoint_activations=ci)), micro_batch=2)
         assert r.memory(0).peak["checkpoints"] == zi.checkpoint_bytes(2, 128, 256, 4, ci)
 
 
@@ -438,10 +445,13 @@ def test_activation_working_memory_per_token(claim_values):
     from zerospec.model.config import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
+    from zerospec.training.sections import ZeroROptions
+    from zerospec.training.sections import BatchOptions, OffloadOptions, ZeroROptions
 
     def per_token(hd, heads, seq, ci=1):
         m = GPTConfig(vocab_size=1024, block_size=seq, n_layer=2, n_head=heads, n_embd=hd)
-        r = measure(m, 0, 1, micro_batch=2, checkpoint_activations=ci)
+        r = measure(TrainConfig(stage=0, n_d=1, model=m,
+                                zero_r=ZeroROptions(checkpoint_activations=ci)), micro_batch=2)
         return Fraction(r.memory(0).peak["recomputed"], 2 * seq * ci)
     base = per_token(256, 8, 128)
     assert per_token(512, 8, 128) - base == 32 * 256            # ∂/∂hd: 32 bytes

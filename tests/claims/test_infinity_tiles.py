@@ -18,6 +18,7 @@ from zerospec.model import gpt
 from zerospec.model.gpt import GPTConfig
 from zerospec.runtime.observe import Observer
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, OffloadOptions, ZeroROptions
 from zerospec.training.run import train
 
 # hd 16, d_ff 64: every unit and tile divides by N_d = 2, so no padding blurs the ÷ T
@@ -55,7 +56,7 @@ def _observed(tiles: int) -> _GatheredPeak:
         return seen[-1]
 
     with mock.patch.object(threads, "Observer", make):
-        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=tiles),
+        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, offload=OffloadOptions(tiles=tiles)),
               cluster=VirtualCluster(2, observe=True))
     return seen[0]
 
@@ -83,7 +84,7 @@ def test_a_tiled_run_gathers_one_mlp_tile_at_a_time(claim_values):
 
 def test_stages_are_bit_identical_at_a_fixed_tiling():
     """At the same T, stages 0–3 run the same math path: losses and master weights bit for bit."""
-    runs = [train(TrainConfig(stage=s, n_d=2, model=M, steps=2, tiles=2)) for s in range(4)]
+    runs = [train(TrainConfig(stage=s, n_d=2, model=M, steps=2, offload=OffloadOptions(tiles=2))) for s in range(4)]
     for r in runs[1:]:
         assert_same_training(runs[0], r)
 
@@ -151,17 +152,18 @@ def test_a_tiling_that_does_not_divide_d_ff_is_one_error_naming_it(tiles):
     """tiles must be an integer >= 1 dividing d_ff: one ValueError naming the value and d_ff."""
     with pytest.raises(ValueError, match=rf"tiles must be an integer >= 1 dividing the MLP's "
                                          rf"d_ff = 64, got {tiles!r}"):
-        TrainConfig(stage=3, n_d=2, model=M, tiles=tiles)
+        TrainConfig(stage=3, n_d=2, model=M, offload=OffloadOptions(tiles=tiles))
 
 
 def test_what_tiling_does_not_build_yet_is_refused_naming_it():
     """Model parallelism, activation checkpointing and checkpoints with tiles: one error each."""
     with pytest.raises(ValueError, match="tiles=2 needs n_m=1 and checkpoint_activations=0"):
-        TrainConfig(stage=3, n_d=2, model=M, tiles=2, checkpoint_activations=1)
+        TrainConfig(stage=3, n_d=2, model=M, zero_r=ZeroROptions(checkpoint_activations=1),
+                    offload=OffloadOptions(tiles=2))
     with pytest.raises(ValueError, match="tiles=2 needs n_m=1"):
-        TrainConfig(stage=3, n_d=1, n_m=2, model=M, tiles=2)
+        TrainConfig(stage=3, n_d=1, model=M, mesh=MeshOptions(n_m=2), offload=OffloadOptions(tiles=2))
     with pytest.raises(ValueError, match=r"checkpoints of a tiled run \(tiles=2\) are not built"):
-        train(TrainConfig(stage=3, n_d=2, model=M, tiles=2, steps=1), keep_state=True)
+        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, offload=OffloadOptions(tiles=2)), keep_state=True)
 
 
 def test_the_cli_trains_tiled_and_refuses_a_bad_t(capsys):

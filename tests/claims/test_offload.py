@@ -31,8 +31,8 @@ PCIE = {"paper": (2, 2), "deepspeed": (4, 2)}
 
 
 def cfg(stage: int, **kw) -> TrainConfig:
-    return TrainConfig(stage=stage, n_d=kw.pop("n_d", N), model=ODD, steps=kw.pop("steps", STEPS),
-                       **kw)
+    return TrainConfig.of(stage=stage, n_d=kw.pop("n_d", N), model=ODD,
+                          steps=kw.pop("steps", STEPS), **kw)
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,7 +207,7 @@ def dpu_runs(stage: int, warmup: int, steps: int = 5):
     """(DPU run, stale-by-one reference, synchronous run), each with its masters after every step."""
     base = cfg(stage, steps=steps, offload_optimizer="cpu")
     out = []
-    for make in (lambda on: train(dataclasses.replace(base, dpu=warmup), on_step=on),
+    for make in (lambda on: train(base.replace(dpu=warmup), on_step=on),
                  lambda on: train_stale(base, warmup, on_step=on),
                  lambda on: train(base, on_step=on)):
         units = base.units()   # after step 0: the initial weights, each rank's chunk

@@ -66,10 +66,11 @@ def add_parser(sub) -> None:
     p.add_argument("--fit", action="store_true",
                    help="with --explain: also the largest micro-batch and sequence length that fit "
                         "(a search of meta steps)")
-    p.add_argument("--checkpoint-activations", type=T.positive_int, default=None, metavar="K",
-                   help="with --explain: a checkpoint every K blocks (default: none)")
-    from ..plan.explain_args import add_arguments
-    add_arguments(p, T)
+    from ..plan.explain_args import STEP_OPTIONS
+    from .options import add_flags
+    add_flags(p, ("checkpoint_activations",), " (with --explain)")
+    add_flags(p, STEP_OPTIONS, " (with --explain, or --deepspeed-config and --preset: the step "
+                               "measured)")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
     p.add_argument("--table2", action="store_true", help="print the paper's Table 2 layout (C17)")
     p.add_argument("--mp", type=T.list_of(T.plan.parse_mp, "MP degree"), default=None,
@@ -104,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
                                 ("--checkpoint-activations", args.checkpoint_activations),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
-    from ..plan.explain_args import given_flags, node_settings
-    flags = given_flags(args)
+    from ..plan.explain_args import STEP_OPTIONS, node_settings
+    from .options import flag
+    flags = [flag(k) for k in STEP_OPTIONS if getattr(args, k) is not None]
     if flags and (args.deepspeed_config is None or args.preset is None):
         raise ValueError(f"{', '.join(flags)} set(s) the step measured; add --explain and --preset "
                          f"(or --deepspeed-config and --preset)")

@@ -121,7 +121,8 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
                              gpus_per_node: int | None = None, extra: dict | None = None) -> Table:
     """One meta step of preset ``name`` on ``n_d`` GPUs (nodes of ``gpus_per_node``) under the
     config's settings and ``extra`` (the command line's hpz, qwz, ...: must agree with the file)."""
-    from ..training.scale import measure       # torch: only when a step is measured
+    from ..training.config import TrainConfig  # torch: only when a step is measured
+    from ..training.scale import measure
     model = preset(name).model
     kw, left = config_kwargs(ds, n_d, gpus_per_node=gpus_per_node)
     kw = merge(ds, kw, extra or {})
@@ -129,7 +130,9 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
     if kw.get("offload_optimizer"):
         from .offload import config_pinned
         pinned = config_pinned(ds, model, ds.stage, n_d)
-    r = measure(model, ds.stage, n_d, **kw)
+    micro = kw.pop("micro_batch", 1)
+    r = measure(TrainConfig.of(model=model, stage=ds.stage, n_d=n_d, **kw), micro_batch=micro)
+    kw["micro_batch"] = micro
     led = r.comm_ledger([0])
     elements = led.elements(0)
     t = Table("deepspeed_measured", f"DeepSpeed ZeRO-{ds.stage} config on {name} "

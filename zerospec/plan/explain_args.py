@@ -9,52 +9,16 @@ N is refused. With nodes, the explanation adds the bytes inside vs across nodes 
 """
 from __future__ import annotations
 
-# plan's flags for the step's nodes, ZeRO++ and MiCS: (flag, measure()'s keyword)
-STEP_FLAGS = (("--gpus-per-node", "gpus_per_node"), ("--hpz", "hpz"), ("--qwz", "qwz"),
-              ("--qgz", "qgz"), ("--shard-group", "shard_group"),
-              ("--quant-group-size", "quant_group_size"),
-              ("--offload-optimizer", "offload_optimizer"), ("--offload-mode", "offload_mode"),
-              ("--offload-params", "offload_params"))
-
-
-def add_arguments(p, T) -> None:
-    """plan's --gpus-per-node, --hpz, --qwz, --qgz, --quant-group-size, --shard-group,
-    --offload-optimizer, --offload-mode, --offload-params."""
-    step = " (with --explain, or --deepspeed-config and --preset: the step measured)"
-    p.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
-                   help="GPUs per node, rank r on node r // G: adds bytes inside vs across nodes "
-                        "per collective" + step + "; default --machine's when N exceeds a node, "
-                        "else one node")
-    p.add_argument("--hpz", type=T.positive_int, default=None, metavar="H",
-                   help="ZeRO++'s hpZ at stage 3 (zero_hpz_partition_size; H must divide G)" + step)
-    p.add_argument("--qwz", action="store_true", default=None,
-                   help="ZeRO++'s qwZ at stage 3: int8 weight all-gathers" + step)
-    p.add_argument("--qgz", action="store_true", default=None,
-                   help="ZeRO++'s qgZ at stage 3: an int4 all-to-all gradient reduction" + step)
-    p.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
-                   help="elements per qwZ/qgZ scale (default DeepSpeed's choice)" + step)
-    p.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
-                   help="MiCS / FSDP2's HSDP: shard over groups of P GPUs (P must divide N_d), "
-                        "replicate across them" + step)
-    p.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Offload at stage 2 or 3: fp32 states and Adam on the host (cpu) or "
-                        "in NVMe files (nvme); adds the host, NVMe and PCIe bytes" + step)
-    p.add_argument("--offload-mode", choices=("paper", "deepspeed"), default=None,
-                   help="with --offload-optimizer: fp16 (paper) or fp32 (deepspeed) gradients "
-                        "down; default paper, a --deepspeed-config's: deepspeed" + step)
-    p.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Infinity at stage 3: fp16 parameter partitions on the host or "
-                        "NVMe, fetched for each use; needs --offload-optimizer" + step)
-
-
-def given_flags(args) -> list[str]:
-    return [flag for flag, key in STEP_FLAGS if getattr(args, key) is not None]
+# the section options of plan's step: nodes, ZeRO++, MiCS, offload (flags declared in
+# zerospec/training/sections.py, added by zerospec/cli/plan.py)
+STEP_OPTIONS = ("gpus_per_node", "hpz", "qwz", "qgz", "shard_group", "quant_group_size",
+                "offload_optimizer", "offload_mode", "offload_params")
 
 
 def node_settings(args, n_ranks: int, machine_key, machine) -> tuple[dict, list[str]]:
     """measure()'s keywords from the nodes / ZeRO++ / MiCS flags for a step on ``n_ranks`` GPUs,
     and a note saying where the GPUs per node came from."""
-    kw = {key: getattr(args, key) for _, key in STEP_FLAGS if getattr(args, key) is not None}
+    kw = {key: getattr(args, key) for key in STEP_OPTIONS if getattr(args, key) is not None}
     notes = []
     if "gpus_per_node" in kw:
         notes.append(f"Nodes: {kw['gpus_per_node']} GPUs each (--gpus-per-node).")

@@ -170,9 +170,10 @@ def figure_runs(step=None) -> dict[str, NodeBytes]:
     step (default: :func:`zerospec.training.scale.measure` of the figure's shape)."""
     if step is None:
         from ..model.presets import preset
+        from ..training.config import TrainConfig
         from ..training.scale import measure
 
         def step(**kw):
-            return measure(preset(FIGURE_MODEL).model, 3, FIGURE_GPUS,
-                           gpus_per_node=FIGURE_PER_NODE, **kw)
+            return measure(TrainConfig.of(model=preset(FIGURE_MODEL).model, stage=3,
+                                          n_d=FIGURE_GPUS, gpus_per_node=FIGURE_PER_NODE, **kw))
     return {name: node_bytes(step(**kw)) for name, kw in FIGURE_RUNS.items()}

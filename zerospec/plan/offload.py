@@ -218,8 +218,10 @@ def figure_runs(step=None) -> dict[str, OffloadBytes]:
     the measured step (default: :func:`zerospec.training.scale.measure` of the figure's model)."""
     if step is None:
         from ..model.presets import preset
+        from ..training.config import TrainConfig
         from ..training.scale import measure
 
         def step(stage, **kw):
-            return measure(preset(FIGURE_MODEL).model, stage, FIGURE_GPUS, **kw)
+            return measure(TrainConfig.of(model=preset(FIGURE_MODEL).model, stage=stage,
+                                          n_d=FIGURE_GPUS, **kw))
     return {name: offload_bytes(step(s, **kw)) for name, (s, kw) in FIGURE_RUNS.items()}

@@ -11,6 +11,8 @@ from zerospec.paper.estimators import deepspeed_bytes
 from zerospec.plan.explain import explain, estimate_table
 from zerospec.runtime.memory import MODEL_STATES
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 
 NAME, STAGE, GPUS, SEQ = "llama-3-8b", 3, 8, 1024
 
@@ -24,7 +26,8 @@ def ex():
 def ledger():
     """The same step's ledger, measured here without the explainer."""
     model = dataclasses.replace(preset(NAME).model, block_size=SEQ)
-    return measure(model, STAGE, GPUS, checkpoint_activations=1).memory(0)
+    return measure(TrainConfig(stage=STAGE, n_d=GPUS, model=model,
+                               zero_r=ZeroROptions(checkpoint_activations=1))).memory(0)
 
 
 def test_each_phase_breakdown_sums_to_its_peak_exactly(ex):

@@ -69,7 +69,7 @@ def test_reuse_distance_counts_the_elements_fetched_between_the_two_uses_strictl
     (dict(stage=3, grad_accum_steps=2, stage3_persistence_threshold=5), "without exact sums")])
 def test_deepspeed_settings_outside_zero_3_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(model=SMALL, **kw)
+        TrainConfig.of(model=SMALL, **kw)
 
 
 def _rows(table) -> dict:

@@ -13,6 +13,7 @@ import pytest
 
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import VariantOptions
 from zerospec.training.run import train
 
 
@@ -20,7 +21,7 @@ def gathered(threshold: int) -> tuple[list[int], list[int]]:
     """One step of ODD at stage 3 on 2 GPUs: (the elements rank 0 all-gathers in param_sync,
     in forward)."""
     r = train(TrainConfig(stage=3, n_d=2, model=ODD, steps=1,
-                          stage3_persistence_threshold=threshold))
+                          variants=VariantOptions(stage3_persistence_threshold=threshold)))
     return ([x.numel for x in r.comm.records(0, op="all_gather", phase="param_sync")],
             [x.numel for x in r.comm.records(0, op="all_gather", phase="forward")])
 
