@@ -27,8 +27,6 @@ from zerospec.training.sections import MeshOptions, ZeroROptions
 from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
-from zerospec.training.sections import MeshOptions, ZeroROptions
-from zerospec.training.sections import MeshOptions
 
 from conftest import best_of
 

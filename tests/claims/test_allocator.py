@@ -23,8 +23,6 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.sections import MeshOptions, ZeroROptions
 from zerospec.training.sections import ZeroROptions
 from zerospec.training.scale import measure
-from zerospec.training.sections import MeshOptions, ZeroROptions
-from zerospec.training.sections import ZeroROptions
 
 GB, CAP = theory.GB, theory.V100_BYTES       # a 32 GB V100: 32e9 bytes the allocator may reserve
 GPT2 = preset("1.5B").model                  # 48 × 1600, vocabulary 50257, sequence 1024

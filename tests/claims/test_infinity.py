@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from tests.support.runs import assert_same_training
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
-from zerospec.training.sections import ZeroROptions
 from zerospec.training.sections import BatchOptions, OffloadOptions, ZeroROptions
 from zerospec.training.run import train
 
@@ -427,8 +426,6 @@ def test_checkpoint_bytes_are_two_bsz_seq_hd_nl_over_ci():
     from zerospec.model.config import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
-    from zerospec.training.sections import ZeroROptions
-    from zerospec.training.sections import BatchOptions, OffloadOptions, ZeroROptions
     m = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=8, n_embd=256)
     for ci in (1, 2, 4):
         r = measure(TrainConfig(stage=0, n_d=1, model=m,
@@ -445,8 +442,6 @@ def test_activation_working_memory_per_token(claim_values):
     from zerospec.model.config import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
-    from zerospec.training.sections import ZeroROptions
-    from zerospec.training.sections import BatchOptions, OffloadOptions, ZeroROptions
 
     def per_token(hd, heads, seq, ci=1):
         m = GPTConfig(vocab_size=1024, block_size=seq, n_layer=2, n_head=heads, n_embd=hd)

@@ -21,11 +21,8 @@ from zerospec.paper import theory
 from zerospec.render.format import markdown
 from zerospec.training.config import TrainConfig
 from zerospec.training.sections import MeshOptions
-from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
-from zerospec.training.sections import MeshOptions
-from zerospec.training.sections import MeshOptions
 
 SHAPES = [(4, 2), (8, 4)]        # (N, GPUs per node): 2 nodes each
 SHAPE_IDS = [f"{n // g}x{g}" for n, g in SHAPES]

@@ -26,7 +26,6 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.sections import MeshOptions, QuantOptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
-from zerospec.training.sections import MeshOptions, QuantOptions
 from zerospec.zero.zeropp import falls_back
 
 SHAPES = [(4, 2), (8, 4)]        # (N, GPUs per node): 2 nodes each

@@ -25,7 +25,6 @@ from ..training.config import TrainConfig
 from ..training.sections import BatchOptions, VariantOptions
 from ..training.run import train
 from ..training.scale import measure as measure_meta
-from ..training.sections import BatchOptions, VariantOptions
 
 
 SWEEP_N = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -10,7 +10,6 @@ from zerospec.runtime.errors import CollectiveError
 from zerospec.training.config import TrainConfig
 from zerospec.training.sections import MeshOptions, OptimOptions
 from zerospec.training.scale import measure
-from zerospec.training.sections import MeshOptions, OptimOptions
 from zerospec.model.gpt import GPTConfig
 
 TINY = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=20)

@@ -24,7 +24,6 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.sections import MeshOptions, ZeroROptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
-from zerospec.training.sections import MeshOptions, ZeroROptions
 
 
 # -- where a group sits --------------------------------------------------------------------------------
@@ -184,7 +183,7 @@ def test_optim_bytes_per_param_are_what_the_stages_adam_step_touches_once_each(m
 def test_communication_per_group_is_the_sum_over_the_ledger_records():
     """Each group's seconds are its records' α–β times, DP at stride N_m, MP at stride 1 — on
     nodes of 2 GPUs, so that the 2 × 2 grid's DP rings leave the node and the stride matters."""
-    r, m = small_step(), DGX2.replace(gpus_per_node=2)
+    r, m = small_step(), dataclasses.replace(DGX2, gpus_per_node=2)
     t = step_time(r, m)
     recs = r.comm_ledger([0]).records(0)
     for group, stride in (("dp", 2), ("mp", 1)):

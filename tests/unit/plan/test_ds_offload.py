@@ -15,7 +15,6 @@ from zerospec.plan.offload import pinned_buffers
 from zerospec.training.config import TrainConfig
 from zerospec.training.sections import OffloadOptions, OptimOptions
 from zerospec.training.scale import measure
-from zerospec.training.sections import OffloadOptions, OptimOptions
 
 NVME = {"device": "nvme", "nvme_path": "/local_nvme"}
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=64)

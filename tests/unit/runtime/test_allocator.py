@@ -19,7 +19,6 @@ from zerospec.training.config import TrainConfig
 from zerospec.training.sections import ZeroROptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
-from zerospec.training.sections import ZeroROptions
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -22,8 +22,6 @@ from zerospec.training.sections import MeshOptions, ZeroROptions
 from zerospec.training.sections import ZeroROptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
-from zerospec.training.sections import MeshOptions, ZeroROptions
-from zerospec.training.sections import ZeroROptions
 
 
 def counted(fn, *args) -> Counter:

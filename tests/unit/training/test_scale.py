@@ -21,7 +21,6 @@ from zerospec.model.presets import PAPER, PRESETS, preset
 from zerospec.training.scale import measure, rank_classes
 from zerospec.training.sections import BatchOptions
 from zerospec.training.config import TrainConfig
-from zerospec.training.sections import BatchOptions
 from zerospec.training.run import train
 
 ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=3, n_embd=15)  # units 735, 2895 ×2, 30
