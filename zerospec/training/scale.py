@@ -35,7 +35,8 @@ import dataclasses
 import time
 
 from ..runtime.context import RankContext
-from ..comm.groups import Grid, Nodes, global_group, hpz_group, local_group, replica_group, shard_group
+from ..comm.groups import Grid
+from ..comm.mesh import Mesh
 from ..comm.interconnect import Interconnect
 from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
@@ -93,7 +94,7 @@ class ScaleResult(Sized):
 
     @property
     def grid(self) -> Grid:
-        return Grid(self.config.n_d, self.config.n_m)
+        return Mesh.of(self.config).grid
 
     def rank_class(self, rank: int) -> RankClass:
         """The class of global rank ``rank``: its DP index's (every MP index of a DP index holds
@@ -121,19 +122,12 @@ class ScaleResult(Sized):
         """The N-rank ledger with the given ranks' collectives booked (all ranks by default)."""
         if ranks is None and self._comm is not None:
             return self._comm
-        grid, cfg = self.grid, self.config
-        ledger = CommLedger(grid.n_ranks, cfg.gpus_per_node)
-        g = Nodes(grid.n_ranks, cfg.gpus_per_node).per_node
-        for r in range(grid.n_ranks) if ranks is None else ranks:
-            rings = {"world": tuple(range(grid.n_ranks)), "dp": grid.dp_group(r).ranks,
-                     "mp": grid.mp_group(r).ranks, "host": (r,), "nvme": (r,),
-                     "hpz": hpz_group(r, cfg.hpz).ranks, "local": local_group(r, g).ranks,
-                     "global": global_group(r, g, grid.n_ranks).ranks}
-            if cfg.shard_group is not None:   # MiCS (zero/mics.py)
-                rings |= {"shard": shard_group(r, cfg.shard_group).ranks,
-                          "replica": replica_group(r, cfg.shard_group, grid.n_ranks).ranks}
+        mesh, cfg = Mesh.of(self.config), self.config
+        ledger = CommLedger(mesh.n_ranks, cfg.gpus_per_node)
+        for r in range(mesh.n_ranks) if ranks is None else ranks:
+            rings = {}
             for op, dtype, numel, phase, step, src, group, n in self.rank_class(r).trace:
-                ring = rings[group]
+                ring = rings.get(group) or rings.setdefault(group, mesh.group(group, r).ranks)
                 k = ring.index(r)
                 ledger.book(r, op, dtype, numel, phase, step, src=src, group=group, n=n,
                             index=0 if group in LINK_GROUPS else k, peer=ring[(k + 1) % len(ring)])

@@ -31,7 +31,7 @@ from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.zeropp import with_zeropp
 from ..zero.fetch import ParamFetcher
-from ..comm.groups import Grid, mics_groups, replica_group, shard_group
+from ..comm.mesh import Mesh
 from ..model import megatron
 from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
@@ -103,7 +103,9 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
     """Set up one rank for :func:`rank_main`: its groups, how checkpoints are kept (P_a, M_D),
     its stage (restored from ``resume``, a checkpoint.TrainState, if given), the updater, the
     fetcher and the block runner."""
-    dp_ctx, mp, init = _groups(ctx, cfg, init)
+    mesh = Mesh.of(cfg)
+    mesh.make(ctx.comm)                   # every group of the run, once, in the mesh's order
+    dp_ctx, mp, init = _groups(ctx, cfg, mesh, init)
     keep = _checkpoint_keeper(ctx, cfg, mp)
     cls, kwargs = _stage_class(cfg, units)
     kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
@@ -124,25 +126,21 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
                 meta.get("step", 0) + 1, mp)
 
 
-def _groups(ctx, cfg: TrainConfig, init):
+def _groups(ctx, cfg: TrainConfig, mesh: Mesh, init):
     """The context the stage sees (its DP group's view with N_m > 1), the MP group (None without
     MP) and this rank's initial weights (its MP index's); see :func:`rank_main`."""
     if cfg.shard_group is not None:   # MiCS: the stage sees its partition group (zero/mics.py)
-        return _mics_view(ctx, cfg.shard_group), None, init
+        return _mics_view(ctx, mesh), None, init
     if cfg.n_m == 1:
         return ctx, None, init
-    grid = Grid(cfg.n_d, cfg.n_m)
-    dp_comm, mp_comm = ctx.comm.split(grid)
-    return GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
+    dp_comm, mp_comm = ctx.comm.split(mesh.grid)
+    return GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[mesh.grid.mp_index(ctx.rank)]
 
 
-def _mics_view(ctx, p: int) -> GroupView:
+def _mics_view(ctx, mesh: Mesh) -> GroupView:
     """The rank seen through its partition group, with its replication group's interconnect."""
-    make = getattr(ctx.comm.backend, "new_groups", None)
-    if make is not None:   # torch.distributed: every process makes every group, in order
-        make(mics_groups(ctx.n_ranks, p))
-    view = GroupView(ctx, ctx.comm.subgroup(shard_group(ctx.rank, p)))
-    view.replicas = ctx.comm.subgroup(replica_group(ctx.rank, p, ctx.n_ranks))
+    view = GroupView(ctx, ctx.comm.subgroup(mesh.group("shard", ctx.rank)))
+    view.replicas = ctx.comm.subgroup(mesh.group("replica", ctx.rank))
     return view
 
 
@@ -220,7 +218,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     out.master = rank.stage.owned_master()   # the same tensors, or (NVMe) read from their files
     if keep_state:
         out.state = {"pieces": checkpoint.rank_pieces(rank.stage, checkpoint.mp_prefix(
-                         cfg.n_m, Grid(cfg.n_d, cfg.n_m).mp_index(ctx.rank))),
+                         cfg.n_m, Mesh.of(cfg).grid.mp_index(ctx.rank))),
                      "meta": resume_meta(cfg, ctx.step, rank.updater)}
     return out
 

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, divisors, hpz_group, hpz_groups
+from ..comm.groups import Nodes, divisors, hpz_group
 
 
 def check(cfg) -> None:
@@ -51,9 +51,7 @@ class SecondaryPartition:
 
     def __init__(self, ctx, *args, hpz: int, **kwargs):
         self.h = hpz
-        make = getattr(ctx.comm.backend, "new_groups", None)
-        if make is not None:   # torch.distributed: every process makes every group, in order
-            make(hpz_groups(ctx.n_ranks, hpz))
+        # the groups are made once per run, before the stage (comm/mesh.py: Mesh.make)
         self.hpz_comm = ctx.comm.subgroup(hpz_group(ctx.rank, hpz))
         self.secondary: dict[int, torch.Tensor] = {}
         super().__init__(ctx, *args, **kwargs)

@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, global_group, local_group, qgz_groups
+from ..comm.groups import Nodes, global_group, local_group
 from ..comm.quantize import dequantize, group_size, quantize
 
 
@@ -79,9 +79,7 @@ class Quantized:
         self.nodes = Nodes(ctx.n_ranks, gpus_per_node)
         g = self.nodes.per_node
         if qgz:
-            make = getattr(ctx.comm.backend, "new_groups", None)
-            if make is not None:   # torch.distributed: every process makes every group, in order
-                make(qgz_groups(ctx.n_ranks, g))
+            # the groups are made once per run, before the stage (comm/mesh.py: Mesh.make)
             self.local_comm = ctx.comm.subgroup(local_group(ctx.rank, g))
             self.global_comm = ctx.comm.subgroup(global_group(ctx.rank, g, ctx.n_ranks))
         super().__init__(ctx, *args, **kwargs)
