@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
     p.add_argument("--fit", action="store_true",
                    help="with --explain: also the largest micro-batch and sequence length that fit "
                         "(a search of meta steps)")
-    from ..plan.explain_args import STEP_OPTIONS
+    from .plan_explain import STEP_OPTIONS
     from .options import add_flags
     add_flags(p, ("checkpoint_activations",), " (with --explain)")
     add_flags(p, STEP_OPTIONS, " (with --explain, or --deepspeed-config and --preset: the step "
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     largest = args.largest_layer
     machine = _resolve_machine(args)
     if args.explain:
-        from ..plan.explain_args import explain_tables
+        from .plan_explain import explain_tables
         tables = explain_tables(args, machine)
         sys.stdout.write(render(tables, args.format))
         return 0
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("--checkpoint-activations", args.checkpoint_activations),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
-    from ..plan.explain_args import STEP_OPTIONS, node_settings
+    from .plan_explain import STEP_OPTIONS, node_settings
     from .options import flag
     flags = [flag(k) for k in STEP_OPTIONS if getattr(args, k) is not None]
     if flags and (args.deepspeed_config is None or args.preset is None):

@@ -49,7 +49,7 @@ def explain_tables(args, machine) -> list:
     """`plan --explain`: one meta step of --preset or --hf-config, explained against the GPU's
     memory; a --deepspeed-config sets the stage, micro-batch, precision and buffers it can, the
     nodes and ZeRO++ / MiCS flags the rest."""
-    from . import explain as E
+    from ..plan import explain as E
     if (args.preset is None) == (args.hf_config is None):
         raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
                          "them) or --hf-config CONFIG.JSON, with one --gpus and one --stage")
@@ -65,7 +65,7 @@ def explain_tables(args, machine) -> list:
     flags, node_notes = node_settings(args, gpus, args.machine, machine.m)
     micro, settings, notes, pinned = args.micro_batch, dict(flags), [], {}
     if ds is not None:
-        from .deepspeed import config_kwargs, merge
+        from ..plan.deepspeed import config_kwargs, merge
         if stage != ds.stage:
             raise ValueError(f"--stage {stage} contradicts {ds.path}'s zero_optimization.stage "
                              f"{ds.stage}; drop one")
@@ -78,7 +78,7 @@ def explain_tables(args, machine) -> list:
         if settings.get("offload_optimizer"):   # refused before the step if they cannot hold it
             import dataclasses
             from ..model.presets import preset
-            from .offload import config_pinned
+            from ..plan.offload import config_pinned
             m = args.hf_config[1] if args.hf_config else preset(args.preset).model
             m = dataclasses.replace(m, block_size=args.seq or m.block_size)
             pinned = config_pinned(ds, m, stage, gpus // n_m, n_m)
@@ -95,30 +95,30 @@ def explain_tables(args, machine) -> list:
     out = E.tables(ex, args.units, args.largest_layer or None)
     nodes = None
     if ex.result.config.gpus_per_node:
-        from .nodes import node_bytes, node_table
+        from ..plan.nodes import node_bytes, node_table
         nodes = node_bytes(ex.result)
         out.append(node_table(nodes, f"Bytes inside vs across nodes per collective, node 0: "
                                      f"{E._setting(ex)} (measured on meta)", args.units))
     offload = ex.result.config.offload_optimizer is not None
     if offload:
-        from .offload import offload_bytes, offload_table
+        from ..plan.offload import offload_bytes, offload_table
         out.append(offload_table(offload_bytes(ex.result), f"Tiers and links, rank 0: "
                                  f"{E._setting(ex)} (measured on meta)", pinned, args.units))
     if args.out is not None:
-        from .explain_figure import save
+        from ..plan.explain_figure import save
         out[0].notes.append(f"Memory over the step: {save(ex, args.out)}.")
         if nodes is not None:
-            from .nodes import save as save_nodes
-            from .nodes import run_label
+            from ..plan.nodes import save as save_nodes
+            from ..plan.nodes import run_label
             svg = save_nodes({run_label(ex.result.config): nodes}, args.out,
                              f"{name}, N = {gpus}: bytes node 0 sends per step")
             out[-1 - offload].notes.append(f"Drawn: {svg}.")
         if offload:
-            from .offload import run_label, save as save_links
+            from ..plan.offload import run_label, save as save_links
             svg = save_links({run_label(ex.result.config): offload_bytes(ex.result)}, args.out,
                              f"{name}, N = {gpus}: bytes rank 0 moves per step")
             out[-1].notes.append(f"Drawn: {svg}.")
     if args.fit:
-        from .fit import fit_table
+        from ..plan.fit import fit_table
         out.append(fit_table(ex, args.units))
     return out
