@@ -12,7 +12,7 @@ GPU and traffic per step in the same ledgers every test reads:
 * stage 1 with ``use_multi_rank_bucket_allreduce`` (DeepSpeed's default) → ZeRO-1's all-reduce
   variant (3Ψ); stage 2's all-reduce variant is not modelled: its reduce-scatter path is measured;
 * stage 3: ``stage3_param_persistence_threshold`` and ``stage3_max_reuse_distance`` →
-  zerospec/zero/ds3.py (per unit, where DeepSpeed decides per tensor); ZeRO++'s
+  zerospec/zero/stage3_deepspeed.py (per unit, where DeepSpeed decides per tensor); ZeRO++'s
   ``zero_hpz_partition_size`` → hpZ (needs the GPUs per node), ``zero_quantized_weights`` → qwZ,
   ``zero_quantized_gradients`` → qgZ; ``mics_shard_size`` → MiCS's partition groups, modelled
   though DeepSpeed 0.19 refuses the key (MiCS removed; FSDP2's HSDP is its peer, spec/mics.md);

@@ -182,7 +182,7 @@ def check_zero_r(cfg) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         if v and (cfg.stage != 3 or cfg.exact):
-            raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/ds3.py): it needs "
+            raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/stage3_deepspeed.py): it needs "
                              f"stage 3 without exact sums, got stage={cfg.stage}, exact={cfg.exact}")
     if cfg.contiguous_gradients and (cfg.stage < 2 or cfg.exact):
         raise ValueError(f"contiguous_gradients (M_D for gradients) reuses the slot stages 2–3 "

@@ -95,7 +95,7 @@ class BatchOptions(Section):
 @dataclasses.dataclass(frozen=True)
 class VariantOptions(Section):
     """Which variant of a stage runs: stage 1's gradient collective, DeepSpeed's ZeRO-3 settings
-    (zerospec/zero/ds3.py; 0, 0: the paper's P_os+g+p)."""
+    (zerospec/zero/stage3_deepspeed.py; 0, 0: the paper's P_os+g+p)."""
     zero1_comm: str = option("reduce_scatter", "--zero1-comm",
                              "stage 1 gradient sync (default reduce_scatter)", choices=ZERO1_COMM)
     stage3_persistence_threshold: int = 0    # units of at most this many elements stay whole

@@ -26,7 +26,7 @@ from .resume import meta as resume_meta
 from ..optim.update import Reach, StepReport, Updater
 from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
-from ..zero.ds3 import DeepSpeedParameters, reused_within
+from ..zero.stage3_deepspeed import DeepSpeedParameters, reused_within
 from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.zeropp import with_zeropp

@@ -1,4 +1,4 @@
-"""DeepSpeed's ``stage3_param_persistence_threshold`` at its boundary (zerospec/zero/ds3.py).
+"""DeepSpeed's ``stage3_param_persistence_threshold`` at its boundary (zerospec/zero/stage3_deepspeed.py).
 
 DeepSpeed keeps a parameter whole when ``param.ds_numel <= param_threshold``
 (``DeepSpeedZeRoOffload.mark_persistent_parameters``, deepspeed/runtime/zero/parameter_offload.py):
