@@ -17,7 +17,7 @@ from tools import specfigures
 from zerospec.model.gpt import SMALL
 from zerospec.model.presets import preset
 from zerospec.paper import theory
-from zerospec.evaluation.memory import c30_trace
+from zerospec.evaluation.cached_memory import c30_trace
 from zerospec.runtime.trace import replay
 from zerospec.training.config import TrainConfig
 from zerospec.training.sections import MeshOptions, ZeroROptions

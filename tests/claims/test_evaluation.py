@@ -416,7 +416,7 @@ def test_cached_memory_drops_c1_to_c2_and_c4_to_c5_by_the_checkpoints_p_a_cpu_mo
     sizes; C4 → C5 drops at both, by exactly P_a's checkpoints in allocated bytes (0.84 GB at 40B,
     4.19 GB at 100B: the step's peak falls in backward, while they are held) — a smaller share
     of the cache at 40B than at 100B, not none."""
-    from zerospec.evaluation.memory import figure7
+    from zerospec.evaluation.cached_memory import figure7
     for size in ("40B", "100B"):
         f = figure7(size)
         assert f["C2"].reserved < f["C1"].reserved
@@ -436,7 +436,7 @@ def test_figure7_table(md_snapshot):
     """spec/evaluation.md's Figure 7 table: per run and configuration, the ledger's peak, the
     allocator model's allocated and reserved ("cached") peaks without a limit (bytes, exact:
     integers from meta steps), and whether the step runs on a 32 GB V100."""
-    from zerospec.evaluation.memory import figure7
+    from zerospec.evaluation.cached_memory import figure7
     for size in ("40B", "100B"):
         assert all(m.ledger <= m.allocated <= m.reserved for m in figure7(size).values())
     assert md_snapshot == pf.bare(pf.figure7()[0])
@@ -446,7 +446,7 @@ def test_figure7_table(md_snapshot):
 def test_figure7_drops_table(md_snapshot):
     """spec/evaluation.md's C48 table: how much the max cached memory drops from C1 to C2 and from
     C4 to C5 per run, P_a's checkpoints per GPU, and the C4 → C5 drop as a share of C4's cache."""
-    from zerospec.evaluation.memory import figure7
+    from zerospec.evaluation.cached_memory import figure7
     rows = ["| model | C1 → C2 (B) | C4 → C5 (B) | P_a's checkpoints per GPU (B) "
             "| C4 → C5, of C4's cache |", "|---|---|---|---|---|"]
     for size in ("40B", "100B"):

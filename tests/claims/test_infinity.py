@@ -266,7 +266,7 @@ def test_a_tile_count_that_does_not_divide_d_ff_is_one_clear_error():
 def _measured():
     """One GPU (the paper's per-GPU view), everything offloaded to NVMe, a checkpoint per block,
     FLOPs counted: (ait per data type, tokens, result)."""
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     r = train(TrainConfig(stage=3, n_d=1, model=ODD, steps=2, count_flops=True,
                           batching=BatchOptions(global_batch=4),
                           zero_r=ZeroROptions(checkpoint_activations=1),
@@ -281,7 +281,7 @@ def test_arithmetic_intensity_measured_per_data_type(claim_values):
     in forward and once in backward for recompute and gradients together, where the paper counts
     three loads), optimizer states 4/3 × seq·bsz/4 (24 bytes per parameter cross NVMe, the paper
     counts 32 with fp32 gradients), each within the FLOPs the model adds beyond 8·tokens·Ψ."""
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     from zerospec.paper import hardware
     from zerospec.paper import infinity as zi
     aits, tokens, r = _measured()
@@ -359,7 +359,7 @@ def test_efficiency_table(md_snapshot):
 
 # -- C-I7: the largest model per tier --------------------------------------------------------------
 def _per_param(**kw):
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     return ev.bytes_per_param_per_tier(run(3, **kw) if kw else run(3))
 
 
@@ -372,7 +372,7 @@ def test_the_largest_model_per_tier_on_one_dgx2_and_512_gpus(claim_values):
     the fp16 gradients in host memory (2 bytes per parameter, 1.5 TB); with the paper's 20 bytes
     all on NVMe, 1.5T. 512 GPUs: 24T with NVMe here, 49T with the paper's placement (≥ 32T). NVMe
     is 60× the GPUs' memory and 20× the host's (the paper: about 50× and 20×)."""
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     from zerospec.paper import hardware
     from zerospec.paper import infinity as zi
     t = hardware.DGX2_TIERS
@@ -408,7 +408,7 @@ def test_model_state_bytes_per_parameter(claim_values):
     from zerospec.model.config import GPTConfig
     from zerospec.model.units import make_units
     from zerospec.paper import infinity as zi
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     for kw in ({}, {"offload_optimizer": "cpu", "offload_params": "cpu",
                     "offload_partition": "bandwidth"}):
         assert sum(_per_param(**kw).values()) == 16

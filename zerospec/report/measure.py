@@ -141,7 +141,7 @@ def meta_measurements(cfg: ReportConfig, c30: bool = False) -> tuple[dict, dict,
     """The report's meta steps: each variant's FLOP-counting step, the memory-vs-N sweep per
     stage, ZeRO-R's options and, with ``c30``, C30's storage traces without and with M_D (the
     fragmentation figure's). Integers and metadata only: the same in any process."""
-    from ..evaluation.memory import c30_trace
+    from ..evaluation.cached_memory import c30_trace
     flops = {key: cfg.count_flops(key) for key in cfg.variants}
     sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
     sweep = {s: {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
