@@ -27,21 +27,28 @@ PARTITIONS = ("bandwidth", "owner")      # where offloaded parameters live (C-I8
 
 
 def option(default, flag: str | None = None, help: str = "", *, choices: tuple | None = None,
-           parse: str | None = None, metavar: str | None = None, build=None):
+           parse: str | None = None, metavar: str | None = None, build=None,
+           low: int | None = None):
     """A section field: ``default``; ``flag`` and ``help`` for the command line; ``choices``: the
     accepted values (and None where None is the default); ``parse``: a name in PARSERS for the
-    flag's text (a bool field is a switch); ``build``: the field's value from the parsed one."""
+    flag's text (a bool field is a switch); ``build``: the field's value from the parsed one;
+    ``low``: an integer field's least value."""
     assert parse is None or parse in PARSERS, parse
-    meta = dict(flag=flag, help=help, choices=choices, parse=parse, metavar=metavar, build=build)
+    meta = dict(flag=flag, help=help, choices=choices, parse=parse, metavar=metavar, build=build,
+                low=low)
     return dataclasses.field(default=default, metadata=meta)
 
 
 def check_options(section) -> None:
-    """A section's switches are bools and its choices among theirs: ValueError naming the field."""
+    """A section's switches are bools, its choices among theirs and its counts integers of at
+    least their least value: ValueError naming the field, the value and what is accepted."""
     for f in dataclasses.fields(section):
         v, choices = getattr(section, f.name), f.metadata.get("choices")
         if isinstance(f.default, bool) and not isinstance(v, bool):
             raise ValueError(f"{f.name} must be True or False, got {v!r}")
+        low = f.metadata.get("low")
+        if low is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
+            raise ValueError(f"{f.name} must be an integer >= {low}, got {v!r}")
         if choices is not None and v not in choices and not (v is None and f.default is None):
             none = " or None" if f.default is None else ""
             raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}{none}, "
@@ -88,7 +95,8 @@ class BatchOptions(Section):
     """The global batch, its micro-batches and exact sums (zerospec/zero/exact.py)."""
     global_batch: int | None = None    # default: 2 sequences per rank per micro-step
     grad_accum_steps: int = option(1, "--grad-accum", "micro-batches per optimizer step, summed "
-                                   "exactly (default 1)", parse="positive_int", metavar="G")
+                                   "exactly (default 1)", parse="positive_int", metavar="G",
+                                   low=1)
     exact_grads: bool = False          # exact fp64 gradient sums also when G = 1
 
 
@@ -98,8 +106,8 @@ class VariantOptions(Section):
     (zerospec/zero/stage3_deepspeed.py; 0, 0: the paper's P_os+g+p)."""
     zero1_comm: str = option("reduce_scatter", "--zero1-comm",
                              "stage 1 gradient sync (default reduce_scatter)", choices=ZERO1_COMM)
-    stage3_persistence_threshold: int = 0    # units of at most this many elements stay whole
-    stage3_max_reuse_distance: int = 0       # keep gathered from forward to backward within this
+    stage3_persistence_threshold: int = option(0, low=0)  # units this small or less stay whole
+    stage3_max_reuse_distance: int = option(0, low=0)  # kept from forward to backward within this
 
     def __post_init__(self):
         if self.zero1_comm not in ZERO1_COMM:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from zerospec.training.config import TrainConfig
-from zerospec.training.sections import SECTIONS, MeshOptions, OffloadOptions, QuantOptions
+from zerospec.training.sections import (SECTIONS, BatchOptions, MeshOptions, OffloadOptions,
+                                        QuantOptions, VariantOptions)
 
 ROOT = Path(__file__).resolve().parents[3] / "zerospec"
 
@@ -47,6 +48,10 @@ def test_of_and_replace_put_each_option_in_its_section():
 
 @pytest.mark.parametrize("make,named", [
     (lambda: QuantOptions(qwz=1), "qwz must be True or False, got 1"),
+    (lambda: BatchOptions(grad_accum_steps=0), "grad_accum_steps must be an integer >= 1, got 0"),
+    (lambda: VariantOptions(stage3_max_reuse_distance=-1),
+     "stage3_max_reuse_distance must be an integer >= 0, got -1"),
+    (lambda: VariantOptions(zero1_comm="ring"), "unknown ZeRO-1 variant 'ring'"),
     (lambda: OffloadOptions(offload_mode="gpu"), "offload_mode must be one of paper, deepspeed, got 'gpu'"),
     (lambda: OffloadOptions(offload_optimizer="disk"),
      "offload_optimizer must be one of cpu, nvme or None, got 'disk'"),
