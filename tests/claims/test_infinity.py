@@ -405,7 +405,7 @@ def test_model_state_bytes_per_parameter(claim_values):
     parameter and gradient, fp32 master, momentum, variance), not the paper's 20, which counts an
     fp32 gradient the host Adam here never makes (it reads the fp16 one, cast exactly). Ψ ≈
     12·nl·hd²: the model's own parameter count is within 1% at hd 8K, nl 100."""
-    from zerospec.model.config import GPTConfig
+    from zerospec.model.family import GPTConfig
     from zerospec.model.units import make_units
     from zerospec.paper import infinity as zi
     from zerospec.evaluation import infinity_efficiency as ev
@@ -423,7 +423,7 @@ def test_model_state_bytes_per_parameter(claim_values):
 @pytest.mark.claim("C-I2")
 def test_checkpoint_bytes_are_two_bsz_seq_hd_nl_over_ci():
     """C-I2, on meta: the device ledger's checkpoints are exactly 2·bsz·seq·hd·nl/ci bytes."""
-    from zerospec.model.config import GPTConfig
+    from zerospec.model.family import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
     m = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=8, n_embd=256)
@@ -439,7 +439,7 @@ def test_activation_working_memory_per_token(claim_values):
     (and a constant) per block — the heads·seq term the paper's, the hd term twice its 16·hd:
     autograd keeps 16 hd-sized fp16 tensors per block here (LN inputs, qkv, the MLP's 4hd input
     and its GELU output …), the paper counts 8."""
-    from zerospec.model.config import GPTConfig
+    from zerospec.model.family import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
 

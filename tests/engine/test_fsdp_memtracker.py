@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from zerospec.model.config import GPTConfig
+from zerospec.model.family import GPTConfig
 from zerospec.training.scale import measure
 from zerospec.training.config import TrainConfig
 

@@ -28,7 +28,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from zerospec.model import gpt
-from zerospec.model.config import GPTConfig
+from zerospec.model.family import GPTConfig
 from zerospec.model.layers import rope_tables
 from zerospec.model.presets import PUBLISHED
 from zerospec.training.scale import measure

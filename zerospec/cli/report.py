@@ -13,7 +13,7 @@ HELP = "run every stage on N virtual GPUs; print the measured tables, write figu
 
 
 def add_parser(sub) -> None:
-    from ..model.config import SMALL
+    from ..model.family import SMALL
     from ..report.choices import TABLES, VARIANTS
     from ..render.format import FORMATS
     p = sub.add_parser("report", help=HELP,

@@ -1,6 +1,6 @@
 """A Hugging Face ``config.json`` as a decoder shape (``plan --explain --hf-config``), and back.
 
-Four architectures map onto :class:`~zerospec.model.config.GPTConfig`: LlamaForCausalLM,
+Four architectures map onto :class:`~zerospec.model.family.GPTConfig`: LlamaForCausalLM,
 MistralForCausalLM and Qwen2ForCausalLM (RMSNorm, SwiGLU, grouped-query attention, RoPE; Qwen2
 with q/k/v biases) and GPT2LMHeadModel (LayerNorm, GELU, learned positions, tied head, biases).
 Every field a shape needs must be in the file: a missing one is refused by name, never guessed;
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from .config import GPTConfig
+from .family import GPTConfig
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ARCHITECTURES = (*LLAMA_FAMILY, "GPT2LMHeadModel")

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from zerospec.evaluation import runs as pr
-from zerospec.model.config import GPTConfig
+from zerospec.model.family import GPTConfig
 from zerospec.paper import evaluation as ev
 
 
