@@ -313,7 +313,7 @@ def check_pinned(fig: Figure) -> None:
 
 def draw(fig: Figure) -> pathlib.Path:
     """``fig`` checked against its snapshots, drawn, and written to spec/figures/ with their hashes."""
-    from zerospec.render.figures import svg_metadata
+    from zerospec.render.savefig import svg_metadata
     check_pinned(fig)
     with tempfile.TemporaryDirectory() as tmp, svg_metadata(Description=description(fig)):
         svg = next(p for p in fig.draw(pathlib.Path(tmp)) if p.suffix == ".svg")

@@ -119,6 +119,6 @@ def explain_tables(args, machine) -> list:
                              f"{name}, N = {gpus}: bytes rank 0 moves per step")
             out[-1].notes.append(f"Drawn: {svg}.")
     if args.fit:
-        from ..plan.fit import fit_table
+        from ..plan.explain_fit import fit_table
         out.append(fit_table(ex, args.units))
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..paper import theory
-from ..render.figures import pyplot, save_figure
+from ..render.savefig import pyplot, save_figure
 from .measure import Measurements
 from .tables import OPS, mean_by_op
 from ..runtime.memory import MODEL_STATES

@@ -68,7 +68,7 @@ def test_the_figure_draws_across_in_the_across_panel():
                 want = runs[name].across() if link == "inter" else runs[name].inside()
                 assert drawn * unit == pytest.approx(want, rel=1e-12)   # float axis units
     finally:
-        from zerospec.render.figures import pyplot
+        from zerospec.render.savefig import pyplot
         pyplot().close(fig)
 
 
