@@ -74,7 +74,7 @@ def report_figures_data(m) -> str:
     bytes per buffer and the activation peak, elements per collective (mean over ranks, last step),
     and model states per GPU over N. Integers (and exact means), the same on every machine."""
     from zerospec.paper import theory
-    from zerospec.report.tables import OPS, mean_by_op
+    from zerospec.report.writeup import OPS, mean_by_op
     from zerospec.runtime.memory import MODEL_STATES
     n, step = m.config.ranks, m.config.steps
     lines = [f"memory_per_stage: bytes per GPU at set-up (rank 0), N = {n}; activations: the "

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..paper import theory
 from ..render.savefig import pyplot, save_figure
 from .measure import Measurements
-from .tables import OPS, mean_by_op
+from .writeup import OPS, mean_by_op
 from ..runtime.memory import MODEL_STATES
 
 MB = 1e6

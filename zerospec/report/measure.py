@@ -2,7 +2,7 @@
 
 :func:`measure` trains each stage variant with :func:`zerospec.training.run.train` (real tensors),
 counts its FLOPs in one step of the same configuration on meta tensors, and sweeps N for the
-memory-vs-N figure; :mod:`zerospec.report.tables` turns the
+memory-vs-N figure; :mod:`zerospec.report.writeup` turns the
 measurements into tables, :mod:`zerospec.report.figures` into figures. Every number printed is read
 from this run's ledgers; paper values appear only as the expected side, labelled with their claim id.
 """
