@@ -18,8 +18,8 @@ from ..zero import hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 from ..offload import check as check_offload
-from .sections import (SECTION_OF, SECTIONS, BatchOptions, MeshOptions, OffloadOptions, OptimOptions,
-                       QuantOptions, VariantOptions, ZeroROptions)
+from .sections import (SECTION_OF, SECTIONS, BatchOptions, MeshOptions, OffloadOptions,
+                       OptimOptions, QuantOptions, VariantOptions, ZeroROptions)
 
 DEVICES = ("cpu", "meta")
 
@@ -178,8 +178,8 @@ def check_zero_r(cfg) -> None:
     for name in ("stage3_persistence_threshold", "stage3_max_reuse_distance"):
         v = getattr(cfg, name)                # an integer >= 0 (its section checked)
         if v and (cfg.stage != 3 or cfg.exact):
-            raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/stage3_deepspeed.py): it needs "
-                             f"stage 3 without exact sums, got stage={cfg.stage}, exact={cfg.exact}")
+            raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/stage3_deepspeed.py): "
+                             f"it needs stage 3 without exact sums, got stage={cfg.stage}, exact={cfg.exact}")
     if cfg.contiguous_gradients and (cfg.stage < 2 or cfg.exact):
         raise ValueError(f"contiguous_gradients (M_D for gradients) reuses the slot stages 2–3 "
                          f"reduce-scatter each unit's gradient from: it needs stage 2 or 3 without "

@@ -42,7 +42,8 @@ def max_micro_batch(model, stage: int, n_d: int, capacity: int, seen: dict | Non
     seen = {} if seen is None else seen
 
     def fits(b: int) -> bool:
-        r = seen[b] = measure(TrainConfig.of(model=model, stage=stage, n_d=n_d, **kw), micro_batch=b)
+        cfg = TrainConfig.of(model=model, stage=stage, n_d=n_d, **kw)
+        r = seen[b] = measure(cfg, micro_batch=b)
         return all(c.memory.peak_total <= capacity for c in r.classes)
     return largest(fits)
 
