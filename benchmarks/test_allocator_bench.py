@@ -13,13 +13,17 @@ from zerospec.model.presets import preset
 from zerospec.paper import theory
 from zerospec.runtime.trace import replay
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, ZeroROptions
 
 BUDGET = 10.0
 
 
 def test_replay_of_a_100b_step_on_400_gpus(benchmark):
-    r = measure(preset("t4-100B-125x8192").model, 2, 25, micro_batch=32, checkpoint_activations=1,
-                n_m=16, partition_activations=True, trace=True)
+    r = measure(TrainConfig(stage=2, n_d=25, model=preset("t4-100B-125x8192").model,
+                            zero_r=ZeroROptions(checkpoint_activations=1,
+                                                partition_activations=True),
+                            mesh=MeshOptions(n_m=16)), micro_batch=32, trace=True)
     traces = [c.allocations for c in r.classes]
 
     def replay_all():

@@ -23,6 +23,7 @@ from zerospec.model.gpt import SMALL
 from zerospec.testing.oracles import PEERS
 from zerospec.testing.paired import paired
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OptimOptions
 
 N, STEPS, TARGET, ROUNDS = 4, 12, 1.0, 3
 SKIP = 2     # steps left out of every run: set-up, lazy init and DDP's bucket rebuild
@@ -34,7 +35,8 @@ def _sums(ranks, key: str) -> float:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3], ids=lambda s: f"stage{s}-vs-{PEERS[s]}")
 def test_stage_step_time_vs_its_peer(benchmark, capsys, stage):
-    cfg = TrainConfig(stage=stage, n_d=N, model=SMALL, steps=STEPS, precision="fp32", timeout=120)
+    cfg = TrainConfig(stage=stage, n_d=N, model=SMALL, steps=STEPS, timeout=120,
+                      optim=OptimOptions(precision="fp32"))
     rounds: list[list[dict]] = []               # per round, every rank's step times
 
     benchmark.pedantic(lambda: rounds.append(paired(cfg)), rounds=ROUNDS, iterations=1)

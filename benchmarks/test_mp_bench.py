@@ -23,6 +23,8 @@ from zerospec.model.data import BigramData
 from zerospec.model.presets import preset
 from zerospec.optim.adam import AdamConfig, reference_optimizer
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, ZeroROptions
+from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
 
@@ -87,7 +89,7 @@ def test_step_at_8_by_4_over_the_replicas_floor(stage, benchmark, capsys):
     steps, floors = [], []
 
     def ours():
-        res = train(TrainConfig(stage=stage, n_d=N_D, n_m=N_M, steps=STEPS))
+        res = train(TrainConfig(stage=stage, n_d=N_D, steps=STEPS, mesh=MeshOptions(n_m=N_M)))
         steps.extend(res.step_seconds[1:-1])   # interior steps: one whole cycle each
         with torch_threads(1):
             for _ in range(STEPS - 2):
@@ -105,8 +107,10 @@ def test_100b_at_400_gpus_mp16_with_p_a_every_stage_on_meta(benchmark, capsys):
     m = preset("t4-100B-125x8192").model
 
     def all_stages():
-        return {s: measure(m, s, 25, micro_batch=1, n_m=16, checkpoint_activations=1,
-                           partition_activations=True) for s in range(4)}
+        return {s: measure(TrainConfig(stage=s, n_d=25, model=m,
+                                       zero_r=ZeroROptions(checkpoint_activations=1,
+                                                           partition_activations=True),
+                                       mesh=MeshOptions(n_m=16)), micro_batch=1) for s in range(4)}
     t0 = time.perf_counter()
     results = benchmark.pedantic(all_stages, rounds=1, iterations=1)
     seconds = time.perf_counter() - t0

@@ -22,6 +22,7 @@ import torch
 from zerospec.model import gpt
 from zerospec.offload.nvme import SwapDir
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OffloadOptions
 from zerospec.training.run import train
 
 N, STEPS, ROUNDS = 8, 6, 3
@@ -36,7 +37,8 @@ def _step_seconds(cfg) -> float:
 
 def test_an_offloaded_step_costs_at_most_1_5_stage_2_steps(benchmark):
     base = TrainConfig(stage=2, n_d=N, model=gpt.SMALL, steps=STEPS)
-    off = TrainConfig(stage=2, n_d=N, model=gpt.SMALL, steps=STEPS, offload_optimizer="cpu")
+    off = TrainConfig(stage=2, n_d=N, model=gpt.SMALL, steps=STEPS,
+                      offload=OffloadOptions(offload_optimizer="cpu"))
     times = {"stage2": [], "offload": []}
 
     def rounds():

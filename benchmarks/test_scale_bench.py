@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from zerospec.model.presets import preset
+from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure_stages
 
 CASES = [("7.5B", 64, 10.0), ("1T", 1024, 60.0)]
@@ -20,7 +21,8 @@ CASES = [("7.5B", 64, 10.0), ("1T", 1024, 60.0)]
 
 @pytest.mark.parametrize("name,n_d,budget", CASES, ids=[f"{m}@{n}" for m, n, _ in CASES])
 def test_one_step_of_every_stage_on_meta(benchmark, name, n_d, budget):
-    results = benchmark.pedantic(measure_stages, args=(preset(name).model, n_d), rounds=1,
+    results = benchmark.pedantic(measure_stages, args=(TrainConfig(model=preset(name).model, n_d=n_d),),
+                                 rounds=1,
                                  iterations=1)
     seconds = benchmark.stats.stats.max
     benchmark.extra_info.update({f"stage{s}_s": round(r.seconds, 3) for s, r in results.items()})

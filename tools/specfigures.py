@@ -74,7 +74,7 @@ def report_figures_data(m) -> str:
     bytes per buffer and the activation peak, elements per collective (mean over ranks, last step),
     and model states per GPU over N. Integers (and exact means), the same on every machine."""
     from zerospec.paper import theory
-    from zerospec.report.tables import OPS, mean_by_op
+    from zerospec.report.writeup import OPS, mean_by_op
     from zerospec.runtime.memory import MODEL_STATES
     n, step = m.config.ranks, m.config.steps
     lines = [f"memory_per_stage: bytes per GPU at set-up (rank 0), N = {n}; activations: the "
@@ -108,7 +108,7 @@ def report_figures_data(m) -> str:
 def c30_figure_data() -> str:
     """What the fragmentation figure draws: C30's step (GPT-2 1.5B, P_os+g+p, N_d = 400, k = 2,
     74 sequences) replayed on 32 GB without and with M_D, sample by sample until it runs out."""
-    from zerospec.evaluation.memory import c30_trace
+    from zerospec.evaluation.cached_memory import c30_trace
     from zerospec.paper import theory
     from zerospec.runtime.trace import replay
     rows = ["| M_D | samples | allocated peak (B) | reserved peak (B) | out of memory: free (B) "
@@ -125,7 +125,7 @@ def c30_figure_data() -> str:
 def figure7_curves_data(size: str = "100B") -> str:
     """What fragmentation_by_config draws: per configuration, rank 0's allocated and reserved
     samples over Figure 7's ``size`` step, replayed without a limit."""
-    from zerospec.evaluation.memory import figure7
+    from zerospec.evaluation.cached_memory import figure7
     rows = ["| config | samples | allocated peak (B) | max cached (B) | samples sha256 |",
             "|---|---|---|---|---|"]
     for name, mem in figure7(size, samples=True).items():
@@ -313,7 +313,7 @@ def check_pinned(fig: Figure) -> None:
 
 def draw(fig: Figure) -> pathlib.Path:
     """``fig`` checked against its snapshots, drawn, and written to spec/figures/ with their hashes."""
-    from zerospec.render.figures import svg_metadata
+    from zerospec.render.savefig import svg_metadata
     check_pinned(fig)
     with tempfile.TemporaryDirectory() as tmp, svg_metadata(Description=description(fig)):
         svg = next(p for p in fig.draw(pathlib.Path(tmp)) if p.suffix == ".svg")

@@ -17,6 +17,8 @@ from zerospec.model.presets import preset
 from zerospec.paper import theory
 from zerospec.runtime.memory import ACTIVATIONS, MODEL_STATES
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 from zerospec.zero_r import segments
 
 GB = theory.GB
@@ -42,7 +44,8 @@ def test_checkpointing_changes_no_bit_of_training(stage, n_d, model):
 @functools.lru_cache(maxsize=None)
 def measured(name: str):
     """One step on one meta GPU, 32 sequences of 1024 tokens, a checkpoint per block, FLOPs counted."""
-    return measure(preset(name).model, 0, 1, micro_batch=B, checkpoint_activations=1, count_flops=True)
+    return measure(TrainConfig(stage=0, n_d=1, model=preset(name).model, count_flops=True,
+                               zero_r=ZeroROptions(checkpoint_activations=1)), micro_batch=B)
 
 
 def terms(name: str) -> dict[str, int]:
@@ -154,7 +157,8 @@ def test_gpt2_1_5b_activation_peak_is_least_with_a_checkpoint_every_2_blocks(md_
             "|---|---|---|---|---|"]
     peaks = {}
     for k in KS:
-        r = measure(m, 0, 1, micro_batch=B, checkpoint_activations=k)
+        r = measure(TrainConfig(stage=0, n_d=1, model=m,
+                                zero_r=ZeroROptions(checkpoint_activations=k)), micro_batch=B)
         mem, segs = r.memory(0), segments(k, m.n_layer)
         peaks[k] = mem.peak_total - r.model_states(0)
         assert peaks[k] == max([len(segs) * c + t["outside"]]

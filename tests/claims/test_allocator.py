@@ -17,9 +17,11 @@ from tools import specfigures
 from zerospec.model.gpt import SMALL
 from zerospec.model.presets import preset
 from zerospec.paper import theory
-from zerospec.evaluation.memory import c30_trace
+from zerospec.evaluation.cached_memory import c30_trace
 from zerospec.runtime.trace import replay
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, ZeroROptions
+from zerospec.training.sections import ZeroROptions
 from zerospec.training.scale import measure
 
 GB, CAP = theory.GB, theory.V100_BYTES       # a 32 GB V100: 32e9 bytes the allocator may reserve
@@ -109,8 +111,10 @@ CONFIGS = [("1.5B", 3, 400, 1, False, 2, 73, 80), ("1.5B", 2, 400, 1, False, 3, 
 
 def step_on_32gb(name, stage, n_d, n_m, p_a, k, b, md):
     """(need, oom) of one step of rank 0 at micro-batch ``b`` replayed on the 32 GB device."""
-    r = measure(preset(name).model, stage, n_d, micro_batch=b, checkpoint_activations=k, n_m=n_m,
-                partition_activations=p_a, contiguous_checkpoints=md, trace=True)
+    r = measure(TrainConfig(stage=stage, n_d=n_d, model=preset(name).model,
+                            zero_r=ZeroROptions(checkpoint_activations=k, partition_activations=p_a,
+                                                contiguous_checkpoints=md),
+                            mesh=MeshOptions(n_m=n_m)), micro_batch=b, trace=True)
     trace = r.classes[0].allocations
     return need(trace), replay(trace, CAP).oom
 
@@ -172,7 +176,9 @@ def test_md_changes_no_bit_and_no_checkpoint_byte(stage, variant):
 def test_md_allocates_one_checkpoint_buffer_per_step_of_all_checkpoints():
     """A checkpoint per block (SMALL: 2 blocks, 2 checkpoints of b·s·d fp16): the ledger sees one
     "checkpoints" allocation per step, of both, freed in that step's backward."""
-    r = measure(SMALL, 2, 4, micro_batch=2, checkpoint_activations=1, contiguous_checkpoints=True,
+    r = measure(TrainConfig(stage=2, n_d=4, model=SMALL,
+                            zero_r=ZeroROptions(checkpoint_activations=1,
+                                                contiguous_checkpoints=True)), micro_batch=2,
                 trace=True)
     events = [e for e in r.classes[0].memory.trace if e.category == "checkpoints"]
     size = 2 * SMALL.n_layer * 2 * SMALL.block_size * SMALL.n_embd
@@ -183,7 +189,7 @@ def test_md_without_checkpointing_is_refused():
     """M_D arranges checkpoints: without checkpointing there are none, and the config says so."""
     with pytest.raises(ValueError, match=r"contiguous_checkpoints \(M_D\).*needs "
                                          r"checkpoint_activations >= 1, got 0"):
-        TrainConfig(contiguous_checkpoints=True)
+        TrainConfig(zero_r=ZeroROptions(contiguous_checkpoints=True))
 
 
 # -- M_D for gradients (contiguous_gradients) ------------------------------------------------------
@@ -220,7 +226,7 @@ def test_the_gradient_slot_is_one_buffer_of_the_largest_unit_and_no_slot_is_made
 def test_contiguous_gradients_where_there_is_no_slot_to_reuse_is_refused():
     with pytest.raises(ValueError, match=r"contiguous_gradients \(M_D for gradients\).*needs "
                                          r"stage 2 or 3, got stage=1"):
-        TrainConfig(contiguous_gradients=True, stage=1)
+        TrainConfig.of(contiguous_gradients=True, stage=1)
 
 
 @pytest.mark.claim("C37", status="differs", page=PAGE)
@@ -228,12 +234,16 @@ def test_a_reused_gradient_slot_alone_does_not_remove_c30s_oom():
     """C30's step with only the gradients in one slot still runs out in backward with over 30%
     free: its fragmentation comes from the checkpoints and the logits' temporaries, not from the
     per-unit gradient slots; with both M_D's buffers it fits (as with the checkpoints' alone)."""
-    r = measure(GPT2, 3, 400, micro_batch=74, checkpoint_activations=2, contiguous_gradients=True,
-                trace=True)
+    r = measure(TrainConfig(stage=3, n_d=400, model=GPT2,
+                            zero_r=ZeroROptions(checkpoint_activations=2, contiguous_gradients=True)),
+                micro_batch=74, trace=True)
     oom = replay(r.classes[0].allocations, CAP).oom
     assert oom is not None and oom.phase == "backward@1" and oom.free_fraction > 0.30
-    both = measure(GPT2, 3, 400, micro_batch=74, checkpoint_activations=2, contiguous_gradients=True,
-                   contiguous_checkpoints=True, trace=True)
+    both = measure(TrainConfig(stage=3, n_d=400, model=GPT2,
+                               zero_r=ZeroROptions(checkpoint_activations=2,
+                                                   contiguous_gradients=True,
+                                                   contiguous_checkpoints=True)), micro_batch=74,
+                   trace=True)
     assert replay(both.classes[0].allocations, CAP).oom is None
 
 
@@ -259,8 +269,11 @@ def test_p_a_cpu_host_copies_are_not_in_the_device_allocation_trace():
     tiny = GPTConfig(vocab_size=37, block_size=12, n_layer=4, n_head=4, n_embd=16)
 
     def allocs(cpu: bool):
-        r = measure(tiny, 3, 2, n_m=2, checkpoint_activations=1, partition_activations=True,
-                    cpu_checkpointing=cpu, trace=True)
+        r = measure(TrainConfig(stage=3, n_d=2, model=tiny,
+                                zero_r=ZeroROptions(checkpoint_activations=1,
+                                                    partition_activations=True,
+                                                    cpu_checkpointing=cpu), mesh=MeshOptions(n_m=2)),
+                    trace=True)
         return [e for e in r.classes[0].allocations if e.op == "alloc"]
     pa, cpu = allocs(False), allocs(True)
     assert len(cpu) == len(pa)

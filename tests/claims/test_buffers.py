@@ -15,6 +15,8 @@ from zerospec.model.gpt import SMALL
 from zerospec.model.presets import gpt, preset
 from zerospec.paper import theory
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 
 GB = theory.GB
 N = 64
@@ -28,13 +30,15 @@ MODELS = {"tiny": SMALL, "1.5B": preset("1.5B").model,
 @functools.lru_cache(maxsize=None)
 def step(name: str, stage: int, bucket):
     """One meta step of ``name`` at N = 64 with ``bucket_elements=bucket``."""
-    return measure(MODELS[name], stage, N, bucket_elements=bucket)
+    return measure(TrainConfig(stage=stage, n_d=N, model=MODELS[name],
+                               zero_r=ZeroROptions(bucket_elements=bucket)))
 
 
 @functools.lru_cache(maxsize=None)
 def observed(name: str, stage: int, bucket):
     """:func:`step`, with the observer recording every storage of each rank class."""
-    return measure(MODELS[name], stage, N, bucket_elements=bucket, trace=True)
+    return measure(TrainConfig(stage=stage, n_d=N, model=MODELS[name],
+                               zero_r=ZeroROptions(bucket_elements=bucket)), trace=True)
 
 
 def bucket_peak(r) -> int:

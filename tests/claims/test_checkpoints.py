@@ -36,7 +36,7 @@ CONTINUATIONS = [(3, 4, 6), (0, 4, 6), (1, 2, 12), (2, 8, 3), (3, 3, 8), (3, 3, 
 
 
 def cfg(stage: int, n_d: int, g: int, steps: int = STEPS) -> TrainConfig:
-    return TrainConfig(stage=stage, n_d=n_d, steps=steps, grad_accum_steps=g, **BASE)
+    return TrainConfig.of(stage=stage, n_d=n_d, steps=steps, grad_accum_steps=g, **BASE)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_any_n_to_any_m_for_any_unit_sizes_continues_the_uninterrupted_run(tmp_p
     model = GPTConfig(vocab_size=vocab, block_size=block, n_layer=1, n_embd=d[0], n_head=d[1])
     kw = {"model": model, "global_batch": 12, "exact_grads": True, "clip_grad_norm": 0.5}
     path = tmp_path / f"n{n}-m{m}-s{stage}-{vocab}-{block}-{d[0]}"
-    whole = train(TrainConfig(stage=stage, n_d=n, steps=2, grad_accum_steps=12 // n, **kw), save={1: path})
-    after = train(TrainConfig(stage=3 - stage, n_d=m, steps=2, grad_accum_steps=12 // m, **kw),
+    whole = train(TrainConfig.of(stage=stage, n_d=n, steps=2, grad_accum_steps=12 // n, **kw), save={1: path})
+    after = train(TrainConfig.of(stage=3 - stage, n_d=m, steps=2, grad_accum_steps=12 // m, **kw),
                   resume=checkpoint.load(path, n_ranks=m, model=model))
     assert after.losses == whole.losses[1:] and _delta(after, whole) == 0.0

@@ -29,7 +29,7 @@ def _config(pair, **kw) -> TrainConfig | None:
     s = combine.settings([n for n in pair if n not in combine.RUN_LEVEL] or ["accum"], N)
     if all(n in combine.RUN_LEVEL for n in pair):
         s = {"stage": 3, "n_d": N}
-    return None if s is None else TrainConfig(model=M, steps=2, **s, **kw)
+    return None if s is None else TrainConfig.of(model=M, steps=2, **s, **kw)
 
 
 def _run(pair, cfg, tmp_path):
@@ -99,7 +99,7 @@ def test_every_composing_pair_trains_and_equals_its_reference(pair, tmp_path):
             if f.name not in ("model", "steps")})
     if ref is None:
         return
-    whole = train(TrainConfig(model=M, steps=2, **ref))
+    whole = train(TrainConfig.of(model=M, steps=2, **ref))
     if "checkpoints" in pair:
         assert got.losses == whole.losses[1:]
         assert all(got.master[k].equal(whole.master[k]) for k in whole.master)

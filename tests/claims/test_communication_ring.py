@@ -20,6 +20,7 @@ from zerospec.model.gpt import ODD
 from zerospec.paper import theory
 from zerospec.render.format import markdown
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import BatchOptions, VariantOptions
 from zerospec.training.run import train
 
 CLAIM = {0: "C21", 1: "C23", 2: "C22", 3: "C24"}
@@ -34,8 +35,9 @@ CASES = [pytest.param(s, v, n, id=f"{label}/nd={n}", marks=pytest.mark.claim(CLA
 def ring_run(stage: int, zero1_comm: str, n_d: int, steps: int = 1, exact_grads: bool = False,
              transport: str = "ring"):
     cluster = VirtualCluster(n_d, transport=transport)
-    cfg = TrainConfig(stage=stage, n_d=n_d, model=ODD, steps=steps, zero1_comm=zero1_comm,
-                      exact_grads=exact_grads)
+    cfg = TrainConfig(stage=stage, n_d=n_d, model=ODD, steps=steps,
+                      batching=BatchOptions(exact_grads=exact_grads),
+                      variants=VariantOptions(zero1_comm=zero1_comm))
     return cluster, train(cfg, cluster=cluster)
 
 

@@ -20,6 +20,7 @@ from zerospec.evaluation import tables as pf
 from zerospec.evaluation import runs as pr
 from zerospec.evaluation.configs import BUCKET_ELEMENTS, CONFIGS, FIG6
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
 from tools import specfigures
 
 PAGE = "spec/evaluation.md"
@@ -34,8 +35,8 @@ N_D, N_M = 2, 2
 def table3_step(name: str):
     """One step of ``name`` for 4 blocks of 8192 on a 2 × 2 grid (N_d × N_m), 2 sequences: large
     enough that C_B's buckets fill (a model whose stream fits one bucket never tests the bound)."""
-    return measure(TABLE3_MODEL, CONFIGS[name].stage, N_D, micro_batch=2, trace=True,
-                   **CONFIGS[name].kwargs(n_m=N_M))
+    return measure(TrainConfig.of(stage=CONFIGS[name].stage, n_d=N_D, model=TABLE3_MODEL,
+                                  **CONFIGS[name].kwargs(n_m=N_M)), micro_batch=2, trace=True)
 
 
 @pytest.mark.claim("C46")
@@ -113,8 +114,9 @@ def test_figure6_table(md_snapshot):
 def peak_170b(name: str) -> int:
     """Highest peak of any rank: 170B (212 × 8192, 64 heads), 400 GPUs, MP 16, 12 per GPU."""
     run = next(r for r in ev.FIGURE8 if r.size == "170B")
-    r = measure(gpt(run.layers, run.hd, run.heads), CONFIGS[name].stage, run.n_d,
-                micro_batch=run.batch_per_gpu, **CONFIGS[name].kwargs(run.mp))
+    r = measure(TrainConfig.of(stage=CONFIGS[name].stage, n_d=run.n_d,
+                               model=gpt(run.layers, run.hd, run.heads),
+                               **CONFIGS[name].kwargs(run.mp)), micro_batch=run.batch_per_gpu)
     return max(c.memory.peak_total for c in r.classes)
 
 
@@ -433,7 +435,7 @@ def test_cached_memory_drops_c1_to_c2_and_c4_to_c5_by_the_checkpoints_p_a_cpu_mo
     sizes; C4 → C5 drops at both, by exactly P_a's checkpoints in allocated bytes (0.84 GB at 40B,
     4.19 GB at 100B: the step's peak falls in backward, while they are held) — a smaller share
     of the cache at 40B than at 100B, not none."""
-    from zerospec.evaluation.memory import figure7
+    from zerospec.evaluation.cached_memory import figure7
     for size in ("40B", "100B"):
         f = figure7(size)
         assert f["C2"].reserved < f["C1"].reserved
@@ -453,7 +455,7 @@ def test_figure7_table(md_snapshot):
     """spec/evaluation.md's Figure 7 table: per run and configuration, the ledger's peak, the
     allocator model's allocated and reserved ("cached") peaks without a limit (bytes, exact:
     integers from meta steps), and whether the step runs on a 32 GB V100."""
-    from zerospec.evaluation.memory import figure7
+    from zerospec.evaluation.cached_memory import figure7
     for size in ("40B", "100B"):
         assert all(m.ledger <= m.allocated <= m.reserved for m in figure7(size).values())
     assert md_snapshot == pf.bare(pf.figure7()[0])
@@ -463,7 +465,7 @@ def test_figure7_table(md_snapshot):
 def test_figure7_drops_table(md_snapshot):
     """spec/evaluation.md's C48 table: how much the max cached memory drops from C1 to C2 and from
     C4 to C5 per run, P_a's checkpoints per GPU, and the C4 → C5 drop as a share of C4's cache."""
-    from zerospec.evaluation.memory import figure7
+    from zerospec.evaluation.cached_memory import figure7
     rows = ["| model | C1 → C2 (B) | C4 → C5 (B) | P_a's checkpoints per GPU (B) "
             "| C4 → C5, of C4's cache |", "|---|---|---|---|---|"]
     for size in ("40B", "100B"):

@@ -28,7 +28,7 @@ def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(
     paper's order C1 < C3 < C2 < C4 < C5. The evidence: L runs; L_a + 1 holds more than 32 GB at
     its peak; and every L above the answer up to L_a runs out though it never holds more than
     32 GB — fragmentation (C47)."""
-    from zerospec.evaluation.memory import figure6_replayed
+    from zerospec.evaluation.cached_memory import figure6_replayed
     fit, cap = figure6_replayed(), DGX2.memory_bytes
     for n, (L, L_a, seen) in fit.items():
         assert L <= L_a < pr.figure6()[n][0]

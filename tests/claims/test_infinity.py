@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tests.support.runs import assert_same_training
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import BatchOptions, OffloadOptions, ZeroROptions
 from zerospec.training.run import train
 
 N, STEPS = 4, 3
@@ -26,7 +27,7 @@ GB = 10**9
 
 @functools.lru_cache(maxsize=None)
 def run(stage: int = 3, **kw):
-    return train(TrainConfig(stage=stage, n_d=N, model=ODD, steps=STEPS, **kw))
+    return train(TrainConfig.of(stage=stage, n_d=N, model=ODD, steps=STEPS, **kw))
 
 
 def infinity(params: str, partition: str = "bandwidth", optimizer: str = "cpu", **kw):
@@ -89,8 +90,9 @@ def test_the_swap_files_hold_the_trained_fp16_parameters(tmp_path):
     """The files on disk, read by numpy (not by the code under test), are the NVMe tier's
     observer: one per unit and rank, of the chunk's size, equal to the NVMe ledger; together they
     are the trained master weights rounded to fp16, bit for bit."""
-    r = train(TrainConfig(stage=3, n_d=N, model=ODD, steps=STEPS, offload_optimizer="cpu",
-                          offload_params="nvme", nvme_path=str(tmp_path)))
+    r = train(TrainConfig(stage=3, n_d=N, model=ODD, steps=STEPS,
+                          offload=OffloadOptions(offload_optimizer="cpu", offload_params="nvme",
+                                                 nvme_path=str(tmp_path))))
     for rank in range(N):
         files = {p.name: p for p in (tmp_path / f"rank{rank}").glob("*.param16.swap")}
         assert sorted(files) == sorted(f"{u.name}.param16.swap" for u in r.units)
@@ -322,10 +324,11 @@ def test_a_tile_count_that_does_not_divide_d_ff_is_one_clear_error():
 def _measured():
     """One GPU (the paper's per-GPU view), everything offloaded to NVMe, a checkpoint per block,
     FLOPs counted: (ait per data type, tokens, result)."""
-    from zerospec.evaluation import infinity as ev
-    r = train(TrainConfig(stage=3, n_d=1, model=ODD, steps=2, offload_optimizer="nvme",
-                          offload_params="nvme", checkpoint_activations=1, count_flops=True,
-                          global_batch=4))
+    from zerospec.evaluation import infinity_efficiency as ev
+    r = train(TrainConfig(stage=3, n_d=1, model=ODD, steps=2, count_flops=True,
+                          batching=BatchOptions(global_batch=4),
+                          zero_r=ZeroROptions(checkpoint_activations=1),
+                          offload=OffloadOptions(offload_optimizer="nvme", offload_params="nvme")))
     return ev.measured_ait(r), 4 * ODD.block_size, r
 
 
@@ -336,7 +339,7 @@ def test_arithmetic_intensity_measured_per_data_type(claim_values):
     in forward and once in backward for recompute and gradients together, where the paper counts
     three loads), optimizer states 4/3 × seq·bsz/4 (24 bytes per parameter cross NVMe, the paper
     counts 32 with fp32 gradients), each within the FLOPs the model adds beyond 8·tokens·Ψ."""
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     from zerospec.paper import hardware
     from zerospec.paper import infinity as zi
     aits, tokens, r = _measured()
@@ -427,7 +430,7 @@ def test_efficiency_table(md_snapshot):
 
 # -- C-I7: the largest model per tier --------------------------------------------------------------
 def _per_param(**kw):
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     return ev.bytes_per_param_per_tier(run(3, **kw) if kw else run(3))
 
 
@@ -440,7 +443,7 @@ def test_the_largest_model_per_tier_on_one_dgx2_and_512_gpus(claim_values):
     the fp16 gradients in host memory (2 bytes per parameter, 1.5 TB); with the paper's 20 bytes
     all on NVMe, 1.5T. 512 GPUs: 24T with NVMe here, 49T with the paper's placement (≥ 32T). NVMe
     is 60× the GPUs' memory and 20× the host's (the paper: about 50× and 20×)."""
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     from zerospec.paper import hardware
     from zerospec.paper import infinity as zi
     t = hardware.DGX2_TIERS
@@ -472,7 +475,7 @@ def test_zero3_offload_fits_over_40b_on_one_gpu_and_over_2t_on_512(claim_values)
     leaves no model-state byte on the GPU and 16 per parameter on the host (measured, the
     ledgers); one GPU with its DGX-2 node's 1.5 TB of host memory fits over 40B, 512 GPUs (32
     nodes) over 2T (spec-sheet capacities)."""
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     from zerospec.paper import hardware
     per = _per_param(offload_optimizer="cpu", offload_params="cpu", offload_partition="bandwidth")
     assert per == {"gpu": 0, "cpu": 16, "nvme": 0}
@@ -486,7 +489,7 @@ def test_capacity_table(md_snapshot):
     """spec/infinity.md's C-I7 table: per placement the model-state bytes per parameter on each
     tier (measured: the ledgers of the runs above; the last row is the paper's 20 B on NVMe), and
     the largest model whose model states fit one DGX-2 and 32 of them (spec-sheet capacities)."""
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     from zerospec.paper import hardware
     from zerospec.paper import infinity as zi
     from zerospec.render.format import markdown
@@ -512,10 +515,10 @@ def test_model_state_bytes_per_parameter(claim_values):
     parameter and gradient, fp32 master, momentum, variance), not the paper's 20, which counts an
     fp32 gradient the host Adam here never makes (it reads the fp16 one, cast exactly). Ψ ≈
     12·nl·hd²: the model's own parameter count is within 1% at hd 8K, nl 100."""
-    from zerospec.model.config import GPTConfig
+    from zerospec.model.family import GPTConfig
     from zerospec.model.units import make_units
     from zerospec.paper import infinity as zi
-    from zerospec.evaluation import infinity as ev
+    from zerospec.evaluation import infinity_efficiency as ev
     for kw in ({}, {"offload_optimizer": "cpu", "offload_params": "cpu",
                     "offload_partition": "bandwidth"}):
         assert sum(_per_param(**kw).values()) == 16
@@ -530,12 +533,13 @@ def test_model_state_bytes_per_parameter(claim_values):
 @pytest.mark.claim("C-I2")
 def test_checkpoint_bytes_are_two_bsz_seq_hd_nl_over_ci():
     """C-I2, on meta: the device ledger's checkpoints are exactly 2·bsz·seq·hd·nl/ci bytes."""
-    from zerospec.model.config import GPTConfig
+    from zerospec.model.family import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
     m = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=8, n_embd=256)
     for ci in (1, 2, 4):
-        r = measure(m, 0, 1, micro_batch=2, checkpoint_activations=ci)
+        r = measure(TrainConfig(stage=0, n_d=1, model=m,
+                                zero_r=ZeroROptions(checkpoint_activations=ci)), micro_batch=2)
         assert r.memory(0).peak["checkpoints"] == zi.checkpoint_bytes(2, 128, 256, 4, ci)
 
 
@@ -545,13 +549,14 @@ def test_activation_working_memory_per_token(claim_values):
     (and a constant) per block — the heads·seq term the paper's, the hd term twice its 16·hd:
     autograd keeps 16 hd-sized fp16 tensors per block here (LN inputs, qkv, the MLP's 4hd input
     and its GELU output …), the paper counts 8."""
-    from zerospec.model.config import GPTConfig
+    from zerospec.model.family import GPTConfig
     from zerospec.paper import infinity as zi
     from zerospec.training.scale import measure
 
     def per_token(hd, heads, seq, ci=1):
         m = GPTConfig(vocab_size=1024, block_size=seq, n_layer=2, n_head=heads, n_embd=hd)
-        r = measure(m, 0, 1, micro_batch=2, checkpoint_activations=ci)
+        r = measure(TrainConfig(stage=0, n_d=1, model=m,
+                                zero_r=ZeroROptions(checkpoint_activations=ci)), micro_batch=2)
         return Fraction(r.memory(0).peak["recomputed"], 2 * seq * ci)
     base = per_token(256, 8, 128)
     assert per_token(512, 8, 128) - base == 32 * 256            # ∂/∂hd: 32 bytes

@@ -18,6 +18,7 @@ from zerospec.model import gpt
 from zerospec.model.gpt import GPTConfig
 from zerospec.runtime.observe import Observer
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, OffloadOptions, ZeroROptions
 from zerospec.training.run import train
 
 # hd 16, d_ff 64: every unit and tile divides by N_d = 2, so no padding blurs the ÷ T
@@ -55,7 +56,7 @@ def _observed(tiles: int, checkpoint_activations: int = 0) -> _GatheredPeak:
         return seen[-1]
 
     with mock.patch.object(threads, "Observer", make):
-        train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=tiles,
+        train(TrainConfig.of(stage=3, n_d=2, model=M, steps=1, tiles=tiles,
                           checkpoint_activations=checkpoint_activations),
               cluster=VirtualCluster(2, observe=True))
     return seen[0]
@@ -95,7 +96,7 @@ def test_tiled_run_table(md_snapshot):
 
 def test_stages_are_bit_identical_at_a_fixed_tiling():
     """At the same T, stages 0–3 run the same math path: losses and master weights bit for bit."""
-    runs = [train(TrainConfig(stage=s, n_d=2, model=M, steps=2, tiles=2)) for s in range(4)]
+    runs = [train(TrainConfig(stage=s, n_d=2, model=M, steps=2, offload=OffloadOptions(tiles=2))) for s in range(4)]
     for r in runs[1:]:
         assert_same_training(runs[0], r)
 
@@ -163,16 +164,16 @@ def test_a_tiling_that_does_not_divide_d_ff_is_one_error_naming_it(tiles):
     """tiles must be an integer >= 1 dividing d_ff: one ValueError naming the value and d_ff."""
     with pytest.raises(ValueError, match=rf"tiles must be an integer >= 1 dividing the MLP's "
                                          rf"d_ff = 64, got {tiles!r}"):
-        TrainConfig(stage=3, n_d=2, model=M, tiles=tiles)
+        TrainConfig(stage=3, n_d=2, model=M, offload=OffloadOptions(tiles=tiles))
 
 
 @pytest.mark.parametrize("stage", [1, 3])
 def test_activation_checkpointing_of_a_tiled_run_is_bit_identical_to_the_tiled_run(stage):
     """The recompute runs the same tiles in the same order: every loss and master weight of
     tiles + activation checkpointing equals the tiled run's bit for bit (k = 1 and 2)."""
-    tiled = train(TrainConfig(stage=stage, n_d=2, model=M, steps=2, tiles=4))
+    tiled = train(TrainConfig.of(stage=stage, n_d=2, model=M, steps=2, tiles=4))
     for k in (1, 2):
-        assert_same_training(train(TrainConfig(stage=stage, n_d=2, model=M, steps=2, tiles=4,
+        assert_same_training(train(TrainConfig.of(stage=stage, n_d=2, model=M, steps=2, tiles=4,
                                                checkpoint_activations=k)), tiled)
 
 
@@ -194,17 +195,17 @@ def test_with_model_parallelism_each_rank_tiles_its_slice_and_stages_stay_bit_id
     tiling, and P_a, which only moves checkpoints, changes none. Tiling adds no MP collective:
     the MP group's all-reduces and their elements are the untiled run's (Megatron's two per
     block in forward, one after attention and one after the MLP)."""
-    runs = [train(TrainConfig(stage=s, n_d=2, n_m=2, model=M, steps=2, tiles=2)) for s in range(4)]
-    untiled = train(TrainConfig(stage=0, n_d=2, n_m=2, model=M, steps=2))
+    runs = [train(TrainConfig.of(stage=s, n_d=2, n_m=2, model=M, steps=2, tiles=2)) for s in range(4)]
+    untiled = train(TrainConfig.of(stage=0, n_d=2, n_m=2, model=M, steps=2))
     for rank in range(4):
         mp = [(x.op, x.phase, x.elements_sent) for x in runs[0].comm.records(rank, group="mp")]
         assert mp == [(x.op, x.phase, x.elements_sent) for x in untiled.comm.records(rank, group="mp")]
-    runs.append(train(TrainConfig(stage=3, n_d=2, n_m=2, model=M, steps=2, tiles=2,
+    runs.append(train(TrainConfig.of(stage=3, n_d=2, n_m=2, model=M, steps=2, tiles=2,
                                   checkpoint_activations=1, partition_activations=True)))
     for r in runs[1:]:
         assert_same_training(runs[0], r)
     with pytest.raises(ValueError, match=r"d_ff / n_m = 64/2 = 32, got 3"):
-        TrainConfig(stage=3, n_d=2, n_m=2, model=M, tiles=3)
+        TrainConfig.of(stage=3, n_d=2, n_m=2, model=M, tiles=3)
 
 
 def test_a_tiled_run_saved_and_resumed_continues_bit_for_bit_and_only_at_its_tiling(tmp_path):
@@ -212,9 +213,9 @@ def test_a_tiled_run_saved_and_resumed_continues_bit_for_bit_and_only_at_its_til
     resumed, the run continues with the uninterrupted run's losses and masters bit for bit; an
     untiled run refuses it, naming the layout."""
     from zerospec.training import checkpoint
-    cfg = TrainConfig(stage=3, n_d=2, model=M, steps=2, tiles=2)
+    cfg = TrainConfig.of(stage=3, n_d=2, model=M, steps=2, tiles=2)
     whole = train(cfg)
-    train(TrainConfig(stage=3, n_d=2, model=M, steps=1, tiles=2), save={1: tmp_path / "ck"})
+    train(TrainConfig.of(stage=3, n_d=2, model=M, steps=1, tiles=2), save={1: tmp_path / "ck"})
     rest = train(cfg, resume=checkpoint.load(tmp_path / "ck", n_ranks=2))
     assert rest.losses == whole.losses[1:]
     assert all(torch.equal(rest.master[k], whole.master[k]) for k in whole.master)

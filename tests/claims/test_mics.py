@@ -19,6 +19,7 @@ from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import ODD
 from zerospec.paper import theory
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 from zerospec.zero import Parameters
 
@@ -30,7 +31,7 @@ def gamma(k: int, u: float) -> float:
     return k * u / (1 - k * u)
 
 N, G = 4, 2          # 2 nodes × 2 GPUs
-BASE = TrainConfig(stage=3, n_d=N, model=ODD, steps=2, gpus_per_node=G)
+BASE = TrainConfig(stage=3, n_d=N, model=ODD, steps=2, mesh=MeshOptions(gpus_per_node=G))
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,8 +39,8 @@ def wired(stage: int, p: int | None, n: int = N, steps: int = 2, accum: int = 1,
           observe: bool = False, transport: str = "direct", exact: bool = False):
     """(cluster, Result): ``stage`` on n // G nodes, MiCS with partition groups of p (None: off)."""
     cluster = VirtualCluster(n, transport=transport, gpus_per_node=G, observe=observe)
-    cfg = dataclasses.replace(BASE, stage=stage, n_d=n, steps=steps, shard_group=p,
-                              grad_accum_steps=accum, exact_grads=exact)
+    cfg = BASE.replace(stage=stage, n_d=n, steps=steps, shard_group=p, grad_accum_steps=accum,
+                       exact_grads=exact)
     return cluster, train(cfg, cluster=cluster)
 
 
@@ -147,7 +148,7 @@ def test_with_rounded_means_each_gradient_stays_within_its_derived_bound(monkeyp
     lies within the two-hop bound of spec/mics.md around the exact mean of what backward handed
     over (the flat stage within its one-rounding bound), and the two differ (M5)."""
     cfg = dataclasses.replace(BASE, steps=1)
-    raw, mics = reduced_gradients(dataclasses.replace(cfg, shard_group=2), monkeypatch)
+    raw, mics = reduced_gradients(cfg.replace(shard_group=2), monkeypatch)
     raw_flat, flat = reduced_gradients(cfg, monkeypatch)
     assert raw.keys() == raw_flat.keys() and all(torch.equal(raw[k], raw_flat[k]) for k in raw)
     p, r, h = 2, N // 2, FP16_SUBNORMAL_HALF_ULP
@@ -184,8 +185,8 @@ def test_one_partition_group_of_every_rank_quantizes_as_the_flat_stage_does(quan
     """p = N: one partition group, no replica to all-reduce with; qwZ's int8 gathers and qgZ's
     int4 all-to-alls run over the same ranks in the same order, so every loss and master weight
     equals qwZ/qgZ without MiCS bit for bit."""
-    assert_same_training(train(dataclasses.replace(BASE, shard_group=N, **quant)),
-                         train(dataclasses.replace(BASE, **quant)))
+    assert_same_training(train(BASE.replace(shard_group=N, **quant)),
+                         train(BASE.replace(**quant)))
 
 
 @pytest.mark.parametrize("quant", QUANT, ids=lambda q: "+".join(q))
@@ -194,7 +195,7 @@ def test_with_quantized_collectives_too_only_the_replica_all_reduce_crosses_node
     """p = G: qwZ's gathers and qgZ's all-to-alls stay inside the partition group, a node; what
     leaves a node is the replicas' fp16 all-reduce alone, 2(R−1)/R·Ψ/p per GPU per step, as
     without quantization."""
-    r = train(dataclasses.replace(BASE, shard_group=G, steps=1, **quant))
+    r = train(BASE.replace(shard_group=G, steps=1, **quant))
     per_gpu = theory.mics_replica_all_reduce(r.psi_held, N, G)
     for k in range(N):
         assert {x.op for x in r.comm.records(k, link="inter")} == {"all_reduce"}

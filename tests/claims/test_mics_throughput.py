@@ -17,6 +17,7 @@ from zerospec.evaluation.timing import step_time
 from zerospec.model.presets import gpt
 from zerospec.paper.hardware import DGX2
 from zerospec.render.format import markdown
+from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure
 
 MODEL = gpt(4, 8192, 64)
@@ -28,8 +29,8 @@ PAGE = "spec/mics.md#against-zero-3-on-the-spec-sheet-machine-m4"
 @functools.lru_cache(maxsize=None)
 def stepped(gpus: int, batch: int, p: int | None):
     """One step of stage 3 (MiCS with p, or flat) on ``gpus`` meta GPUs, ``batch`` sequences each."""
-    return measure(MODEL, 3, gpus, micro_batch=batch, count_flops=True, checkpoint_activations=1,
-                   shard_group=p)
+    return measure(TrainConfig.of(stage=3, n_d=gpus, model=MODEL, count_flops=True,
+                                  checkpoint_activations=1, shard_group=p), micro_batch=batch)
 
 
 def tflops(gpus: int, batch: int, p: int | None, inter: str) -> float:

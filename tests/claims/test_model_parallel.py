@@ -33,7 +33,7 @@ MP_LLAMA = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=2
 
 
 def mp_run(stage: int, n_d: int, n_m: int, model=MP_ODD, **kw):
-    cfg = TrainConfig(stage=stage, n_d=n_d, n_m=n_m, model=model, steps=STEPS, **kw)
+    cfg = TrainConfig.of(stage=stage, n_d=n_d, n_m=n_m, model=model, steps=STEPS, **kw)
     return cached(("threads", cfg, None), lambda: train(cfg))
 
 

@@ -15,6 +15,8 @@ from zerospec.model.presets import gpt, preset
 from zerospec.paper import theory
 from zerospec.training.fit import max_layers, max_micro_batch
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, ZeroROptions
 
 GB = theory.GB
 PAGE = "spec/model_parallel.md"
@@ -25,8 +27,11 @@ M100 = "t4-100B-125x8192"
 @functools.lru_cache(maxsize=None)
 def c32(partition: bool, cpu: bool = False):
     """100B (125 × 8192), batch 32 × seq 1024 per MP group, MP 16, a checkpoint per block."""
-    return measure(preset(M100).model, 0, 1, micro_batch=32, n_m=16, checkpoint_activations=1,
-                   partition_activations=partition, cpu_checkpointing=cpu)
+    return measure(TrainConfig(stage=0, n_d=1, model=preset(M100).model,
+                               zero_r=ZeroROptions(checkpoint_activations=1,
+                                                   partition_activations=partition,
+                                                   cpu_checkpointing=cpu), mesh=MeshOptions(n_m=16)),
+                   micro_batch=32)
 
 
 @pytest.mark.claim("C32", status="differs", page=f"{PAGE}#p_a-at-100b-c32-c35")
@@ -74,8 +79,10 @@ def intensity(name: str, n_m: int) -> tuple[Fraction, int]:
     """(FLOPs per iteration ÷ checkpoint bytes moved, hd): FLOPs counted with torch's formulas
     (forward, recompute, backward), bytes read off the host link with P_a+cpu."""
     m = preset(name).model
-    r = measure(m, 0, 1, micro_batch=1, n_m=n_m, checkpoint_activations=1,
-                partition_activations=True, cpu_checkpointing=True, count_flops=True)
+    r = measure(TrainConfig(stage=0, n_d=1, model=m, count_flops=True,
+                            zero_r=ZeroROptions(checkpoint_activations=1,
+                                                partition_activations=True, cpu_checkpointing=True),
+                            mesh=MeshOptions(n_m=n_m)), micro_batch=1)
     f = r.classes[0].output.flops[0]
     moved = sum(x.bytes_sent + x.bytes_recv for x in r.comm_ledger([0]).records(0, group="host"))
     return Fraction(f["forward"] + f["backward"], moved), m.n_embd
@@ -142,9 +149,11 @@ def mp_and_dp_volume(name: str, n_m: int, n_d: int = 64) -> tuple[Fraction, Frac
     all-gather S: the ledger's per-rank elements ÷ the ring's (n−1)/n): MP's all-reduces per
     sequence with checkpointing, and ZeRO-DP stage 3 without MP."""
     m = preset(name).model
-    mp = measure(m, 0, 1, micro_batch=1, n_m=n_m, checkpoint_activations=1)
+    mp = measure(TrainConfig(stage=0, n_d=1, model=m,
+                             zero_r=ZeroROptions(checkpoint_activations=1),
+                             mesh=MeshOptions(n_m=n_m)), micro_batch=1)
     mp_elems = mp.comm_ledger([0]).elements(0, group="mp") / Fraction(n_m - 1, n_m)
-    dp = measure(m, 3, n_d)
+    dp = measure(TrainConfig(stage=3, n_d=n_d, model=m))
     dp_elems = dp.comm_ledger([0]).elements(0) / Fraction(n_d - 1, n_d)
     return mp_elems, dp_elems
 
@@ -260,7 +269,9 @@ def test_table2_p_os_with_a_whole_step_in_32_gb_is_below_theory(n_m, d, claim_va
     rank holds whole, and the activations the vocabulary split leaves): what the paper's 0.82
     holds beyond that — its batch, buffers, fragmentation — is not stated."""
     def fits(L: int) -> bool:
-        r = measure(gpt(L, d, d // 128), 1, 64, micro_batch=1, n_m=n_m, checkpoint_activations=1)
+        r = measure(TrainConfig(stage=1, n_d=64, model=gpt(L, d, d // 128),
+                                zero_r=ZeroROptions(checkpoint_activations=1),
+                                mesh=MeshOptions(n_m=n_m)), micro_batch=1)
         return all(c.memory.peak_total <= theory.V100_BYTES for c in r.classes)
     from zerospec.training.fit import largest
     L = largest(fits)

@@ -32,6 +32,7 @@ from zerospec.model import megatron
 from zerospec.optim.loss_scale import LossScale
 from zerospec.training import checkpoint
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, OptimOptions
 from zerospec.training.run import train
 
 CLIP = 0.5                           # below every norm of these runs (1.3–1.7): clipping acts
@@ -40,7 +41,7 @@ MP_RANK = 1                          # global rank 1 = DP index 0, MP index 1 (c
 
 
 def grid_run(stage: int, n_d: int = 2, n_m: int = 2, overflow=None, **kw):
-    cfg = TrainConfig(stage=stage, n_d=n_d, n_m=n_m, model=MP_ODD, steps=STEPS, **kw)
+    cfg = TrainConfig.of(stage=stage, n_d=n_d, n_m=n_m, model=MP_ODD, steps=STEPS, **kw)
     return cached(("threads", cfg, overflow), lambda: train_with(cfg, overflow))
 
 
@@ -73,7 +74,7 @@ def test_an_inf_on_one_mp_rank_is_skipped_by_every_rank_of_the_grid(stage):
         if step == 2:
             finite[st.ctx.global_rank] = all(bool(torch.isfinite(st.grad_for_step(i)).all())
                                              for i in range(len(st.units)))
-    cfg = TrainConfig(stage=stage, n_d=2, n_m=2, model=MP_ODD, steps=3, **FULL)
+    cfg = TrainConfig.of(stage=stage, n_d=2, n_m=2, model=MP_ODD, steps=3, **FULL)
     r = train_with(cfg, INJECT["overflow"], on_step=look)
     assert len(finite) == 4 and finite[0] and finite[2] and not (finite[1] and finite[3])
     assert [[rep.skipped for rep in o.reports] for o in r.ranks] == [[False, True, False]] * 4
@@ -95,7 +96,8 @@ def _full_grads(model, stage: int, n_d: int, n_m: int, steps: int):
             g = {f"{u.name}/{n}": t.float().clone()
                  for u, g16 in zip(st.units, st.grad16) for n, t in u.views(g16).items()}
             per_step.setdefault(step, [None] * n_m)[getattr(st.ctx, "global_rank", 0) % n_m] = g
-    cfg = TrainConfig(stage=stage, n_d=n_d, n_m=n_m, model=model, steps=steps, clip_grad_norm=CLIP)
+    cfg = TrainConfig(stage=stage, n_d=n_d, model=model, steps=steps,
+                      optim=OptimOptions(clip_grad_norm=CLIP), mesh=MeshOptions(n_m=n_m))
     r = train(cfg, on_step=look)
     full = [megatron.unshard(model, per_step[s]) for s in sorted(per_step)]
     return r, full
@@ -120,7 +122,8 @@ def test_the_norm_on_the_grid_is_the_exact_norm_of_the_unsharded_gradient(model,
     norm of the run's own gradient with the slices put back together (each replicated parameter
     once) — what one process holding the whole model computes from that gradient."""
     dp, full = _full_grads(model, 0, 2, n_m, 3)
-    z3 = train(TrainConfig(stage=3, n_d=2, n_m=n_m, model=model, steps=3, clip_grad_norm=CLIP))
+    z3 = train(TrainConfig(stage=3, n_d=2, model=model, steps=3,
+                           optim=OptimOptions(clip_grad_norm=CLIP), mesh=MeshOptions(n_m=n_m)))
     assert dp.grad_norms == z3.grad_norms == [fsum_norm(g) for g in full]
     once = sum(t.numel() for k, t in full[0].items() if megatron.replicated(*k.split("/", 1)))
     assert once > 0                      # replicated parameters are in the norm (not vacuous)
@@ -150,8 +153,8 @@ CONTINUATIONS = [(0, 1, 4), (1, 2, 2), (3, 1, 4)]
 
 
 def ckpt_cfg(stage: int, n_d: int, g: int, steps: int = STEPS, n_m: int = 2) -> TrainConfig:
-    return TrainConfig(stage=stage, n_d=n_d, n_m=n_m, model=MP_ODD, steps=steps,
-                       grad_accum_steps=g, **CKPT)
+    return TrainConfig.of(stage=stage, n_d=n_d, n_m=n_m, model=MP_ODD, steps=steps,
+                          grad_accum_steps=g, **CKPT)
 
 
 @pytest.fixture(scope="module")

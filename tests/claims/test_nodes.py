@@ -20,6 +20,7 @@ from zerospec.model.presets import PRESETS
 from zerospec.paper import theory
 from zerospec.render.format import markdown
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
 
@@ -32,7 +33,8 @@ def wired(stage: int, n: int, g: int, hpz: int = 1, steps: int = 1, observe: boo
           transport: str = "ring"):
     """(cluster, Result) of one run on n // g nodes of g GPUs."""
     cluster = VirtualCluster(n, transport=transport, gpus_per_node=g, observe=observe)
-    cfg = TrainConfig(stage=stage, n_d=n, model=ODD, steps=steps, gpus_per_node=g, hpz=hpz)
+    cfg = TrainConfig(stage=stage, n_d=n, model=ODD, steps=steps,
+                      mesh=MeshOptions(gpus_per_node=g, hpz=hpz))
     return cluster, train(cfg, cluster=cluster)
 
 
@@ -161,7 +163,8 @@ def test_hpz_trains_bit_identically_to_stage3(n, g, h):
 @functools.lru_cache(maxsize=None)
 def at_scale(h: int):
     """GPT-2 1.5B, stage 3 on 384 meta GPUs as 48 nodes × 8 (ZeRO++'s 384 V100s)."""
-    return measure(PRESETS["1.5B"].model, 3, 384, gpus_per_node=8, hpz=h)
+    return measure(TrainConfig(stage=3, n_d=384, model=PRESETS["1.5B"].model,
+                               mesh=MeshOptions(gpus_per_node=8, hpz=h)))
 
 
 @pytest.mark.slow

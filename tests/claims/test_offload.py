@@ -35,8 +35,8 @@ PCIE = {"paper": (2, 2), "deepspeed": (4, 2)}
 
 
 def cfg(stage: int, **kw) -> TrainConfig:
-    return TrainConfig(stage=stage, n_d=kw.pop("n_d", N), model=ODD, steps=kw.pop("steps", STEPS),
-                       **kw)
+    return TrainConfig.of(stage=stage, n_d=kw.pop("n_d", N), model=ODD,
+                          steps=kw.pop("steps", STEPS), **kw)
 
 
 @functools.lru_cache(maxsize=None)
@@ -265,8 +265,9 @@ def test_over_13b_fits_one_v100_with_zero_offload(claim_values):
     CPU, batch 1 × 1024, a checkpoint per block): the GPU holds the fp16 parameters, 2 bytes each,
     and its step's peak fits 32 GB; the host the other 14 (within a DGX-2's 1.5 TB); without
     offload the same model's 16 bytes per parameter need over 6 V100s."""
-    r = measure(B7_MODEL, 2, 1, offload_optimizer="cpu", checkpoint_activations=1)
-    base = measure(B7_MODEL, 2, 1, setup_only=True)
+    r = measure(TrainConfig.of(stage=2, n_d=1, model=B7_MODEL, offload_optimizer="cpu",
+                               checkpoint_activations=1))
+    base = measure(TrainConfig(stage=2, n_d=1, model=B7_MODEL), setup_only=True)
     psi = r.psi_padded
     assert psi > 13 * 10**9
     peak, host = r.memory(0).peak_total, sum(r.host(0).current.values())
@@ -290,7 +291,7 @@ def dpu_runs(stage: int, warmup: int, steps: int = 5):
     """(DPU run, stale-by-one reference, synchronous run), each with its masters after every step."""
     base = cfg(stage, steps=steps, offload_optimizer="cpu")
     out = []
-    for make in (lambda on: train(dataclasses.replace(base, dpu=warmup), on_step=on),
+    for make in (lambda on: train(base.replace(dpu=warmup), on_step=on),
                  lambda on: train_stale(base, warmup, on_step=on),
                  lambda on: train(base, on_step=on)):
         units = base.units()   # after step 0: the initial weights, each rank's chunk

@@ -24,7 +24,7 @@ BUCKET = 1000           # elements: several buckets per stream, units split acro
 
 
 def cfg(stage: int, **kw) -> TrainConfig:
-    return TrainConfig(stage=stage, n_d=N, model=ODD, steps=kw.pop("steps", STEPS), **kw)
+    return TrainConfig.of(stage=stage, n_d=N, model=ODD, steps=kw.pop("steps", STEPS), **kw)
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,5 +85,5 @@ def test_dpu_with_accumulation_equals_its_stale_reference():
     """The delayed update reads the previous step's exact sum before the next step zeroes it:
     a DPU run with G = 2 has the losses of the stale-by-one reference, bit for bit."""
     base = cfg(3, steps=3, offload_optimizer="cpu", grad_accum_steps=2)
-    dpu = train(dataclasses.replace(base, dpu=1))
+    dpu = train(base.replace(dpu=1))
     assert dpu.losses == train_stale(base, 1).losses

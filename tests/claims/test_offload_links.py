@@ -27,7 +27,8 @@ EXPECTED = {"paper": (2, 2, 0, 0), "deepspeed": (4, 2, 0, 0), "nvme": (2, 2, 12,
 
 @functools.lru_cache(maxsize=None)
 def threads(stage: int, name: str):
-    return train(TrainConfig(stage=stage, n_d=N, model=ODD, steps=2, global_batch=N, **RUNS[name]))
+    return train(TrainConfig.of(stage=stage, n_d=N, model=ODD, steps=2, global_batch=N,
+                                **RUNS[name]))
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if "nvme" in n else [])
@@ -44,7 +45,7 @@ def test_bytes_per_link_and_direction_per_step(name):
     got = tuple(ob.moved[op] for op in ("to_host", "from_host", "to_nvme", "from_nvme"))
     assert got == tuple(k * m for k in EXPECTED[name])
     assert ob.moved["to_host"] == r.comm.bytes(0, step=2, op="to_host")    # the ledger's sends
-    meta = O.offload_bytes(measure(ODD, 3, N, **RUNS[name]))
+    meta = O.offload_bytes(measure(TrainConfig.of(stage=3, n_d=N, model=ODD, **RUNS[name])))
     assert (meta.moved, meta.device_states, meta.host_states, meta.nvme) == \
         (ob.moved, ob.device_states, ob.host_states, ob.nvme)
 
@@ -56,7 +57,8 @@ def test_the_closed_form_is_what_is_measured_without_padding(stage):
     model = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=64)
     for mode, params in (("paper", False), ("deepspeed", False), ("deepspeed", stage == 3)):
         kw = {"offload_params": "cpu"} if params else {}
-        r = measure(model, stage, N, offload_optimizer="cpu", offload_mode=mode, **kw)
+        r = measure(TrainConfig.of(stage=stage, n_d=N, model=model, offload_optimizer="cpu",
+                                   offload_mode=mode, **kw))
         if r.psi_padded != model.psi:
             pytest.skip("a unit pads at this N")
         ob, c = O.offload_bytes(r), O.closed_form(stage, model.psi, N, mode, params)

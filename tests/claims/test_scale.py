@@ -26,6 +26,8 @@ from zerospec.evaluation.runs import memoised
 from zerospec.model.presets import TABLE4, gpt, preset
 from zerospec.training.fit import max_layers
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import VariantOptions
 from zerospec.zero import LABELS
 
 GB = theory.GB
@@ -35,13 +37,14 @@ ROUND_PSI = {"7.5B": 7_500_000_000, "128B": 128_000_000_000, "1T": 1_000_000_000
 @memoised   # one key with or without the default zero1_comm
 def one_step(name: str, stage: int, n_d: int, zero1_comm: str = "reduce_scatter"):
     """One training step of ``stage`` for preset ``name`` on ``n_d`` meta GPUs."""
-    return measure(preset(name).model, stage, n_d, zero1_comm=zero1_comm)
+    return measure(TrainConfig(stage=stage, n_d=n_d, model=preset(name).model,
+                               variants=VariantOptions(zero1_comm=zero1_comm)))
 
 
 @functools.lru_cache(maxsize=None)
 def setup(name: str, stage: int, n_d: int):
     """The stage's setup only: model states are allocated there and the step does not change them."""
-    return measure(preset(name).model, stage, n_d, setup_only=True)
+    return measure(TrainConfig(stage=stage, n_d=n_d, model=preset(name).model), setup_only=True)
 
 
 def _psi(r):
@@ -232,7 +235,7 @@ def test_over_1t_fits_1024_gpus_by_dp_alone_and_by_mp_16_inside_each_node_over_6
     Measured on meta: the 1T preset's model states per GPU, on every rank, within a 32 GB V100."""
     psi = setup("1T", 0, 1).psi
     dp = _states_everywhere(setup("1T", 3, 1024))
-    mp = measure(preset("1T").model, 3, 64, n_m=16, setup_only=True)
+    mp = measure(TrainConfig.of(stage=3, n_d=64, model=preset("1T").model, n_m=16), setup_only=True)
     mp_peak = max(mp.model_states(c.ranks[0]) for c in mp.classes)
     claim_values(f"Ψ = {psi / 1e12:.3f}T: {dp / GB:.2f} GB /GPU at N_d = 1024, {mp_peak / GB:.2f} GB "
                  f"at 16 × 64", "over 1T on 1024 GPUs, by DP alone or MP 16 × DP 64 (C19)", "meta")
@@ -268,7 +271,7 @@ def test_largest_model_at_64_gpus_table(md_snapshot):
         d = LAYER_WIDTH[stage]
         model = lambda L: gpt(L, d, d // 128)           # noqa: E731
         L = next(L for L in range(1, 10**4) if model(L).psi == largest_at_64(stage))
-        at, above = (measure(model(k), stage, 64, setup_only=True).model_states(0) for k in (L, L + 1))
+        at, above = (measure(TrainConfig(stage=stage, n_d=64, model=model(k)), setup_only=True).model_states(0) for k in (L, L + 1))
         assert at <= theory.V100_BYTES < above
         out.append(f"| {LABELS[stage]} | {d} | {L} | {model(L).psi:,} | {at:,} | {above:,} "
                    f"| {paper[stage]} |")
@@ -354,7 +357,7 @@ def c27_terms() -> tuple[int, dict[str, int]]:
     bytes the ledger holds at the end of forward, the footnote's and the omitted terms in bytes)."""
     m = preset("1.5B").model
     b, s, hd, L, nh, V = 32, m.block_size, m.n_embd, m.n_layer, m.n_head, m.vocab_size
-    r = measure(m, 0, 1, micro_batch=b)
+    r = measure(TrainConfig(stage=0, n_d=1, model=m), micro_batch=b)
     measured = r.memory(0).snapshots_by_label()["forward@1"][0].current["activations"]
     return measured, {
         "the footnote's 12·hd·b·s·L fp16 elements": 2 * theory.activation_elements(hd, b, s, L),
@@ -416,7 +419,7 @@ def test_table4_model_sizes_match_12_l_hd2_plus_embeddings(name, claim_values):
     """
     p = TABLE4[name]
     L, hd, V, s = p.model.n_layer, p.model.n_embd, p.model.vocab_size, p.model.block_size
-    psi = measure(p.model, 0, 1, setup_only=True).memory(0).current["param16"] // 2
+    psi = measure(TrainConfig(stage=0, n_d=1, model=p.model), setup_only=True).memory(0).current["param16"] // 2
     claim_values(f"{psi / 1e9:.3f}B", f"{p.label / 1e9:g}B (C50)", name)
     assert psi == (theory.transformer_params(L, hd)   # 12·L·HD²: QKV, projection, MLP weights
                    + 13 * L * hd                      # their biases and two LayerNorms per block

@@ -17,6 +17,8 @@ from zerospec.model.presets import gpt
 from zerospec.paper import evaluation as ev
 from zerospec.paper import theory
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 
 GB = theory.GB
 TABLES = {"Fig. 2": ev.FIGURE2, "Fig. 3": ev.FIGURE3, "Fig. 4": ev.FIGURE4, "Fig. 6": ev.FIGURE6,
@@ -58,7 +60,7 @@ def test_pos_g_cuts_model_states_by_7_4_not_2_at_the_evaluations_n_d(claim_value
     measured cut is 7/4, and 2 only as N_d → ∞ (C47)."""
     c4 = next(r for r in ev.FIGURE6 if r.size == ev.MAX_SIZE_BY_CONFIG["C4"])
     model = gpt(c4.layers, c4.hd, c4.heads)
-    states = {s: measure(model, s, c4.n_d, setup_only=True) for s in (ev.CONFIG_STAGE["C2"],
+    states = {s: measure(TrainConfig(stage=s, n_d=c4.n_d, model=model), setup_only=True) for s in (ev.CONFIG_STAGE["C2"],
                                                                         ev.CONFIG_STAGE["C4"])}
     held = {s: {c.model_states for c in r.classes} for s, r in states.items()}
     assert all(len(h) == 1 for h in held.values()), held     # every rank class holds the same
@@ -125,8 +127,9 @@ def dp_step(size: str, fused: bool, micro_batch: int = 1):
     """Stage 0 at an appendix row's shape and N_d, ``micro_batch`` sequences per GPU; ``fused``: the
     gradients all-reduced through C29's one fp32 buffer of all of them (``bucket_elements="model"``)."""
     row = {r.size: r for r in ev.FIGURE4}[size]
-    return measure(gpt(row.layers, row.hd, row.heads), 0, row.n_d, micro_batch=micro_batch,
-                   bucket_elements="model" if fused else None)
+    return measure(TrainConfig(stage=0, n_d=row.n_d, model=gpt(row.layers, row.hd, row.heads),
+                               zero_r=ZeroROptions(bucket_elements="model" if fused else None)),
+                   micro_batch=micro_batch)
 
 
 @pytest.mark.claim("C5", status="differs", page=DP_LIMIT_PAGE)

@@ -22,6 +22,7 @@ from zerospec.model.presets import PRESETS
 from zerospec.paper import theory
 from zerospec.render.format import markdown
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, QuantOptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
 
@@ -48,8 +49,9 @@ def falls_back(u, n: int) -> bool:
 def wired(n: int, g: int, hpz: int = 1, qwz: bool = False, qgz: bool = False):
     """(cluster, Result) of one step of stage 3 on n // g nodes of g GPUs, ring transport."""
     cluster = VirtualCluster(n, transport="ring", gpus_per_node=g)
-    cfg = TrainConfig(stage=3, n_d=n, model=ODD, steps=1, gpus_per_node=g, hpz=hpz, qwz=qwz,
-                      qgz=qgz)
+    cfg = TrainConfig(stage=3, n_d=n, model=ODD, steps=1,
+                      mesh=MeshOptions(gpus_per_node=g, hpz=hpz),
+                      quant=QuantOptions(qwz=qwz, qgz=qgz))
     return cluster, train(cfg, cluster=cluster)
 
 
@@ -161,7 +163,7 @@ def test_every_quantized_hop_is_booked_on_the_link_class_the_wire_saw(n, g):
 @functools.lru_cache(maxsize=None)
 def at_scale(**kw):
     """The 100B shape, stage 3 on 384 meta GPUs as 48 nodes × 8, node 0's 8 GPUs booked."""
-    r = measure(PRESETS[BIG].model, 3, 384, gpus_per_node=8, **kw)
+    r = measure(TrainConfig.of(stage=3, n_d=384, model=PRESETS[BIG].model, gpus_per_node=8, **kw))
     return r, r.comm_ledger(range(8))
 
 

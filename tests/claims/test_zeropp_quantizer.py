@@ -71,8 +71,8 @@ def stepped(**keys):
     ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
                           "zero_optimization": {"stage": 3, **PLAIN3, **keys}})
     kw, _ = config_kwargs(ds, 8, gpus_per_node=4)
-    kw.pop("micro_batch")
-    nb = node_bytes(measure(SMALL, 3, 8, **kw))
+    micro = kw.pop("micro_batch")
+    nb = node_bytes(measure(TrainConfig.of(stage=3, n_d=8, model=SMALL, **kw), micro_batch=micro))
     return ({k: kw[k] for k in ("hpz", "qwz", "qgz") if k in kw},
             {c: nb.node_total(c, "inter") for c in nb.sent})
 

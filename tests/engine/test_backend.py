@@ -120,9 +120,11 @@ def test_model_parallel_on_gloo_subgroups_equals_the_simulator():
     from tests.support.runs import assert_same_training
     from zerospec.cluster.threads import VirtualCluster
     from zerospec.training.config import TrainConfig
+    from zerospec.training.sections import MeshOptions, ZeroROptions
     from zerospec.training.run import train, train_processes
-    cfg = TrainConfig(stage=3, n_d=2, n_m=2, steps=3, checkpoint_activations=1,
-                      partition_activations=True, timeout=60)
+    cfg = TrainConfig(stage=3, n_d=2, steps=3, timeout=60,
+                      zero_r=ZeroROptions(checkpoint_activations=1, partition_activations=True),
+                      mesh=MeshOptions(n_m=2))
     real = train_processes(cfg)
     sim = train(cfg, cluster=VirtualCluster(4, torch_threads=1))
     assert_same_training(sim, real)
@@ -136,8 +138,10 @@ def test_rank_processes_import_nothing_while_they_train():
     no rank process pays an import of its own: training each stage with activation checkpoints
     (their recompute calls autograd with gradients) imports no module."""
     from zerospec.training.config import TrainConfig
+    from zerospec.training.sections import MeshOptions, ZeroROptions
     from zerospec.model.gpt import ODD
-    cfgs = [TrainConfig(stage=s, n_d=2, model=ODD, steps=2, checkpoint_activations=1, timeout=30)
+    cfgs = [TrainConfig(stage=s, n_d=2, model=ODD, steps=2, timeout=30,
+                        zero_r=ZeroROptions(checkpoint_activations=1))
             for s in range(4)]
     assert launch(workers.imports_while_training, 2, cfgs, timeout=30) == [[], []]
 

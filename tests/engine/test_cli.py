@@ -50,12 +50,14 @@ def test_robustness_flags_reach_the_run_and_its_table(capsys):
     from zerospec.optim.loss_scale import LossScale
     from zerospec.model.gpt import ODD
     from zerospec.training.config import TrainConfig
+    from zerospec.training.sections import BatchOptions, OptimOptions
     from zerospec.training.run import train
     assert main([*ARGS, "--loss-scale", "1024", "--clip-grad-norm", "0.01", "--grad-accum", "2"]) == 0
     out = capsys.readouterr().out
     assert "2 micro-batches per step" in out and "| loss scale | skipped | grad norm |" in out
-    res = train(TrainConfig(stage=3, n_d=2, steps=2, model=ODD, loss_scale=LossScale(1024.0),
-                            clip_grad_norm=0.01, grad_accum_steps=2))
+    res = train(TrainConfig(stage=3, n_d=2, steps=2, model=ODD,
+                            optim=OptimOptions(loss_scale=LossScale(1024.0), clip_grad_norm=0.01),
+                            batching=BatchOptions(grad_accum_steps=2)))
     assert [r[1] for r in _rows(out)] == [f"{x:.6f}" for x in res.losses]
     assert [r[5:] for r in _rows(out)] == [["1024", "no", f"{n:.6g}"] for n in res.grad_norms]
 

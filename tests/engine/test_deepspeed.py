@@ -36,6 +36,7 @@ import torch
 from tests.engine.test_peers import assert_close_every_step, assert_equal_every_step
 from tests.support.runs import LONG_STEPS, MODELS, stage_id
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OptimOptions
 
 
 
@@ -62,7 +63,8 @@ PERSIST = 100_000
 
 
 def _cfg(n_d: int, model: str = "odd") -> TrainConfig:
-    return TrainConfig(n_d=n_d, model=MODELS[model], steps=LONG_STEPS, precision="fp32", timeout=300)
+    return TrainConfig(n_d=n_d, model=MODELS[model], steps=LONG_STEPS, timeout=300,
+                       optim=OptimOptions(precision="fp32"))
 
 
 def _compare(*args, **kw):
@@ -178,7 +180,7 @@ def test_four_ranks_match_deepspeed_within_the_derived_tolerance(four, stage, ru
 @pytest.fixture(scope="module")
 def bf16():
     """Every stage and DeepSpeed (bf16 enabled, our Adam arithmetic) on 2 gloo processes."""
-    return _compare(dataclasses.replace(_cfg(2), precision="bf16"), STAGES, optimizers=("zerospec",))
+    return _compare(_cfg(2).replace(precision="bf16"), STAGES, optimizers=("zerospec",))
 
 
 def step_one_loss(cfg, dtype) -> float:
@@ -208,7 +210,7 @@ def test_bf16_step_one_is_one_model_in_two_precisions_of_compute(bf16, stage):
     """bf16, step 1, same bf16 weights: DeepSpeed's loss is the model computed in bf16, zerospec's
     the model computed in fp32, each exactly; they differ, and no sound bound on by how much is
     derived (spec/deepspeed.md), so later steps are not compared."""
-    cfg = dataclasses.replace(_cfg(2), precision="bf16")
+    cfg = _cfg(2).replace(precision="bf16")
     row = bf16[stage - 1]
     ds = row["deepspeed"][("zerospec", "default")]
     assert ds["losses"][0] == step_one_loss(cfg, torch.bfloat16)

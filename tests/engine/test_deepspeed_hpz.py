@@ -23,18 +23,19 @@ from tests.engine.test_deepspeed import MISSING
 from tests.engine.test_peers import assert_close_every_step
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, OptimOptions
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 
-CFG = TrainConfig(stage=3, n_d=4, model=ODD, steps=3, precision="fp32", gpus_per_node=2, hpz=2,
-                  timeout=300)
+CFG = TrainConfig(stage=3, n_d=4, model=ODD, steps=3, timeout=300,
+                  optim=OptimOptions(precision="fp32"), mesh=MeshOptions(gpus_per_node=2, hpz=2))
 RUN = ("zerospec", "paper")     # zerospec's Adam arithmetic; nothing kept whole or gathered ahead
 
 
 @functools.lru_cache(maxsize=None)
 def rows(hpz: int, weights: bool = True) -> dict:
     from zerospec.testing.deepspeed_peer import compare
-    return compare(dataclasses.replace(CFG, hpz=hpz), (3,), runs=(RUN,), weights=weights)[0]
+    return compare(CFG.replace(hpz=hpz), (3,), runs=(RUN,), weights=weights)[0]
 
 
 def test_deepspeed_hpz_matches_zerospec_hpz_within_the_derived_tolerance():

@@ -34,9 +34,9 @@ STEPS = 3
 
 
 def cfg(**kw) -> TrainConfig:
-    return TrainConfig(stage=kw.pop("stage", 2), n_d=2, model=ODD, steps=STEPS, precision="fp32",
-                       timeout=600, offload_optimizer=kw.pop("offload_optimizer", "cpu"),
-                       offload_mode="deepspeed", **kw)
+    return TrainConfig.of(stage=kw.pop("stage", 2), n_d=2, model=ODD, steps=STEPS, precision="fp32",
+                          timeout=600, offload_optimizer=kw.pop("offload_optimizer", "cpu"),
+                          offload_mode="deepspeed", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,6 @@ def test_deepspeeds_nvme_offload_equals_ours_bit_for_bit(tmp_path):
     if why:
         pytest.skip(why)
     from zerospec.testing.deepspeed_peer import compare
-    ours = dataclasses.replace(cfg(stage=3, offload_optimizer="nvme", offload_params="nvme"),
-                               nvme_path=str(tmp_path))
+    ours = cfg(stage=3, offload_optimizer="nvme", offload_params="nvme").replace(nvme_path=str(tmp_path))
     row = compare(ours, stages=(3,), runs=(NVME,))[0]
     assert_equal_every_step(row, row["deepspeed"][NVME])

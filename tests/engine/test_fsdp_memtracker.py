@@ -21,8 +21,9 @@ import math
 import pytest
 import torch
 
-from zerospec.model.config import GPTConfig
+from zerospec.model.family import GPTConfig
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
 
 
 def _missing() -> str | None:
@@ -100,7 +101,7 @@ def zerospec_step() -> dict[str, dict[str, int]]:
     """zerospec's ledger for the same step (stage 3, N = 4, fp16 on meta), rank 0: bytes per
     category at the end of forward, backward and the step, and at the peak — replayed from the
     ledger's allocation trace, as the tracker reports its peak: the breakdown when the total peaks."""
-    mem = measure(CFG, 3, N, micro_batch=B, trace=True).memory(0)
+    mem = measure(TrainConfig(stage=3, n_d=N, model=CFG), micro_batch=B, trace=True).memory(0)
     out, now, live, top = {}, dict.fromkeys(mem.current, 0), {}, None
     for e in mem.trace:
         if e.op == "alloc":

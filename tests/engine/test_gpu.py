@@ -17,6 +17,7 @@ from zerospec.cluster.threads import VirtualCluster
 from zerospec.runtime.memory import TraceEvent
 from zerospec.runtime.trace import replay
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OptimOptions
 from zerospec.training.run import train
 
 pytestmark = [pytest.mark.gpu,
@@ -34,8 +35,8 @@ def n_d() -> int:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3], ids=stage_id)
 def test_nccl_ledger_model_states_are_what_cuda_allocated(n_d, stage, precision):
     """After setup, torch.cuda.memory_allocated grew by the ledger's buffers, each rounded to 512 B."""
-    cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS["small"], steps=2, precision=precision,
-                      timeout=120)
+    cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS["small"], steps=2, timeout=120,
+                      optim=OptimOptions(precision=precision))
     sim = run(stage, n_d, "small", steps=2, precision=precision)
     for r, o in enumerate(launch(workers.gpu_memory, n_d, cfg, backend="nccl", timeout=120)):
         assert sum(o["storages"]) == o["ledger_model_states"] == o["ledger_total"]

@@ -28,10 +28,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from zerospec.model import gpt
-from zerospec.model.config import GPTConfig
+from zerospec.model.family import GPTConfig
 from zerospec.model.layers import rope_tables
 from zerospec.model.presets import PUBLISHED
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 
 
 def _missing() -> str | None:
@@ -280,7 +282,8 @@ def hf_block_saved_bytes(name: str, **extra) -> int:
 
 def zerospec_block_saved_bytes(name: str) -> int:
     """zerospec's ledger: one block's recompute (a checkpoint per block, so every block's is one)."""
-    run = measure(TINY[name], 0, 1, micro_batch=B, checkpoint_activations=1)
+    run = measure(TrainConfig(stage=0, n_d=1, model=TINY[name],
+                              zero_r=ZeroROptions(checkpoint_activations=1)), micro_batch=B)
     return run.memory(0).peak["recomputed"]
 
 

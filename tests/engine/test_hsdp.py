@@ -25,10 +25,12 @@ from tests.support.runs import assert_same_training
 from zerospec.model.gpt import ODD
 from zerospec.testing.hsdp_peer import compare
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import BatchOptions, MeshOptions, OptimOptions
 from zerospec.training.run import train, train_processes
 
-CFG = TrainConfig(stage=3, n_d=4, model=ODD, steps=3, precision="fp32", gpus_per_node=2,
-                  shard_group=2, timeout=120)
+CFG = TrainConfig(stage=3, n_d=4, model=ODD, steps=3, timeout=120,
+                  optim=OptimOptions(precision="fp32"),
+                  mesh=MeshOptions(gpus_per_node=2, shard_group=2))
 PEERS = {"hsdp": {"shard_group": 2},
          "hsdp-G2": {"shard_group": 2, "accum": 2},
          "hsdp-G2-all-reduce-every-micro-step": {"shard_group": 2, "accum": 2,
@@ -76,7 +78,7 @@ def test_with_accumulation_hsdp_all_reduces_at_the_boundary_only_when_told():
     row, units = hsdp(), len(CFG.units())
     boundary = row["peers"]["hsdp-G2"]
     every = row["peers"]["hsdp-G2-all-reduce-every-micro-step"]
-    mics = train(dataclasses.replace(CFG, precision="fp16", grad_accum_steps=2, steps=1))
+    mics = train(CFG.replace(precision="fp16", grad_accum_steps=2, steps=1))
     ours = Counter(r.op for r in mics.comm.records(0))
     assert ours == totals(boundary["counts"]) == {
         "all_gather": 2 * 2 * units, "reduce_scatter": 2 * units, "all_reduce": units}
@@ -89,7 +91,7 @@ def test_with_accumulation_hsdp_all_reduces_at_the_boundary_only_when_told():
 def test_reshard_after_forward_2_is_hpz_with_h_2():
     """FSDP2's integer reshard_after_forward=2 on 4 ranks keeps a 1/2 shard after forward, as
     hpZ (h = 2) does: the same collectives by kind, weights within the derived tolerance."""
-    cfg = dataclasses.replace(CFG, shard_group=None, hpz=2)
+    cfg = CFG.replace(shard_group=None, hpz=2)
     row = compare(cfg, {"reshard-2": {"reshard_after_forward": 2}})
     peer = row["peers"]["reshard-2"]
     assert_close_every_step(row, peer, cfg.adam.lr)
@@ -103,9 +105,9 @@ def test_reshard_after_forward_2_is_hpz_with_h_2():
 def test_mics_on_gloo_equals_stage3_with_exact_sums_and_books_the_simulators_links():
     """On 4 gloo processes (2 nodes × 2), exact sums, G = 2: MiCS (p = 2) trains stage 3's bits,
     and each rank's collectives are booked as on threads — op, group, link class, elements."""
-    base = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, gpus_per_node=2, grad_accum_steps=2,
-                       timeout=60)
-    mics = dataclasses.replace(base, shard_group=2)
+    base = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, timeout=60,
+                       batching=BatchOptions(grad_accum_steps=2), mesh=MeshOptions(gpus_per_node=2))
+    mics = base.replace(shard_group=2)
     plain, ours = train_processes([base, mics])
     assert_same_training(plain, ours)
     sim = train(mics)

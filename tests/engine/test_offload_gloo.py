@@ -21,8 +21,8 @@ def test_offload_on_gloo_equals_its_stage_and_books_the_simulators_copies():
     books — collectives and host-link copies: op, group, link, elements, phase — are the
     simulator's."""
     s3 = dataclasses.replace(BASE, stage=3)
-    off2 = dataclasses.replace(BASE, offload_optimizer="cpu", offload_mode="deepspeed")
-    off3 = dataclasses.replace(s3, offload_optimizer="cpu")
+    off2 = BASE.replace(offload_optimizer="cpu", offload_mode="deepspeed")
+    off3 = s3.replace(offload_optimizer="cpu")
     plain2, plain3, o2, o3 = train_processes([BASE, s3, off2, off3])
     assert_same_training(plain2, o2)
     assert_same_training(plain3, o3)

@@ -93,9 +93,11 @@ def test_the_comparison_is_not_vacuous():
 def test_every_stage_on_gloo_with_buckets_is_bit_identical_to_data_parallelism():
     """4 gloo processes, B = 1000 (several buckets per stream): each stage equals stage 0's bits."""
     from zerospec.training.config import TrainConfig
+    from zerospec.training.sections import OptimOptions, ZeroROptions
     from zerospec.training.run import train_processes
-    cfgs = [TrainConfig(stage=s, n_d=4, model=runs.MODELS["odd"], steps=runs.LONG_STEPS,
-                        precision="fp32", timeout=60, bucket_elements=1000) for s in STAGES]
+    cfgs = [TrainConfig(stage=s, n_d=4, model=runs.MODELS["odd"], steps=runs.LONG_STEPS, timeout=60,
+                        optim=OptimOptions(precision="fp32"),
+                        zero_r=ZeroROptions(bucket_elements=1000)) for s in STAGES]
     res = train_processes(cfgs)
     for stage in (1, 2, 3):
         assert_same_training(res[0], res[stage])

@@ -25,12 +25,14 @@ from tests.support.runs import LONG_STEPS, MODELS, stage_id
 from zerospec.testing.oracles import PEERS, compare
 from zerospec.testing.paired import paired
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OptimOptions
 
 STAGES = (0, 1, 2, 3)
 
 
 def _cfg(n_d: int) -> TrainConfig:
-    return TrainConfig(n_d=n_d, model=MODELS["odd"], steps=LONG_STEPS, precision="fp32", timeout=60)
+    return TrainConfig(n_d=n_d, model=MODELS["odd"], steps=LONG_STEPS, timeout=60,
+                       optim=OptimOptions(precision="fp32"))
 
 
 @pytest.fixture(scope="module")

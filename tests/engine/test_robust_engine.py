@@ -21,10 +21,13 @@ from zerospec.optim.loss_scale import LossScale
 from zerospec.testing.faults import train_rank_with_overflow
 from zerospec.training import checkpoint
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import BatchOptions, MeshOptions, OptimOptions
 from zerospec.training.run import assemble, train, train_processes
 
-CFGS = [TrainConfig(stage=s, n_d=4, model=ODD, steps=3, exact_grads=True, clip_grad_norm=0.5,
-                    loss_scale=LossScale(init_scale=2.0 ** 10, growth_interval=2), timeout=60)
+CFGS = [TrainConfig(stage=s, n_d=4, model=ODD, steps=3, timeout=60,
+                    optim=OptimOptions(clip_grad_norm=0.5,
+                                       loss_scale=LossScale(init_scale=2.0 ** 10, growth_interval=2)),
+                    batching=BatchOptions(exact_grads=True))
         for s in range(4)]
 OVERFLOW = (2, 1)   # (step, rank): rank 1's gradient gets an inf at step 2
 
@@ -50,7 +53,8 @@ def test_exact_sums_make_four_gloo_processes_equal_the_simulator(stage):
 def test_a_checkpoint_moves_between_processes_and_the_simulator(tmp_path):
     """Saved by 4 gloo processes after step 2, the run continues on the simulator, and back: the
     same bits as the uninterrupted run (exact sums make gloo's order irrelevant)."""
-    cfg = TrainConfig(stage=3, n_d=4, model=ODD, steps=4, exact_grads=True, timeout=60)
+    cfg = TrainConfig(stage=3, n_d=4, model=ODD, steps=4, timeout=60,
+                      batching=BatchOptions(exact_grads=True))
     first = dataclasses.replace(cfg, steps=2)
     whole = train(cfg)
     train_processes(first, save={2: tmp_path / "gloo"})
@@ -79,14 +83,16 @@ def test_the_grid_s_vote_norm_and_checkpoint_work_on_gloo_processes(tmp_path):
     """2 × 2 grid on gloo (MP subgroups), scaler, clipping, exact sums: the simulator's bits
     (norms, scales, weights); its checkpoint continues on the simulator at N_d = 1, bit for bit."""
     from tests.claims.test_model_parallel import MP_ODD
-    cfg = TrainConfig(stage=3, n_d=2, n_m=2, model=MP_ODD, steps=4, global_batch=4,
-                      grad_accum_steps=2, clip_grad_norm=0.5, timeout=60,
-                      loss_scale=LossScale(init_scale=2.0 ** 8, growth_interval=1))
+    cfg = TrainConfig(stage=3, n_d=2, model=MP_ODD, steps=4, timeout=60,
+                      optim=OptimOptions(clip_grad_norm=0.5,
+                                         loss_scale=LossScale(init_scale=2.0 ** 8, growth_interval=1)),
+                      batching=BatchOptions(global_batch=4, grad_accum_steps=2),
+                      mesh=MeshOptions(n_m=2))
     ours, sim = train_processes(cfg, save={2: tmp_path / "gloo"}), train(cfg)
     assert ours.losses == sim.losses and ours.loss_scales == sim.loss_scales
     assert [repr(x) for x in ours.grad_norms] == [repr(x) for x in sim.grad_norms]
     assert all(torch.equal(ours.master[k], sim.master[k]) for k in sim.master)
-    after = train(dataclasses.replace(cfg, n_d=1, grad_accum_steps=4),
+    after = train(cfg.replace(n_d=1, grad_accum_steps=4),
                   resume=checkpoint.load(tmp_path / "gloo", n_ranks=1, model=MP_ODD))
     assert after.losses == sim.losses[2:]
     assert all(torch.equal(after.master[k], sim.master[k]) for k in sim.master)

@@ -7,10 +7,11 @@ import pytest
 from tests.support.runs import assert_same_training
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, QuantOptions
 from zerospec.training.run import train, train_processes
 
-CFG = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, gpus_per_node=2, timeout=60, hpz=2,
-                  qwz=True, qgz=True)
+CFG = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, timeout=60,
+                  mesh=MeshOptions(gpus_per_node=2, hpz=2), quant=QuantOptions(qwz=True, qgz=True))
 
 
 @pytest.mark.slow

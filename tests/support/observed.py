@@ -19,7 +19,7 @@ N = 4
 def observed(stage: int, model: str = "odd", steps: int = 2, **kw):
     """One observed run: (Result, per-rank Observation)."""
     cluster = VirtualCluster(N, observe=True)
-    r = train(TrainConfig(stage=stage, n_d=N, model=MODELS[model], steps=steps, **kw), cluster=cluster)
+    r = train(TrainConfig.of(stage=stage, n_d=N, model=MODELS[model], steps=steps, **kw), cluster=cluster)
     return r, cluster.observed
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.support.runs import cached
 from zerospec.report.measure import ReportConfig, measure
-from zerospec.report.tables import build_tables
+from zerospec.report.writeup import build_tables
 
 N = 4
 SMALL_RUN = ["report", "--ranks", "2", "--steps", "1"]   # the CLI's small runs: 2 virtual GPUs, 1 step

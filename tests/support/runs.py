@@ -24,6 +24,7 @@ from zerospec.optim.loss_scale import LossScale
 from zerospec.paper import theory
 from zerospec.testing.faults import inject_overflow
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OptimOptions
 from zerospec.training.result import Result
 from zerospec.training.run import train, train_processes
 
@@ -72,12 +73,12 @@ def trained(cfg: TrainConfig) -> Result:
 
 def run(stage: int, n_d: int, model: str = "small", steps: int = STEPS, **kw) -> Result:
     """The claim grid's run of ``stage`` on ``n_d`` virtual GPUs."""
-    return trained(TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=steps, **kw))
+    return trained(TrainConfig.of(stage=stage, n_d=n_d, model=MODELS[model], steps=steps, **kw))
 
 
 def config(stage: int, n_d: int = 4, steps: int = LONG_STEPS, **kw) -> TrainConfig:
     """The robustness tests' config: the ODD model, N = 4 unless said."""
-    return TrainConfig(stage=stage, n_d=n_d, model=ODD, steps=steps, **kw)
+    return TrainConfig.of(stage=stage, n_d=n_d, model=ODD, steps=steps, **kw)
 
 
 def odd_run(stage: int, n_d: int = 4, steps: int = LONG_STEPS, overflow: tuple[int, int] | None = None,
@@ -89,15 +90,16 @@ def odd_run(stage: int, n_d: int = 4, steps: int = LONG_STEPS, overflow: tuple[i
 
 def gloo(n_d: int, model: str = "small", precision: str = "fp16") -> tuple:
     """Results of stages 0–3 on ``n_d`` gloo processes, in stage order (one launch for all four)."""
-    cfgs = tuple(TrainConfig(stage=s, n_d=n_d, model=MODELS[model], steps=LONG_STEPS,
-                             precision=precision, timeout=60) for s in range(4))
+    cfgs = tuple(TrainConfig(stage=s, n_d=n_d, model=MODELS[model], steps=LONG_STEPS, timeout=60,
+                             optim=OptimOptions(precision=precision)) for s in range(4))
     return cached(("gloo", cfgs), lambda: tuple(train_processes(list(cfgs))))
 
 
 def sim_matched(stage: int, n_d: int, model: str, precision: str) -> Result:
     """The simulator with the rank processes' intra-op thread count: CPU kernels split their
     reductions by thread, so bit-equality across engines needs the same count (spec/engine.md)."""
-    cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=LONG_STEPS, precision=precision)
+    cfg = TrainConfig(stage=stage, n_d=n_d, model=MODELS[model], steps=LONG_STEPS,
+                      optim=OptimOptions(precision=precision))
     return cached(("threads", cfg, THREADS),
                   lambda: train(cfg, cluster=VirtualCluster(n_d, torch_threads=THREADS)))
 

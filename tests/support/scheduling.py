@@ -72,7 +72,7 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
 PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
     "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
     | {"spec/engine.md", "tests/unit/cluster/test_helper.py"})   # and the report's helper process
-# Files that read C30's storage trace (zerospec/evaluation/memory.py's c30_trace, memoised per
+# Files that read C30's storage trace (zerospec/evaluation/cached_memory.py's c30_trace, memoised per
 # process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure; and
 # the model-parallel runs M_D's tests compare against (test_model_parallel.py's mp_run, ~2.5 s).
 C30_TRACES = frozenset({"tests/claims/test_allocator.py", "tests/unit/cli/test_report.py",

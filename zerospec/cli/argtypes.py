@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..plan import closed_form as plan
+from . import parse as P
 
 
 class UsageError(Exception):
@@ -25,10 +25,10 @@ def _wrap(parse):
     return convert
 
 
-count = _wrap(plan.parse_count)
-memory = _wrap(plan.parse_bytes)
-bandwidth = _wrap(plan.parse_bandwidth)
-gpus = _wrap(plan.parse_gpus)
+count = _wrap(P.parse_count)
+memory = _wrap(P.parse_bytes)
+bandwidth = _wrap(P.parse_bandwidth)
+gpus = _wrap(P.parse_gpus)
 
 
 def layer_count(text: str) -> int:
@@ -36,7 +36,7 @@ def layer_count(text: str) -> int:
     if re.fullmatch(r"0+(\.0*)?(e[+-]?\d+)?\s*[KMBGT]?", str(text).strip(), re.IGNORECASE):
         return 0
     try:
-        return plan.parse_count(text)
+        return P.parse_count(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"largest layer must be a parameter count >= 0 (0: not counted), got {text!r}") from None
@@ -106,7 +106,7 @@ def positive_float(text: str) -> float:
 
 
 def list_of(parse, what: str):
-    return _wrap(lambda text: plan.parse_list(text, parse, what))
+    return _wrap(lambda text: P.parse_list(text, parse, what))
 
 
 def choice_list(choices, what: str):

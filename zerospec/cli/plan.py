@@ -17,10 +17,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help=HELP,
                        description=__doc__.splitlines()[0])
     T.accept_negative_values(p)
-    p.add_argument("--params", type=T.list_of(T.plan.parse_count, "parameter count"), default=None,
+    p.add_argument("--params", type=T.list_of(T.P.parse_count, "parameter count"), default=None,
                    help="Ψ, e.g. 7.5e9 or 7.5B; a comma list is allowed (default 7.5e9; with "
                         "--table1 the paper's 7.5B,128B,1T)")
-    p.add_argument("--gpus", type=T.list_of(T.plan.parse_gpus, "GPU count"), default=None,
+    p.add_argument("--gpus", type=T.list_of(T.P.parse_gpus, "GPU count"), default=None,
                    help="data-parallel GPUs N_d; a comma list is allowed (default 64; with --table1 "
                         "1,4,16,64,256,1024)")
     p.add_argument("--machine", type=T.machine, default=None,
@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                         "the paper), 80GiB")
     p.add_argument("--bandwidth", type=T.bandwidth, default=None,
                    help="per-GPU bandwidth: 50GB/s (default without --machine), 25GiB/s, 400Gbps")
-    p.add_argument("--stage", type=T.list_of(T.plan.parse_stage, "stage"), default=None,
+    p.add_argument("--stage", type=T.list_of(T.P.parse_stage, "stage"), default=None,
                    help="comma list of stages 0-3 (default all)")
     p.add_argument("--estimator", type=T.choice_list(ESTIMATOR_NAMES, "estimator"),
                    default=list(ESTIMATOR_NAMES),
@@ -66,13 +66,14 @@ def add_parser(sub) -> None:
     p.add_argument("--fit", action="store_true",
                    help="with --explain: also the largest micro-batch and sequence length that fit "
                         "(a search of meta steps)")
-    p.add_argument("--checkpoint-activations", type=T.positive_int, default=None, metavar="K",
-                   help="with --explain: a checkpoint every K blocks (default: none)")
-    from ..plan.explain_args import add_arguments
-    add_arguments(p, T)
+    from .plan_explain import STEP_OPTIONS
+    from .options import add_flags
+    add_flags(p, ("checkpoint_activations",), " (with --explain)")
+    add_flags(p, STEP_OPTIONS, " (with --explain, or --deepspeed-config and --preset: the step "
+                               "measured)")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
     p.add_argument("--table2", action="store_true", help="print the paper's Table 2 layout (C17)")
-    p.add_argument("--mp", type=T.list_of(T.plan.parse_mp, "MP degree"), default=None,
+    p.add_argument("--mp", type=T.list_of(T.P.parse_mp, "MP degree"), default=None,
                    help="model-parallel degrees for --table2 (default 1,2,4,8,16)")
     p.add_argument("--max-model", action="store_true", help="the largest Ψ that fits, per stage")
     p.add_argument("--units", choices=("GB", "GiB"), default="GB", help="GB = 10^9 B (default), GiB = 2^30 B")
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     largest = args.largest_layer
     machine = _resolve_machine(args)
     if args.explain:
-        from ..plan.explain_args import explain_tables
+        from .plan_explain import explain_tables
         tables = explain_tables(args, machine)
         sys.stdout.write(render(tables, args.format))
         return 0
@@ -106,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
                                 ("--checkpoint-activations", args.checkpoint_activations),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
-    from ..plan.explain_args import given_flags, node_settings
-    flags = given_flags(args)
+    from .plan_explain import STEP_OPTIONS, node_settings
+    from .options import flag
+    flags = [flag(k) for k in STEP_OPTIONS if getattr(args, k) is not None]
     if args.deepspeed_config is not None and args.preset is None:   # the closed form's nodes (hpZ)
         flags = [f for f in flags if f != "--gpus-per-node"]
     if flags and (args.deepspeed_config is None or args.preset is None):

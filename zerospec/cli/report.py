@@ -13,7 +13,7 @@ HELP = "run every stage on N virtual GPUs; print the measured tables, write figu
 
 
 def add_parser(sub) -> None:
-    from ..model.config import SMALL
+    from ..model.family import SMALL
     from ..report.choices import TABLES, VARIANTS
     from ..render.format import FORMATS
     p = sub.add_parser("report", help=HELP,
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..model.gpt import GPTConfig
     from ..report.measure import ReportConfig, measure
     from ..render.format import render
-    from ..report.tables import build_tables, header
+    from ..report.writeup import build_tables, header
     if args.embd % args.heads:   # in the flags' names, not GPTConfig's n_embd/n_head
         raise ValueError(f"--embd {args.embd} must be divisible by --heads {args.heads}: every "
                          f"head gets --embd/--heads dimensions")

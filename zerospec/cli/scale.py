@@ -17,25 +17,25 @@ HELP = ("measure per-GPU model states and traffic of a paper-size model on meta 
         "needed)")
 
 
+# the section options `zerospec scale` takes (flags: zerospec/training/sections.py); hpZ, qwZ and
+# qgZ apply to its stage-3 step, MiCS to stages 1-3
+OPTIONS = ("n_m", "checkpoint_activations", "partition_activations", "cpu_checkpointing",
+           "zero1_comm", "gpus_per_node", "hpz", "shard_group", "qwz", "qgz", "quant_group_size",
+           "offload_optimizer", "offload_mode", "offload_params")
+STAGE3_ONLY = ("hpz", "qwz", "qgz", "quant_group_size")
+OFFLOAD = ("offload_optimizer", "offload_mode", "offload_params")
+
+
 def add_parser(sub) -> None:
     from . import argtypes as T
+    from .options import add_flags
     p = sub.add_parser("scale", description=__doc__.splitlines()[0].replace("``", ""), help=HELP)
     p.add_argument("--preset", default=None, help="a model from zerospec.model.presets (see --list); "
                                                   "default 7.5B unless --layers/--hidden are given")
     p.add_argument("--gpus", type=T.positive_int, default=64,
                    help="GPUs N = N_d × N_m, default 64 (N_d = N without --mp)")
-    p.add_argument("--mp", type=T.positive_int, default=1, metavar="N_M",
-                   help="model-parallel degree N_m (spec/model_parallel.md), default 1")
-    p.add_argument("--checkpoint-activations", type=int, default=0, metavar="K",
-                   help="a checkpoint every K blocks (default 0: off)")
-    p.add_argument("--partition-activations", action="store_true",
-                   help="P_a: 1/N_m of each checkpoint per MP rank (needs --mp >= 2 and K >= 1)")
-    p.add_argument("--cpu-checkpointing", action="store_true",
-                   help="P_a+cpu: the partitioned checkpoints in host memory")
     p.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages, default 0,1,2,3")
     p.add_argument("--micro-batch", type=T.positive_int, default=1, help="sequences per GPU, default 1")
-    p.add_argument("--zero1-comm", default="reduce_scatter", help="stage 1 gradient sync: "
-                   "reduce_scatter (2Ψ, default) or all_reduce (3Ψ)")
     for flag, what in (("layers", "transformer blocks"), ("hidden", "width d"), ("heads", "heads"),
                        ("vocab", "vocabulary (default 50257)"),
                        ("seq", "sequence length (default 1024)")):
@@ -44,29 +44,7 @@ def add_parser(sub) -> None:
                    help=T.machine_help("adds each stage's peak bytes per GPU and whether they fit "
                                        "its GPU's memory"))
     p.add_argument("--list", action="store_true", help="list the presets with their exact Ψ")
-    p.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
-                   help="GPUs per node (rank r on node r // G): adds what leaves node 0 per step "
-                        "(spec/nodes.md); default: one node")
-    p.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
-                   help="ZeRO++'s hpZ for stage 3 (zero_hpz_partition_size; H must divide G), "
-                        "default 1: off")
-    p.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
-                   help="MiCS / FSDP2's HSDP for stages 1-3 (spec/mics.md): shard over groups of P "
-                        "ranks (P must divide the data-parallel GPUs), replicate across them")
-    p.add_argument("--qwz", action="store_true",
-                   help="ZeRO++'s qwZ for stage 3: int8 weight all-gathers (spec/zeropp.md)")
-    p.add_argument("--qgz", action="store_true",
-                   help="ZeRO++'s qgZ for stage 3: an int4 all-to-all gradient reduction")
-    p.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
-                   help="elements per qwZ/qgZ scale (default: DeepSpeed's choice)")
-    p.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Offload for stages 2-3 (spec/offload.md): adds each stage's host, "
-                        "NVMe and per-link bytes per step")
-    p.add_argument("--offload-mode", choices=("paper", "deepspeed"), default=None,
-                   help="with --offload-optimizer: fp16 (paper, default) or fp32 (deepspeed) "
-                        "gradients down")
-    p.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Infinity for stage 3: parameter partitions on the host or NVMe")
+    add_flags(p, OPTIONS)
     p.add_argument("--out", default=None, metavar="DIR",
                    help="with --gpus-per-node: write DIR/node_bytes.svg (and .png), node 0's bytes "
                         "inside vs across nodes per collective, a bar per stage measured; with "
@@ -110,8 +88,10 @@ def run(args) -> int:
     from ..model.presets import PRESETS
     from ..render.format import markdown
     from ..render.spec_tables import scale_table
+    from ..training.config import TrainConfig
     from ..training.scale import measure
     from ..model.megatron import psi_padding
+    from .options import given
     if args.list:
         print(markdown(["preset", "layers", "hidden", "heads", "Ψ", "source"],
                        [[p.name, p.model.n_layer, p.model.n_embd, p.model.n_head, f"{p.psi:,}", p.source]
@@ -119,29 +99,29 @@ def run(args) -> int:
         return 0
     stages = _stages(args.stages)
     name, model = _model(args)
-    if args.gpus % args.mp:
-        raise _usage(f"--gpus {args.gpus} must be a multiple of --mp {args.mp} (N = N_d × N_m)")
-    n_d = args.gpus // args.mp
-    kw = dict(micro_batch=args.micro_batch, zero1_comm=args.zero1_comm, n_m=args.mp,
-              checkpoint_activations=args.checkpoint_activations,
-              partition_activations=args.partition_activations,
-              cpu_checkpointing=args.cpu_checkpointing, gpus_per_node=args.gpus_per_node)
-    mode = _offload_mode(args)
-    off = {} if args.offload_optimizer is None and args.offload_params is None else dict(
-        offload_optimizer=args.offload_optimizer, offload_mode=mode,
-        offload_params=args.offload_params)
+    mp = args.n_m or 1
+    if args.gpus % mp:
+        raise _usage(f"--gpus {args.gpus} must be a multiple of --mp {mp} (N = N_d × N_m)")
+    n_d = args.gpus // mp
+    opts = given(args, OPTIONS)
+    off = args.offload_optimizer is not None or args.offload_params is not None
     if off and any(s < 2 for s in stages):
         raise _usage(f"--offload-optimizer (ZeRO-Offload) is built on stages 2 and 3; got --stages "
                      f"{args.stages} (accepted: 2, 3 or 2,3)")
     if args.out is not None and args.gpus_per_node is None and not off:
         raise _usage("--out draws the bytes inside vs across nodes: add --gpus-per-node G (or the "
                      "bytes per link with offload: add --offload-optimizer cpu|nvme)")
-    zpp = dict(hpz=args.hpz, qwz=args.qwz, qgz=args.qgz, quant_group_size=args.quant_group_size)
-    results = {s: measure(model, s, n_d, **(zpp if s == 3 else {}),
-                          shard_group=args.shard_group if s else None, **kw, **off) for s in stages}
-    grid = f"N_d = {n_d}" + (f" × N_m = {args.mp} (Ψ per MP rank below, vocabulary padded to "
-                             f"{model.padded_vocab(args.mp):,} rows: {psi_padding(model, args.mp):,} "
-                             f"padding elements over the MP group, not in Ψ)" if args.mp > 1 else "")
+
+    def step(s: int, offload: bool = True):
+        drop = (STAGE3_ONLY if s != 3 else ()) + (("shard_group",) if s == 0 else ()) + \
+            (() if offload else OFFLOAD + STAGE3_ONLY + ("shard_group",))
+        kw = {k: v for k, v in opts.items() if k not in drop}
+        return measure(TrainConfig.of(model=model, stage=s, n_d=n_d, **kw),
+                       micro_batch=args.micro_batch)
+    results = {s: step(s) for s in stages}
+    grid = f"N_d = {n_d}" + (f" × N_m = {mp} (Ψ per MP rank below, vocabulary padded to "
+                             f"{model.padded_vocab(mp):,} rows: {psi_padding(model, mp):,} "
+                             f"padding elements over the MP group, not in Ψ)" if mp > 1 else "")
     print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
           f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "
           f"measured on meta tensors, one step per stage "
@@ -149,7 +129,7 @@ def run(args) -> int:
     if args.machine is None:
         print(scale_table(results), end="")
         _crossing(results, args)
-        _links(results, args, model, n_d, kw, off)
+        _links(results, args, n_d, step, off)
         return 0
     from ..paper.hardware import MACHINES
     m = MACHINES[args.machine]
@@ -158,11 +138,11 @@ def run(args) -> int:
           f"buffers; no allocator fragmentation) against {m.memory_bytes / 1e9:g} GB per GPU of "
           f"--machine {args.machine}, {m.name}.")
     _crossing(results, args)
-    _links(results, args, model, n_d, kw, off)
+    _links(results, args, n_d, step, off)
     return 0
 
 
-def _links(results, args, model, n_d: int, kw: dict, off: dict) -> None:
+def _links(results, args, n_d: int, step, off: bool) -> None:
     """With offload: rank 0's tiers and links per stage (zerospec/plan/offload.py); with --out,
     DIR/link_bytes.svg, each stage measured without offload too."""
     if not off:
@@ -176,8 +156,7 @@ def _links(results, args, model, n_d: int, kw: dict, off: dict) -> None:
               f" B (peak {ob.host_peak:,}), NVMe {ob.nvme:,} B; per step "
               + ", ".join(f"{LABELS[op]} {ob.moved[op]:,} B" for op in list(LABELS)[1:]))
     if args.out is not None and args.gpus_per_node is None:
-        from ..training.scale import measure
-        plain = {s: offload_bytes(measure(model, s, n_d, **kw)) for s in results}
+        plain = {s: offload_bytes(step(s, offload=False)) for s in results}
         runs = {f"ZeRO-{s}": ob for s, ob in plain.items()} | runs
         title = f"N_d = {n_d}: bytes rank 0 moves per step, per link and direction"
         print(f"\nDrawn: {save(runs, args.out, title)}")
@@ -194,7 +173,7 @@ def _crossing(results, args) -> None:
         led = r.comm_ledger([g - 1])     # node 0's sends across leave from its last GPU
         psi = r.psi_padded
         hpz = f", hpZ h = {args.hpz}: secondary shards {r.memory(g - 1).peak['secondary16']:,} B " \
-              f"per GPU" if s == 3 and args.hpz > 1 else ""
+              f"per GPU" if s == 3 and (args.hpz or 1) > 1 else ""
         quantized = s == 3 and (args.qwz or args.qgz)
         if quantized:   # qgZ sends from every GPU of the node; bytes, as int8/int4 travel
             led = r.comm_ledger(range(g))
@@ -206,11 +185,3 @@ def _crossing(results, args) -> None:
         runs = {run_label(r.config): node_bytes(r) for r in results.values()}
         title = f"N = {args.gpus}, {args.gpus // g} nodes × {g} GPUs: bytes node 0 sends per step"
         print(f"\nDrawn: {save(runs, args.out, title)}")
-
-
-def _offload_mode(args) -> str:
-    """--offload-mode (default paper); refused without --offload-optimizer, never dropped."""
-    if args.offload_mode is not None and args.offload_optimizer is None:
-        raise UsageError(f"--offload-mode {args.offload_mode} says which gradients ZeRO-Offload "
-                         f"sends down; it needs --offload-optimizer cpu or nvme")
-    return args.offload_mode or "paper"

@@ -24,26 +24,33 @@ HELP = ("train one ZeRO stage on the simulator or on real processes (torch.distr
         "losses and traffic")
 
 
+# the section options `zerospec train` takes, by group (flags: zerospec/training/sections.py)
+GROUPS = {None: ("n_m", "precision", "zero1_comm"),
+          "nodes and ZeRO++'s hpZ (spec/nodes.md)": (
+              "gpus_per_node", "hpz", "shard_group", "qwz", "qgz", "quant_group_size"),
+          "surviving real conditions (spec/loss_scaling.md, clipping.md, accumulation.md)": (
+              "loss_scale", "clip_grad_norm", "grad_accum_steps"),
+          "ZeRO-Offload (spec/offload.md)": (
+              "offload_optimizer", "offload_mode", "offload_params", "offload_partition",
+              "offload_buffer_elements", "offload_prefetch", "nvme_path", "tiles", "dpu"),
+          "ZeRO-R (spec/activations.md)": (
+              "checkpoint_activations", "partition_activations", "cpu_checkpointing",
+              "contiguous_checkpoints", "contiguous_gradients", "stage3_persistence_threshold",
+              "stage3_max_reuse_distance", "bucket_elements")}
+
+
 def add_parser(sub) -> None:
     from . import argtypes as T
-    from ..optim.precision import POLICIES
-    from ..paper.theory import ZERO1_COMM
+    from .options import add_flags
     p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help=HELP)
     p.add_argument("--backend", choices=BACKENDS, default="sim",
                    help="sim: virtual GPUs as threads; torch: real processes (default sim)")
     p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=3, help="ZeRO stage, default 3")
     p.add_argument("--ranks", type=int, default=None,
                    help="GPUs N = N_d × N_m (default 4; under torchrun: its world size)")
-    p.add_argument("--mp", type=T.positive_int, default=1, metavar="N_M",
-                   help="model-parallel degree N_m: Megatron-LM slicing inside groups of N_M "
-                        "neighbouring ranks, ZeRO over the other N/N_M (spec/model_parallel.md; "
-                        "default 1)")
     p.add_argument("--steps", type=int, default=5, help="training steps, default 5")
-    p.add_argument("--precision", choices=tuple(POLICIES), default="fp16", help="default fp16")
     p.add_argument("--model", choices=MODELS, default="small", help="tiny GPT preset, default small")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--zero1-comm", choices=ZERO1_COMM, default="reduce_scatter",
-                   help="stage 1 gradient sync (default reduce_scatter)")
     p.add_argument("--timeout", type=T.positive_float, default=120.0,
                    help="seconds a collective may wait before every rank fails, default 120")
     p.add_argument("--format", choices=("table", "json"), default="table",
@@ -53,139 +60,22 @@ def add_parser(sub) -> None:
                    help="write the run's checkpoint files to DIR after the last step")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue from the checkpoint in DIR up to --steps")
-    nodes = p.add_argument_group("nodes and ZeRO++'s hpZ (spec/nodes.md)")
-    nodes.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
-                       help="ranks sit on nodes of G GPUs (rank r on node r // G); default: one node")
-    nodes.add_argument("--hpz", type=T.positive_int, default=1, metavar="H",
-                       help="zero_hpz_partition_size: stage 3's backward all-gather inside H ranks "
-                            "of a node (H must divide G); default 1, off")
-    nodes.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
-                       help="MiCS / FSDP2's HSDP (spec/mics.md): shard stages 1-3 over groups of P "
-                            "consecutive ranks (P must divide the ranks), replicate across groups; "
-                            "default: shard over every rank")
-    nodes.add_argument("--qwz", action="store_true",
-                       help="zero_quantized_weights: stage 3's weight all-gathers as int8 "
-                            "(spec/zeropp.md; approximate)")
-    nodes.add_argument("--qgz", action="store_true",
-                       help="zero_quantized_gradients: stage 3's gradient reduce-scatter as an "
-                            "int4 all-to-all, inside the node then across (approximate)")
-    nodes.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
-                       help="elements per quantization scale; default DeepSpeed's (up to 8000)")
-    r = p.add_argument_group("surviving real conditions (spec/loss_scaling.md, clipping.md, "
-                             "accumulation.md)")
-    r.add_argument("--loss-scale", type=T.positive_float, default=None, metavar="INIT",
-                   help="dynamic fp16 loss scaling from this initial scale, e.g. 65536 "
-                        "(GradScaler's rules; default off)")
-    r.add_argument("--clip-grad-norm", type=T.positive_float, default=None, metavar="MAX",
-                   help="clip the global gradient norm to MAX (default off)")
-    r.add_argument("--grad-accum", type=T.positive_int, default=1, metavar="G",
-                   help="micro-batches per optimizer step, summed exactly (default 1)")
-    o = p.add_argument_group("ZeRO-Offload (spec/offload.md)")
-    o.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
-                   help="fp32 master, momentum, variance and Adam on the host (nvme: the states "
-                        "in swap files between steps); needs --stage 2 or 3; default off")
-    o.add_argument("--offload-mode", choices=("paper", "deepspeed"), default=None,
-                   help="paper: fp16 gradients down (4 bytes per parameter per step over PCIe); "
-                        "deepspeed: fp32 gradients down (6); default paper")
-    o.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on the host "
-                        "(cpu) or in NVMe swap files (nvme), fetched NVMe -> host -> device for "
-                        "each use; needs --stage 3 and --offload-optimizer")
-    o.add_argument("--offload-partition", choices=("bandwidth", "owner"), default="bandwidth",
-                   help="where offloaded parameters live: bandwidth (C-I8: every rank 1/N, "
-                        "each PCIe link 1/N per fetch, then an all-gather) or owner (the "
-                        "baseline: one rank holds each unit, its link carries all, then a "
-                        "broadcast); default bandwidth")
-    o.add_argument("--offload-buffer-elements", type=int, default=None, metavar="N",
-                   help="with --offload-params nvme: read parameters through one host buffer of N "
-                        "elements (at least the largest unit a rank reads); default a buffer "
-                        "per fetch")
-    o.add_argument("--offload-prefetch", action="store_true",
-                   help="C-I8's prefetcher for offloaded parameters (bandwidth partition): before "
-                        "operator i, read i+3 from NVMe, copy i+2 up, all-gather i+1")
-    o.add_argument("--nvme-path", default=None, metavar="DIR",
-                   help="an existing directory for the NVMe tier's swap files (default: a "
-                        "temporary one)")
-    o.add_argument("--tiles", type=int, default=1, metavar="T",
-                   help="memory-centric tiling (C-I3): each block's MLP weights as T units along "
-                        "d_ff, each gathered just before its slice of the MLP and freed after "
-                        "(T must divide d_ff; not with --mp or --checkpoint-activations); "
-                        "default 1: off")
-    o.add_argument("--dpu", type=int, default=0, metavar="N",
-                   help="one-step delayed parameter update from step N (approximate, B8); "
-                        "default 0: off")
-    z = p.add_argument_group("ZeRO-R (spec/activations.md)")
-    z.add_argument("--checkpoint-activations", type=int, default=0, metavar="K",
-                   help="activation checkpointing: keep the input of every K-th transformer block, "
-                        "recompute the rest in backward (1: one checkpoint per block; "
-                        "default 0: off)")
-    z.add_argument("--partition-activations", action="store_true",
-                   help="P_a: keep 1/N_m of each checkpoint per MP rank, all-gathered before the "
-                        "recompute (needs --mp >= 2 and --checkpoint-activations)")
-    z.add_argument("--cpu-checkpointing", action="store_true",
-                   help="P_a+cpu: keep the partitioned checkpoints in host memory "
-                        "(needs --partition-activations)")
-    z.add_argument("--contiguous-checkpoints", action="store_true",
-                   help="M_D: copy the checkpoints into one buffer per step (spec/allocator.md)")
-    z.add_argument("--contiguous-gradients", action="store_true",
-                   help="M_D for gradients: stages 2–3 write every unit's gradient into one "
-                        "slot allocated once")
-    z.add_argument("--stage3-persistence-threshold", type=int, default=0, metavar="E",
-                   help="DeepSpeed's stage3_param_persistence_threshold: units of at most E "
-                        "elements stay whole (stage 3; default 0, the paper's)")
-    z.add_argument("--stage3-max-reuse-distance", type=int, default=0, metavar="E",
-                   help="DeepSpeed's stage3_max_reuse_distance: keep a unit gathered from "
-                        "forward to backward when reused within E elements (default 0)")
-    z.add_argument("--bucket-size", type=_bucket_size, default=None, metavar="B|model",
-                   help="reduce gradients (and stage 1/2's parameter gathers) through buckets of "
-                        "at most B elements (C_B, spec/buffers.md); 'model': one fp32 buffer of "
-                        "the whole model (C29's naive buffer); default: one collective per unit")
-
-
-def _bucket_size(text: str):
-    """``--bucket-size``: an integer >= 1, or ``model``."""
-    import argparse
-    if text == "model":
-        return text
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'model', got {text!r}")
-    return n
+    for title, names in GROUPS.items():
+        add_flags(p if title is None else p.add_argument_group(title), names)
 
 
 def _config(args, n_ranks: int):
     from ..model import gpt
-    from ..optim.loss_scale import LossScale
     from ..training.config import TrainConfig
-    if n_ranks % args.mp:
-        raise UsageError(f"--ranks {n_ranks} must be a multiple of --mp {args.mp} "
+    from .options import given
+    mp = args.n_m or 1
+    if n_ranks % mp:
+        raise UsageError(f"--ranks {n_ranks} must be a multiple of --mp {mp} "
                          f"(N = N_d × N_m)")
-    scale = LossScale(init_scale=args.loss_scale) if args.loss_scale is not None else None
-    return TrainConfig(stage=args.stage, n_d=n_ranks // args.mp, n_m=args.mp,
-                       partition_activations=args.partition_activations,
-                       cpu_checkpointing=args.cpu_checkpointing,
-                       contiguous_checkpoints=args.contiguous_checkpoints,
-                       contiguous_gradients=args.contiguous_gradients,
-                       model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
-                       steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
-                       precision=args.precision, timeout=args.timeout, loss_scale=scale,
-                       clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
-                       checkpoint_activations=args.checkpoint_activations,
-                       bucket_elements=args.bucket_size,
-                       stage3_persistence_threshold=args.stage3_persistence_threshold,
-                       stage3_max_reuse_distance=args.stage3_max_reuse_distance,
-                       gpus_per_node=args.gpus_per_node, hpz=args.hpz,
-                       offload_optimizer=args.offload_optimizer, offload_mode=_offload_mode(args),
-                       offload_params=args.offload_params, nvme_path=args.nvme_path,
-                       offload_partition=args.offload_partition,
-                       offload_buffer_elements=args.offload_buffer_elements,
-                       offload_prefetch=args.offload_prefetch,
-                       dpu=args.dpu,
-                       shard_group=args.shard_group, qwz=args.qwz, qgz=args.qgz,
-                       quant_group_size=args.quant_group_size, tiles=args.tiles)
+    options = given(args, [n for names in GROUPS.values() for n in names])
+    return TrainConfig.of(stage=args.stage, n_d=n_ranks // mp,
+                          model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
+                          steps=args.steps, seed=args.seed, timeout=args.timeout, **options)
 
 
 def summary(result, backend: str) -> str:
@@ -328,11 +218,3 @@ def _to_cpu(x):
         import dataclasses
         return dataclasses.replace(x, **{f: _to_cpu(getattr(x, f)) for f in x.__dataclass_fields__})
     return x
-
-
-def _offload_mode(args) -> str:
-    """--offload-mode (default paper); refused without --offload-optimizer, never dropped."""
-    if args.offload_mode is not None and args.offload_optimizer is None:
-        raise UsageError(f"--offload-mode {args.offload_mode} says which gradients ZeRO-Offload "
-                         f"sends down; it needs --offload-optimizer cpu or nvme")
-    return args.offload_mode or "paper"

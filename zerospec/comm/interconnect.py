@@ -92,12 +92,8 @@ class Interconnect:
         return Interconnect(self.ctx, self.backend, self.ledger, group, self._root)
 
     def split(self, grid) -> tuple[Interconnect, Interconnect]:
-        """This rank's (DP, MP) handles on ``grid`` (comm/groups.py). The grid's groups are made
-        in the backend first: torch.distributed needs every process to make every group, in
-        the same order."""
-        make = getattr(self.backend, "new_groups", None)
-        if make is not None:
-            make(grid.groups())
+        """This rank's (DP, MP) handles on ``grid`` (comm/groups.py), whose groups the run's mesh
+        made in the backend (comm/mesh.py: Mesh.make)."""
         r = self.ctx.rank
         return self.subgroup(grid.dp_group(r)), self.subgroup(grid.mp_group(r))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..model.presets import gpt
+from ..training.config import TrainConfig
 from ..training.scale import measure
 
 BUCKET_ELEMENTS = 500_000_000          # DeepSpeed's reduce/allgather bucket default (C_B)
@@ -71,8 +72,8 @@ def peak_bytes(config: ZeroConfig, layers: int, *, gpus: int, n_m: int, micro_ba
                d: int, heads: int) -> int:
     """The highest measured peak of any rank of one meta step (model states, activations,
     checkpoints, buckets; the caching allocator's fragmentation is not included)."""
-    r = measure(gpt(layers, d, heads), config.stage, gpus // n_m, micro_batch=micro_batch,
-                **config.kwargs(n_m))
+    r = measure(TrainConfig.of(model=gpt(layers, d, heads), stage=config.stage, n_d=gpus // n_m,
+                               **config.kwargs(n_m)), micro_batch=micro_batch)
     return max(c.memory.peak_total for c in r.classes)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from ..paper import evaluation as ev, theory
 from . import runs as pr
 from .configs import CONFIGS
-from .memory import figure7
-from ..render.figures import pyplot, save_figure
+from .cached_memory import figure7
+from ..render.savefig import pyplot, save_figure
 
 ZERO_COLOR, BASE_COLOR, LINK_ALPHA = "#55a868", "#4c72b0", 0.45
 

@@ -25,6 +25,7 @@ from ..model.presets import gpt
 from ..paper import evaluation as ev
 from ..paper.hardware import DGX2, Machine
 from ..training.fit import largest, max_micro_batch
+from ..training.config import TrainConfig
 from ..training.scale import ScaleResult, measure
 from .configs import CONFIGS, FIG6, ZeroConfig, max_layers
 from .timing import StepTime, step_time
@@ -60,13 +61,13 @@ def step(run: ev.Run, how: str = "zero", config: str | None = None) -> ScaleResu
     or "baseline" (stage 0 over the row's N_d × MP grid, module doc)."""
     model = gpt(run.layers, run.hd, run.heads)
     if how == "baseline":
-        return measure(model, 0, run.n_d, micro_batch=run.batch_per_gpu, n_m=run.mp,
-                       count_flops=True, **BASELINE_KW)
+        return measure(TrainConfig.of(model=model, stage=0, n_d=run.n_d, n_m=run.mp,
+                                      count_flops=True, **BASELINE_KW), micro_batch=run.batch_per_gpu)
     if how != "zero":
         raise ValueError(f"how must be 'zero' or 'baseline', got {how!r}")
     c = CONFIGS[config] if config else zero_config(run)
-    return measure(model, c.stage, run.n_d, micro_batch=run.batch_per_gpu, count_flops=True,
-                   **c.kwargs(run.mp))
+    return measure(TrainConfig.of(model=model, stage=c.stage, n_d=run.n_d, count_flops=True,
+                                  **c.kwargs(run.mp)), micro_batch=run.batch_per_gpu)
 
 
 def highest_peak(r: ScaleResult) -> int:
@@ -154,7 +155,8 @@ def dp_limit(how: str, hd: int, heads: int, batch: int, gpus: int = 128,
     stage, kw = (CONFIGS["C3"].stage, CONFIGS["C3"].kwargs(1)) if how == "zero" else (0, BASELINE_KW)
 
     def fits(L: int) -> bool:
-        r = measure(gpt(L, hd, heads), stage, gpus, micro_batch=batch, **kw)
+        r = measure(TrainConfig.of(model=gpt(L, hd, heads), stage=stage, n_d=gpus, **kw),
+                    micro_batch=batch)
         return highest_peak(r) <= capacity
     return DPLimit(how, hd, heads, batch, largest(fits))
 

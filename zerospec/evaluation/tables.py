@@ -17,7 +17,7 @@ from ..paper import evaluation as ev
 from ..paper.hardware import DGX2
 from . import runs as pr
 from .configs import CONFIGS
-from .memory import figure6_replayed, figure7 as figure7_runs, on_device
+from .cached_memory import figure6_replayed, figure7 as figure7_runs, on_device
 from ..render.format import Table, markdown
 
 
@@ -168,7 +168,7 @@ def figure8() -> list[Table]:
     return [t]
 
 
-# -- Figure 7 (C48): the caching allocator model's, zerospec/evaluation/memory.py ---------------------
+# -- Figure 7 (C48): the caching allocator model's, zerospec/evaluation/cached_memory.py ---------------------
 def figure7() -> list[Table]:
     """Figure 7 (C48) as a table: per run and configuration, the ledger's peak, the allocator
     model's allocated and reserved ("max cached") peaks without a limit, and the step on a 32 GB

@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .config import ODD, SMALL, DecoderConfig, GPTConfig, check_mp, check_tiles
+from .family import ODD, SMALL, DecoderConfig, GPTConfig, check_mp, check_tiles
 from .layers import attention, norm, rms_norm, rope, rope_tables, swiglu
 from . import vocab
 

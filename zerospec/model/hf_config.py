@@ -1,6 +1,6 @@
 """A Hugging Face ``config.json`` as a decoder shape (``plan --explain --hf-config``), and back.
 
-Four architectures map onto :class:`~zerospec.model.config.GPTConfig`, each read as transformers
+Four architectures map onto :class:`~zerospec.model.family.GPTConfig`, each read as transformers
 builds it (transformers 5.x, models/<arch>/configuration_<arch>.py and modeling_<arch>.py):
 
 * LlamaForCausalLM (modeling_llama.py): q/k/v/o_proj of ``head_dim`` (absent: hidden_size /
@@ -28,7 +28,7 @@ import dataclasses
 import json
 import math
 
-from .config import GPTConfig
+from .family import GPTConfig
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ARCHITECTURES = (*LLAMA_FAMILY, "GPT2LMHeadModel")

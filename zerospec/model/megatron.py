@@ -20,7 +20,7 @@ multiple of 128·N_m (:meth:`GPTConfig.padded_vocab`; zero rows, never looked up
 left out of the loss). Whole on every rank (:func:`replicated`): the norms (LayerNorm or RMSNorm),
 the row-parallel biases, the position table and the final norm.
 
-N_m must divide H, KV and f (:func:`zerospec.model.config.check_mp`). For GPT-2, Ψ per MP rank
+N_m must divide H, KV and f (:func:`zerospec.model.family.check_mp`). For GPT-2, Ψ per MP rank
 is V_p·d/N_m + T·d + 2d + L·(12d²/N_m + 7d/N_m + 6d) exactly, the padded rows included (memory,
 not parameters: :func:`psi_padding` counts them); :func:`psi_per_rank` gives the family's
 (N_m = 1 gives the model's Ψ). :func:`shard` cuts a full parameter dict for rank j;

@@ -2,7 +2,7 @@
 
 The paper names models by round sizes (7.5B, 128B, 1T) and gives layer/hidden shapes only for the
 models it trained (Table 4, C50; heads from the appendix tables, C52). Every preset here is a
-:class:`~zerospec.model.config.GPTConfig` — GPT-2's vocabulary (50257) and context (1024), LM head tied to
+:class:`~zerospec.model.family.GPTConfig` — GPT-2's vocabulary (50257) and context (1024), LM head tied to
 the token embedding — so its exact Ψ is
 
     Ψ = 12·L·d² + 13·L·d  (blocks: QKV, projection, MLP weights and biases, two LayerNorms)
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import GPTConfig
+from .family import GPTConfig
 
 GPT2_VOCAB = 50257
 GPT2_CONTEXT = 1024

@@ -1,7 +1,7 @@
 """Megatron-LM's vocabulary-parallel embedding and cross-entropy (Shoeybi et al. 2019, §3).
 
 Rank j of N_m holds rows j·V_p/N_m … (j+1)·V_p/N_m of wte (and of an untied head), V_p the padded
-vocabulary (:meth:`zerospec.model.config.GPTConfig.padded_vocab`); ``mp`` is its
+vocabulary (:meth:`zerospec.model.family.GPTConfig.padded_vocab`); ``mp`` is its
 :class:`zerospec.model.megatron.TensorParallel`, whose collectives go through the comm layer and
 are booked on the MP group like the blocks' all-reduces.
 

@@ -36,11 +36,6 @@ def awm_bytes(bsz: int, seq: int, ci: int, hd: int, heads: int) -> int:
     return bsz * seq * ci * (16 * hd + 2 * heads * seq)
 
 
-def iteration_flops(bsz: int, seq: int, nl: int, hd: int) -> int:
-    """C-I5: 2·4·bsz·seq·params (forward, backward twice, recompute)."""
-    return 2 * 4 * bsz * seq * params(nl, hd)
-
-
 def ait(data: str, *, seq: int = 0, bsz: int = 0, hd: int = 0, ci: int = 1) -> Fraction:
     """C-I5's arithmetic intensity per data type: parameters and gradients (8 bytes per parameter
     moved: loaded 3 times, gradients stored once) seq·bsz; optimizer states (32 bytes: read and

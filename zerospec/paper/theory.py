@@ -143,11 +143,6 @@ def forward_flops(psi, tokens: int) -> int:
     return 2 * int(psi) * tokens
 
 
-def backward_flops(psi, tokens: int) -> int:
-    """Backward ≈ 4Ψ FLOPs per token: gradients for inputs and for weights (C-I5)."""
-    return 2 * forward_flops(psi, tokens)
-
-
 # -- the paper's printed tables ----------------------------------------------------------------------
 TABLE1_PSI = {"7.5B": 7.5e9, "128B": 128e9, "1T": 1e12}
 TABLE1_ND = (1, 4, 16, 64, 256, 1024)

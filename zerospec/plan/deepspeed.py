@@ -12,7 +12,7 @@ GPU and traffic per step in the same ledgers every test reads:
 * stage 1 with ``use_multi_rank_bucket_allreduce`` (DeepSpeed's default) → ZeRO-1's all-reduce
   variant (3Ψ); stage 2's all-reduce variant is not modelled: its reduce-scatter path is measured;
 * stage 3: ``stage3_param_persistence_threshold`` and ``stage3_max_reuse_distance`` →
-  zerospec/zero/ds3.py (per unit, where DeepSpeed decides per tensor); ZeRO++'s
+  zerospec/zero/stage3_deepspeed.py (per unit, where DeepSpeed decides per tensor); ZeRO++'s
   ``zero_hpz_partition_size`` → hpZ (needs the GPUs per node), ``zero_quantized_weights`` → qwZ,
   ``zero_quantized_gradients`` → qgZ; ``mics_shard_size`` → MiCS's partition groups, modelled
   though DeepSpeed 0.19 refuses the key (MiCS removed; FSDP2's HSDP is its peer, spec/mics.md);
@@ -97,7 +97,8 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
                              gpus_per_node: int | None = None, extra: dict | None = None) -> Table:
     """One meta step of preset ``name`` on ``n_d`` GPUs (nodes of ``gpus_per_node``) under the
     config's settings and ``extra`` (the command line's hpz, qwz, ...: must agree with the file)."""
-    from ..training.scale import measure       # torch: only when a step is measured
+    from ..training.config import TrainConfig  # torch: only when a step is measured
+    from ..training.scale import measure
     model = preset(name).model
     kw, left = config_kwargs(ds, n_d, gpus_per_node=gpus_per_node)
     kw = merge(ds, kw, extra or {})
@@ -105,7 +106,9 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
     if kw.get("offload_optimizer"):
         from .offload import config_pinned
         pinned = config_pinned(ds, model, ds.stage, n_d)
-    r = measure(model, ds.stage, n_d, **kw)
+    micro = kw.pop("micro_batch", 1)
+    r = measure(TrainConfig.of(model=model, stage=ds.stage, n_d=n_d, **kw), micro_batch=micro)
+    kw["micro_batch"] = micro
     led = r.comm_ledger([0])
     elements = led.elements(0)
     t = Table("deepspeed_measured", f"DeepSpeed ZeRO-{ds.stage} config on {name} "

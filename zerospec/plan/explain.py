@@ -17,6 +17,7 @@ from ..paper import theory
 from ..paper.estimators import estimators
 from ..runtime.memory import CATEGORIES, MODEL_STATES, TraceEvent
 from ..runtime.trace import replay
+from ..training.config import TrainConfig
 from ..training.scale import ScaleResult, measure
 
 LABELS = {"param16": "parameters (fp16)", "grad16": "gradients (fp16)",
@@ -114,8 +115,9 @@ def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq:
     if gpus % n_m:
         raise ValueError(f"--gpus {gpus} must be a multiple of --mp {n_m} (N = N_d × N_m)")
     model = dataclasses.replace(model, block_size=seq)
-    r = measure(model, stage, gpus // n_m, micro_batch=micro_batch, n_m=n_m,
-                checkpoint_activations=checkpoint_activations, trace=True, **settings)
+    r = measure(TrainConfig.of(model=model, stage=stage, n_d=gpus // n_m, n_m=n_m,
+                               checkpoint_activations=checkpoint_activations, **settings),
+                micro_batch=micro_batch, trace=True)
     cls = max(r.classes, key=lambda c: c.memory.peak_total)
     phases = phase_peaks(cls.memory.trace)
     rep = replay(cls.allocations)

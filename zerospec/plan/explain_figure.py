@@ -58,7 +58,7 @@ def turning_points(curve: Curve) -> list[int]:
 
 def save(ex, out: str | Path) -> Path:
     """DIR/explain_memory.svg (and .png) of ``ex`` (an Explanation); the SVG's path."""
-    from ..render.figures import pyplot, save_svg
+    from ..render.savefig import pyplot, save_svg
     from .explain import LABELS, _setting
     cls = max(ex.result.classes, key=lambda c: c.memory.peak_total)
     curve = memory_over_step(cls.memory.trace)

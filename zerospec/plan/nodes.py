@@ -124,7 +124,7 @@ def figure(runs: dict[str, NodeBytes], title: str):
     """Two panels, inside the node and across nodes (each its own scale: across is the smaller):
     per run a bar of node 0's bytes per step, stacked by collective. Returns the matplotlib figure
     (its axes titled by link; each bar segment's gid is "link:collective")."""
-    from ..render.figures import pyplot
+    from ..render.savefig import pyplot
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     names = list(runs)
@@ -153,7 +153,7 @@ def figure(runs: dict[str, NodeBytes], title: str):
 
 def save(runs: dict[str, NodeBytes], out, title: str, name: str = "node_bytes"):
     """DIR/``name``.svg (and .png) of :func:`figure`; the SVG's path."""
-    from ..render.figures import save_svg
+    from ..render.savefig import save_svg
     return save_svg(figure(runs, title), out, name)
 
 
@@ -170,9 +170,10 @@ def figure_runs(step=None) -> dict[str, NodeBytes]:
     step (default: :func:`zerospec.training.scale.measure` of the figure's shape)."""
     if step is None:
         from ..model.presets import preset
+        from ..training.config import TrainConfig
         from ..training.scale import measure
 
         def step(**kw):
-            return measure(preset(FIGURE_MODEL).model, 3, FIGURE_GPUS,
-                           gpus_per_node=FIGURE_PER_NODE, **kw)
+            return measure(TrainConfig.of(model=preset(FIGURE_MODEL).model, stage=3,
+                                          n_d=FIGURE_GPUS, gpus_per_node=FIGURE_PER_NODE, **kw))
     return {name: node_bytes(step(**kw)) for name, kw in FIGURE_RUNS.items()}

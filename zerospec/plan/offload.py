@@ -156,7 +156,7 @@ def figure(runs: dict[str, OffloadBytes], title: str):
     """Two panels, each its own scale: the collectives' bytes sent between GPUs, and PCIe and NVMe
     per direction (grouped bars); per run rank 0's bytes in the step. Each bar's gid is "run:op".
     Returns the matplotlib figure."""
-    from ..render.figures import pyplot
+    from ..render.savefig import pyplot
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": (1, 2.2)})
     names = list(runs)
@@ -184,7 +184,7 @@ def figure(runs: dict[str, OffloadBytes], title: str):
 
 def save(runs: dict[str, OffloadBytes], out, title: str, name: str = "link_bytes"):
     """DIR/``name``.svg (and .png) of :func:`figure`; the SVG's path."""
-    from ..render.figures import save_svg
+    from ..render.savefig import save_svg
     return save_svg(figure(runs, title), out, name)
 
 
@@ -218,8 +218,10 @@ def figure_runs(step=None) -> dict[str, OffloadBytes]:
     the measured step (default: :func:`zerospec.training.scale.measure` of the figure's model)."""
     if step is None:
         from ..model.presets import preset
+        from ..training.config import TrainConfig
         from ..training.scale import measure
 
         def step(stage, **kw):
-            return measure(preset(FIGURE_MODEL).model, stage, FIGURE_GPUS, **kw)
+            return measure(TrainConfig.of(model=preset(FIGURE_MODEL).model, stage=stage,
+                                          n_d=FIGURE_GPUS, **kw))
     return {name: offload_bytes(step(s, **kw)) for name, (s, kw) in FIGURE_RUNS.items()}

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..paper import theory
-from ..render.figures import pyplot, save_figure
+from ..render.savefig import pyplot, save_figure
 from .measure import Measurements
-from .tables import OPS, mean_by_op
+from .writeup import OPS, mean_by_op
 from ..runtime.memory import MODEL_STATES
 
 MB = 1e6
@@ -173,7 +173,7 @@ def fragmentation(m: Measurements, out: Path) -> list[Path]:
     caching allocator model replaying the step's storage trace (spec/allocator.md): the traces
     ``m`` holds (``measure(..., c30=True)``), else one meta step each here."""
     from ..runtime.trace import replay
-    from ..evaluation.memory import c30_trace
+    from ..evaluation.cached_memory import c30_trace
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True, sharey=True)
     for ax, md in zip(axes, (False, True)):

@@ -2,7 +2,7 @@
 
 :func:`measure` trains each stage variant with :func:`zerospec.training.run.train` (real tensors),
 counts its FLOPs in one step of the same configuration on meta tensors, and sweeps N for the
-memory-vs-N figure; :mod:`zerospec.report.tables` turns the
+memory-vs-N figure; :mod:`zerospec.report.writeup` turns the
 measurements into tables, :mod:`zerospec.report.figures` into figures. Every number printed is read
 from this run's ledgers; paper values appear only as the expected side, labelled with their claim id.
 """
@@ -22,6 +22,7 @@ from .replay import StepReplay, parallel_time
 from ..training.result import Result
 from ..training.step import RankOutput
 from ..training.config import TrainConfig
+from ..training.sections import BatchOptions, VariantOptions
 from ..training.run import train
 from ..training.scale import measure as measure_meta
 
@@ -58,7 +59,8 @@ class ReportConfig:
         """The timed run of variant ``key``: every step, real tensors."""
         stage, zero1, _ = VARIANTS[key]
         return TrainConfig(stage=stage, n_d=self.ranks, model=self.model, steps=self.steps,
-                           global_batch=self.micro_batch * self.ranks, zero1_comm=zero1)
+                           batching=BatchOptions(global_batch=self.micro_batch * self.ranks),
+                           variants=VariantOptions(zero1_comm=zero1))
 
     def count_flops(self, key: str) -> list[RankOutput]:
         """Variant ``key``'s FLOP-counting step: one step of the same configuration on meta tensors
@@ -73,8 +75,9 @@ class ReportConfig:
         fp16, as a GPU would, where the CPU run computes in fp32: its ops' bytes differ, their
         FLOPs do not."""
         stage, zero1, _ = VARIANTS[key]
-        r = measure_meta(self.model, stage, self.ranks, micro_batch=self.micro_batch,
-                         zero1_comm=zero1, count_flops=True)
+        r = measure_meta(TrainConfig.of(model=self.model, stage=stage, n_d=self.ranks,
+                                        zero1_comm=zero1, count_flops=True),
+                         micro_batch=self.micro_batch)
         return [c.output for c in r.classes for _ in c.ranks]
 
 
@@ -111,7 +114,8 @@ def setup_model_states(stage: int, n_d: int, model: GPTConfig = SMALL, zero1_com
     """Per-rank model-state bytes right after set-up, measured on ``meta`` tensors by
     :func:`zerospec.training.scale.measure` (the unchanged per-rank step, one rank per padding class).
     Default ranks: rank 0 and the last rank."""
-    r = measure_meta(model, stage, n_d, zero1_comm=zero1_comm, setup_only=True)
+    r = measure_meta(TrainConfig.of(model=model, stage=stage, n_d=n_d, zero1_comm=zero1_comm),
+                     setup_only=True)
     return {k: r.model_states(k) for k in (ranks if ranks is not None else sorted({0, n_d - 1}))}
 
 
@@ -120,14 +124,15 @@ def zero_r_options(cfg: ReportConfig) -> dict:
     """ZeRO-R option -> one step of ZeRO-3 on meta tensors with it (zerospec.training.scale), the
     report's model and micro-batch: no checkpointing; a checkpoint per block; P_a and P_a+cpu at
     N_m = 2 on N_d = ⌊N/2⌋ (only when the heads split in two)."""
-    kw = dict(micro_batch=cfg.micro_batch)
-    out = {"none": measure_meta(cfg.model, 3, cfg.ranks, **kw),
-           "checkpoints": measure_meta(cfg.model, 3, cfg.ranks, checkpoint_activations=1, **kw)}
+    def step(n_d: int, **options):
+        return measure_meta(TrainConfig.of(model=cfg.model, stage=3, n_d=n_d, **options),
+                            micro_batch=cfg.micro_batch)
+    out = {"none": step(cfg.ranks), "checkpoints": step(cfg.ranks, checkpoint_activations=1)}
     if cfg.model.n_head % 2 == 0:
         n_d = max(1, cfg.ranks // 2)
         for name, cpu in (("P_a", False), ("P_a+cpu", True)):
-            out[name] = measure_meta(cfg.model, 3, n_d, n_m=2, checkpoint_activations=1,
-                                     partition_activations=True, cpu_checkpointing=cpu, **kw)
+            out[name] = step(n_d, n_m=2, checkpoint_activations=1, partition_activations=True,
+                             cpu_checkpointing=cpu)
     return out
 
 
@@ -136,7 +141,7 @@ def meta_measurements(cfg: ReportConfig, c30: bool = False) -> tuple[dict, dict,
     """The report's meta steps: each variant's FLOP-counting step, the memory-vs-N sweep per
     stage, ZeRO-R's options and, with ``c30``, C30's storage traces without and with M_D (the
     fragmentation figure's). Integers and metadata only: the same in any process."""
-    from ..evaluation.memory import c30_trace
+    from ..evaluation.cached_memory import c30_trace
     flops = {key: cfg.count_flops(key) for key in cfg.variants}
     sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
     sweep = {s: {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}

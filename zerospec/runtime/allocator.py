@@ -103,10 +103,6 @@ class CachingAllocator:
             self._try_merge(block, neighbour, pool)
         pool.insert(block)
 
-    def empty_cache(self) -> None:
-        """``emptyCache``: release every unsplit cached segment (unmap free pages)."""
-        self._release_cached_blocks()
-
     def reset_peaks(self) -> None:
         self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 

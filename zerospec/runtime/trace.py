@@ -77,12 +77,6 @@ class Replay:
         cached segments (an OOM's retry)."""
         return max([p.peak_reserved for p in self.phases] + [self.allocator.peak_reserved])
 
-    def by_label(self) -> dict[str, list[PhaseMemory]]:
-        out: dict[str, list[PhaseMemory]] = {}
-        for p in self.phases:
-            out.setdefault(p.label, []).append(p)
-        return out
-
 
 def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
            max_split_size: int | None = None, expandable_segments: bool = False,

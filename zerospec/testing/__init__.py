@@ -1,1 +1,3 @@
-"""zerospec.testing."""
+"""Oracles, peers and hooks for the tests and benchmarks: the single-process reference, the
+DeepSpeed and HSDP peers, fault and schedule hooks. The library itself never imports this
+package."""

@@ -289,7 +289,7 @@ def _zerospec_gradient(ctx, cfg) -> list:
     """zerospec's reduced step-1 gradient, this rank's owned shards: Adam with β1 = 0 leaves
     exp_avg = 0·0 + g·(1 − 0) = g exactly, so the optimizer state after step 1 *is* the gradient."""
     from ..training import run as train
-    cfg = dataclasses.replace(cfg, steps=1, adam=dataclasses.replace(cfg.adam, beta1=0.0))
+    cfg = cfg.replace(steps=1, adam=dataclasses.replace(cfg.adam, beta1=0.0))
     units = cfg.units()
     got: list = []
 

@@ -42,8 +42,7 @@ def train_stale(cfg, warmup: int, on_step=None):
     stale after ``warmup`` steps: the Result, as :func:`zerospec.training.run.train` gives."""
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1, got {warmup!r}")
-    cfg = dataclasses.replace(cfg, dpu=0, offload_optimizer=None, offload_mode="paper",
-                              nvme_path=None)
+    cfg = cfg.replace(dpu=0, offload_optimizer=None, offload_mode="paper", nvme_path=None)
     units = cfg.units()
     cluster = VirtualCluster(cfg.n_ranks, timeout=cfg.timeout)
     outs = cluster.run(_stale_rank, cfg, units, initial_weights(cfg, units), make_batches(cfg),

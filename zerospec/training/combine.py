@@ -15,6 +15,7 @@ features (checkpoint files, real processes).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 from ..optim.loss_scale import LossScale
@@ -40,8 +41,18 @@ class Feature:
             return bool(getattr(cfg, self.flag))
         if self.match:
             return all(getattr(cfg, f) == v for f, v in self.sets)
-        default = {f.name: f.default for f in dataclasses.fields(cfg)}
+        default = _defaults(type(cfg))
         return bool(self.sets) and all(getattr(cfg, f) != default[f] for f, _ in self.sets)
+
+
+@functools.cache
+def _defaults(cls) -> dict:
+    """Every option's default: the configuration's own fields' and its sections' (sections.py)."""
+    from .sections import SECTIONS
+    out = {f.name: f.default for f in dataclasses.fields(cls)}
+    for section in SECTIONS.values():
+        out.update({f.name: f.default for f in dataclasses.fields(section)})
+    return out
 
 
 def _f(name, title, stages=ALL_STAGES, neutral=False, needs=(), flag="", match=False,

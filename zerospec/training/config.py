@@ -12,13 +12,15 @@ from ..model import gpt
 from ..model.units import Unit
 from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
-from ..optim.precision import POLICIES, Precision, policy
-from ..zero import STAGES, ZERO1_COMM
+from ..optim.precision import POLICIES, Precision
+from ..zero import STAGES
 from ..zero import hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 from ..offload import check as check_offload
 from . import combine
+from .sections import (SECTION_OF, SECTIONS, BatchOptions, MeshOptions, OffloadOptions,
+                       OptimOptions, QuantOptions, VariantOptions, ZeroROptions)
 
 DEVICES = ("cpu", "meta")
 
@@ -28,59 +30,61 @@ class TrainConfig:
     stage: int = 0
     n_d: int = 4                       # data-parallel degree N_d (ZeRO shards over these ranks)
     model: gpt.GPTConfig = gpt.SMALL
-    global_batch: int | None = None    # default: 2 sequences per rank per micro-step
     steps: int = 5
     seed: int = 0
-    zero1_comm: str = "reduce_scatter"
-    adam: AdamConfig = AdamConfig()
     count_flops: bool = False
     device: str = "cpu"
-    precision: str = "fp16"
     timeout: float = 120.0
-    # surviving real conditions (spec/loss_scaling.md … checkpoints.md); defaults: the plain step
-    loss_scale: LossScale | None = None       # dynamic fp16 loss scaling
-    clip_grad_norm: float | None = None       # global-norm clipping threshold
-    grad_accum_steps: int = 1                 # micro-batches per optimizer step (G)
-    exact_grads: bool = False                 # exact fp64 gradient sums also when G = 1
-    checkpoint_activations: int = 0           # ZeRO-R: blocks per checkpoint, 0 = off (zero_r/)
-    bucket_elements: int | str | None = None  # ZeRO-R C_B: B-element buckets; "model": C29's
-    #                                           naive fp32 buffer; None: per unit (zero_r/buffers.py)
-    n_m: int = 1                              # model-parallel degree N_m: N = N_d × N_m ranks
-    partition_activations: bool = False       # ZeRO-R's P_a: checkpoints split over the MP group
-    cpu_checkpointing: bool = False           # P_a+cpu: the partitioned checkpoints in host memory
-    contiguous_checkpoints: bool = False      # ZeRO-R's M_D: checkpoints in one buffer (zero_r/defrag.py)
-    contiguous_gradients: bool = False        # M_D for stages 2–3: one reused gradient slot
-    # DeepSpeed's ZeRO-3 settings (zero/ds3.py); 0, 0: the paper's P_os+g+p
-    stage3_persistence_threshold: int = 0     # units of at most this many elements stay whole
-    stage3_max_reuse_distance: int = 0        # keep gathered from forward to backward within this
-    # nodes and ZeRO++'s hpZ (spec/nodes.md, zero/hpz.py): None = one node; hpz 1 = off
-    gpus_per_node: int | None = None          # rank r sits on node r // gpus_per_node
-    hpz: int = 1                              # zero_hpz_partition_size h: backward gathers in-node
-    # ZeRO-Offload (zerospec/offload/, spec/offload.md); None: everything on the device
-    offload_optimizer: str | None = None      # "cpu" | "nvme": fp32 states and Adam on the host
-    offload_mode: str = "paper"               # "paper": fp16 grads down; "deepspeed": fp32 down
-    offload_params: str | None = None         # "cpu" | "nvme": ZeRO-Infinity's fp16 parameters
-    offload_partition: str = "bandwidth"      # "bandwidth": 1/N per PCIe link (C-I8); "owner"
-    offload_buffer_elements: int | None = None  # NVMe params: one host staging buffer this big
-    offload_prefetch: bool = False            # C-I8's prefetcher: i+1 gathered, i+2 up, i+3 read
-    nvme_path: str | None = None              # the NVMe tier's directory (None: a temporary one)
-    dpu: int = 0                              # delayed parameter update from step N (0: off, B8)
-    # MiCS / FSDP2's HSDP (spec/mics.md, zero/mics.py): shard over p ranks, replicate over N_d/p
-    shard_group: int | None = None            # p; None: shard over all N_d ranks (p = N_d)
-    # ZeRO++'s quantized collectives (zero/zeropp.py, spec/zeropp.md); off: stage 3 unchanged
-    qwz: bool = False                         # zero_quantized_weights: int8 weight all-gathers
-    qgz: bool = False                         # zero_quantized_gradients: int4 all-to-all reduce
-    quant_group_size: int | None = None       # elements per scale; None: DeepSpeed's choice
-    tiles: int = 1                            # ZeRO-Infinity's MLP tiles along d_ff (C-I3); 1: off
+    # the sections, each with its feature's options (zerospec/training/sections.py); defaults:
+    # the plain step of the paper's P_os / P_os+g / P_os+g+p on one node
+    optim: OptimOptions = OptimOptions()        # precision, Adam, loss scaling, clipping
+    batching: BatchOptions = BatchOptions()     # global batch, accumulation, exact sums
+    variants: VariantOptions = VariantOptions()  # stage 1's collective, DeepSpeed's ZeRO-3 knobs
+    zero_r: ZeroROptions = ZeroROptions()       # ZeRO-R: checkpointing, P_a, C_B, M_D
+    mesh: MeshOptions = MeshOptions()           # N_m, nodes, hpZ, MiCS's shard group
+    quant: QuantOptions = QuantOptions()        # ZeRO++'s qwZ, qgZ
+    offload: OffloadOptions = OffloadOptions()  # ZeRO-Offload, ZeRO-Infinity, DPU, tiles
+
+    def __getattr__(self, name: str):
+        """A section's option by its own name (``cfg.hpz`` is ``cfg.mesh.hpz``): names are unique
+        across sections."""
+        section = SECTION_OF.get(name)
+        if section is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(object.__getattribute__(self, section), name)
+
+    @classmethod
+    def of(cls, **options) -> "TrainConfig":
+        """A TrainConfig from top-level fields and section options by their names, each put in
+        its section (``TrainConfig.of(stage=3, hpz=2)``): for readers of foreign configurations
+        whose keys map to options one by one (zerospec/plan/deepspeed.py)."""
+        top = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in options if k not in top and k not in SECTION_OF)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig option(s) {', '.join(unknown)}; accepted: "
+                             f"{', '.join(sorted(top | set(SECTION_OF)))}")
+        kw = {k: v for k, v in options.items() if k in top}
+        for name, section in SECTIONS.items():
+            mine = {k: v for k, v in options.items() if SECTION_OF.get(k) == name}
+            if mine:
+                kw[name] = dataclasses.replace(kw.get(name, section()), **mine)
+        return cls(**kw)
+
+    def replace(self, **options) -> "TrainConfig":
+        """This config with some top-level fields or section options changed, by their names."""
+        kw = {k: v for k, v in options.items() if k not in SECTION_OF}
+        for name in SECTIONS:
+            mine = {k: v for k, v in options.items() if SECTION_OF.get(k) == name}
+            if mine:
+                kw[name] = dataclasses.replace(getattr(self, name), **mine)
+        return dataclasses.replace(self, **kw)
 
     def __post_init__(self):
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {sorted(STAGES)}, got {self.stage!r}")
         if not isinstance(self.n_d, int) or self.n_d < 1:
             raise ValueError(f"n_d (number of ranks) must be an integer >= 1, got {self.n_d!r}")
-        g = self.grad_accum_steps
-        if not isinstance(g, int) or isinstance(g, bool) or g < 1:
-            raise ValueError(f"grad_accum_steps must be an integer >= 1, got {g!r}")
+        g = self.grad_accum_steps             # an integer >= 1 (its section checked)
         if self.global_batch is not None and (self.global_batch < 1
                                               or self.global_batch % (self.n_d * g)):
             times = f" × grad_accum_steps={g}" if g > 1 else ""
@@ -88,12 +92,8 @@ class TrainConfig:
                              f"n_d={self.n_d}{times} (each rank takes equal micro-batches)")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
-        if self.zero1_comm not in ZERO1_COMM:
-            raise ValueError(f"unknown ZeRO-1 variant {self.zero1_comm!r}; accepted: "
-                             f"{', '.join(ZERO1_COMM)}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
-        policy(self.precision)
         combine.check(self)   # the table's refused pairs, each with its reason
         checkpointing.check(self.checkpoint_activations, self.model.n_layer)
         buffers.check(self.bucket_elements, self.stage, self.n_d)
@@ -172,12 +172,10 @@ def check_zero_r(cfg) -> None:
                          f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1, "
                          f"got n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
     for name in ("stage3_persistence_threshold", "stage3_max_reuse_distance"):
-        v = getattr(cfg, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        v = getattr(cfg, name)                # an integer >= 0 (its section checked)
         if v and cfg.stage != 3:
-            raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/ds3.py): it needs "
-                             f"stage 3, got stage={cfg.stage}")
+            raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/stage3_deepspeed.py): "
+                             f"it needs stage 3, got stage={cfg.stage}")
     if cfg.contiguous_gradients and cfg.stage < 2:
         raise ValueError(f"contiguous_gradients (M_D for gradients) reuses the slot stages 2–3 "
                          f"reduce-scatter each unit's gradient from: it needs stage 2 or 3, got "

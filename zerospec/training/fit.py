@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .config import TrainConfig
 from .scale import ScaleResult, measure
 
 
@@ -41,7 +42,8 @@ def max_micro_batch(model, stage: int, n_d: int, capacity: int, seen: dict | Non
     seen = {} if seen is None else seen
 
     def fits(b: int) -> bool:
-        r = seen[b] = measure(model, stage, n_d, micro_batch=b, **kw)
+        cfg = TrainConfig.of(model=model, stage=stage, n_d=n_d, **kw)
+        r = seen[b] = measure(cfg, micro_batch=b)
         return all(c.memory.peak_total <= capacity for c in r.classes)
     return largest(fits)
 
@@ -51,6 +53,7 @@ def max_layers(make_model: Callable[[int], object], stage: int, n_d: int, capaci
     """The most layers L whose model ``make_model(L)`` keeps its model states within ``capacity``
     per GPU (measured after setup; Table 2's cells are model states only)."""
     def fits(L: int) -> bool:
-        r = measure(make_model(L), stage, n_d, setup_only=True, **kw)
+        r = measure(TrainConfig.of(model=make_model(L), stage=stage, n_d=n_d, **kw),
+                    setup_only=True)
         return all(c.model_states <= capacity for c in r.classes)
     return largest(fits)

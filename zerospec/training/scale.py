@@ -35,7 +35,8 @@ import dataclasses
 import time
 
 from ..runtime.context import RankContext
-from ..comm.groups import Grid, Nodes, global_group, hpz_group, local_group, replica_group, shard_group
+from ..comm.groups import Grid
+from ..comm.mesh import Mesh
 from ..comm.interconnect import Interconnect
 from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
@@ -93,7 +94,7 @@ class ScaleResult(Sized):
 
     @property
     def grid(self) -> Grid:
-        return Grid(self.config.n_d, self.config.n_m)
+        return Mesh.of(self.config).grid
 
     def rank_class(self, rank: int) -> RankClass:
         """The class of global rank ``rank``: its DP index's (every MP index of a DP index holds
@@ -121,19 +122,12 @@ class ScaleResult(Sized):
         """The N-rank ledger with the given ranks' collectives booked (all ranks by default)."""
         if ranks is None and self._comm is not None:
             return self._comm
-        grid, cfg = self.grid, self.config
-        ledger = CommLedger(grid.n_ranks, cfg.gpus_per_node)
-        g = Nodes(grid.n_ranks, cfg.gpus_per_node).per_node
-        for r in range(grid.n_ranks) if ranks is None else ranks:
-            rings = {"world": tuple(range(grid.n_ranks)), "dp": grid.dp_group(r).ranks,
-                     "mp": grid.mp_group(r).ranks, "host": (r,), "nvme": (r,),
-                     "hpz": hpz_group(r, cfg.hpz).ranks, "local": local_group(r, g).ranks,
-                     "global": global_group(r, g, grid.n_ranks).ranks}
-            if cfg.shard_group is not None:   # MiCS (zero/mics.py)
-                rings |= {"shard": shard_group(r, cfg.shard_group).ranks,
-                          "replica": replica_group(r, cfg.shard_group, grid.n_ranks).ranks}
+        mesh, cfg = Mesh.of(self.config), self.config
+        ledger = CommLedger(mesh.n_ranks, cfg.gpus_per_node)
+        for r in range(mesh.n_ranks) if ranks is None else ranks:
+            rings = {}
             for op, dtype, numel, phase, step, src, group, n in self.rank_class(r).trace:
-                ring = rings[group]
+                ring = rings.get(group) or rings.setdefault(group, mesh.group(group, r).ranks)
                 k = ring.index(r)
                 ledger.book(r, op, dtype, numel, phase, step, src=src, group=group, n=n,
                             index=0 if group in LINK_GROUPS else k, peer=ring[(k + 1) % len(ring)])
@@ -163,60 +157,31 @@ class _SetupOnlyContext(RankContext):
 
 
 # -- running ----------------------------------------------------------------------------------------
-def measure(model: GPTConfig, stage: int, n_d: int, *, micro_batch: int = 1,
-            zero1_comm: str = "reduce_scatter", precision: str = "fp16",
-            setup_only: bool = False, cache_kernels: bool = True, checkpoint_activations: int = 0,
-            count_flops: bool = False, bucket_elements: int | str | None = None, n_m: int = 1,
-            partition_activations: bool = False, cpu_checkpointing: bool = False,
-            contiguous_checkpoints: bool = False, contiguous_gradients: bool = False,
-            stage3_persistence_threshold: int = 0, stage3_max_reuse_distance: int = 0,
-            trace: bool = False, gpus_per_node: int | None = None, hpz: int = 1,
-            shard_group: int | None = None, qwz: bool = False, qgz: bool = False,
-            quant_group_size: int | None = None, offload_optimizer: str | None = None,
-            offload_mode: str = "paper", offload_params: str | None = None) -> ScaleResult:
-    """One step of ZeRO stage ``stage`` for ``model`` on ``n_d`` meta GPUs (see the module doc).
+def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = False,
+            cache_kernels: bool = True, trace: bool = False) -> ScaleResult:
+    """One step of ``config`` on its N meta GPUs (see the module doc): ``config`` runs with
+    ``device="meta"`` and one step, each rank on ``micro_batch`` sequences per micro-step.
 
+    Every section applies as in training; host and NVMe ledgers hold meta tensors and the NVMe
+    tier writes no file (:class:`~zerospec.offload.nvme.MetaSwap`): bytes booked, none moved.
+    Every MP index of a DP index holds equal slices, so MP index 0 stands for all of them; with
+    MiCS the ranks of the first partition group stand for every replica.
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
     Table 1, whose cells are model states only; the step does not change them).
-    ``checkpoint_activations``, ``count_flops``: as in TrainConfig (ZeRO-R's C27, C28).
-    ``bucket_elements``: as in TrainConfig (ZeRO-R's C_B, C29, C36).
-    ``n_m``, ``partition_activations``, ``cpu_checkpointing``: model parallelism on an
-    N_d × N_m grid and ZeRO-R's P_a, P_a+cpu, as in TrainConfig (C11, C17, C26, C32–C35).
-    Every MP index of a DP index holds equal slices, so MP index 0 stands for all of them.
-    ``contiguous_checkpoints``, ``contiguous_gradients``: ZeRO-R's M_D, as in TrainConfig (C37).
-    ``stage3_persistence_threshold``, ``stage3_max_reuse_distance``: DeepSpeed's ZeRO-3
-    settings (zerospec/zero/ds3.py), as in TrainConfig.
+    ``cache_kernels``: answer repeated meta kernels from :class:`MetaKernelCache`.
     ``trace``: record each class's allocation trace for the caching allocator model
     (zerospec/runtime/trace.py; fragmentation, C30, C37): ``RankClass.allocations``, every
     storage (:class:`~zerospec.runtime.trace.StorageTrace`), and ``memory.trace``, the ledger's.
-    ``gpus_per_node``, ``hpz``: nodes and ZeRO++'s hpZ, as in TrainConfig (spec/nodes.md).
-    ``shard_group``: MiCS's partition group size p, as in TrainConfig (spec/mics.md); the ranks
-    of the first partition group stand for every replica.
-    ``qwz``, ``qgz``, ``quant_group_size``: ZeRO++'s quantized collectives (spec/zeropp.md).
-    ``offload_optimizer``, ``offload_mode``, ``offload_params``: ZeRO-Offload / ZeRO-Infinity, as
-    in TrainConfig (spec/offload.md); host and NVMe ledgers hold meta tensors and the NVMe tier
-    writes no file (:class:`~zerospec.offload.nvme.MetaSwap`): bytes booked, none moved.
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
                          f"got {micro_batch!r}")
-    cfg = TrainConfig(stage=stage, n_d=n_d, model=model, global_batch=micro_batch * n_d, steps=1,
-                      zero1_comm=zero1_comm, precision=precision, device="meta",
-                      checkpoint_activations=checkpoint_activations, count_flops=count_flops,
-                      bucket_elements=bucket_elements, n_m=n_m,
-                      partition_activations=partition_activations,
-                      cpu_checkpointing=cpu_checkpointing,
-                      contiguous_checkpoints=contiguous_checkpoints,
-                      contiguous_gradients=contiguous_gradients,
-                      stage3_persistence_threshold=stage3_persistence_threshold,
-                      stage3_max_reuse_distance=stage3_max_reuse_distance,
-                      gpus_per_node=gpus_per_node, hpz=hpz, shard_group=shard_group, qwz=qwz,
-                      qgz=qgz, quant_group_size=quant_group_size,
-                      offload_optimizer=offload_optimizer, offload_mode=offload_mode,
-                      offload_params=offload_params)
+    n_d, n_m = config.n_d, config.n_m
+    cfg = config.replace(device="meta", steps=1,
+                         global_batch=micro_batch * n_d * config.grad_accum_steps)
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
-    ledger, backend = CommLedger(cfg.n_ranks, gpus_per_node), MetaBackend(cfg.n_ranks)
+    ledger, backend = CommLedger(cfg.n_ranks, cfg.gpus_per_node), MetaBackend(cfg.n_ranks)
     t0 = time.perf_counter()
     classes = []
     with MetaKernelCache() if cache_kernels else contextlib.nullcontext():
@@ -249,5 +214,6 @@ def _run_rank(ctx, cfg, units, init, batches) -> RankOutput | None:
                         f"(last collective: {last}): {type(exc).__name__}: {exc}", ctx.rank) from exc
 
 
-def measure_stages(model: GPTConfig, n_d: int, stages=(0, 1, 2, 3), **kw) -> dict[int, ScaleResult]:
-    return {s: measure(model, s, n_d, **kw) for s in stages}
+def measure_stages(config: TrainConfig, stages=(0, 1, 2, 3), **how) -> dict[int, ScaleResult]:
+    """``measure`` of ``config`` at each of ``stages``."""
+    return {s: measure(config.replace(stage=s), **how) for s in stages}

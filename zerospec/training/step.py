@@ -26,13 +26,14 @@ from .resume import meta as resume_meta
 from ..optim.update import Reach, StepReport, Updater
 from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
-from ..zero.ds3 import DeepSpeedParameters, reused_within
+from ..zero.stage3_deepspeed import DeepSpeedParameters, reused_within
 from ..zero.exact import with_exact
 from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.zeropp import with_zeropp
 from ..zero.fetch import ParamFetcher
-from ..comm.groups import Grid, Group, make_within, mics_groups, replica_group, shard_group, within
+from ..comm.groups import Group, make_within, mics_groups, replica_group, shard_group, within
+from ..comm.mesh import Mesh
 from ..model import megatron
 from ..model.megatron import TensorParallel
 from ..runtime.context import GroupView
@@ -104,7 +105,9 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
     """Set up one rank for :func:`rank_main`: its groups, how checkpoints are kept (P_a, M_D),
     its stage (restored from ``resume``, a checkpoint.TrainState, if given), the updater, the
     fetcher and the block runner."""
-    dp_ctx, mp, init = _groups(ctx, cfg, init)
+    mesh = Mesh.of(cfg)
+    mesh.make(ctx.comm)                   # every group of the run, once, in the mesh's order
+    dp_ctx, mp, init = _groups(ctx, cfg, mesh, init)
     keep = _checkpoint_keeper(ctx, cfg, mp)
     cls, kwargs = _stage_class(cfg, units)
     kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
@@ -126,13 +129,13 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
                 meta.get("step", 0) + 1, mp)
 
 
-def _groups(ctx, cfg: TrainConfig, init):
+def _groups(ctx, cfg: TrainConfig, mesh: Mesh, init):
     """The context the stage sees (its DP group's view with N_m > 1; MiCS: its partition group's
     inside that), the MP group (None without MP) and this rank's initial weights (its MP index's);
     see :func:`rank_main`."""
     dp, mp = ctx, None
     if cfg.n_m > 1:
-        grid = Grid(cfg.n_d, cfg.n_m)
+        grid = mesh.grid
         dp_comm, mp_comm = ctx.comm.split(grid)
         dp, mp, init = GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
         dp.siblings = [grid.dp_group(j) for j in range(cfg.n_m)]   # every MP index's DP group
@@ -239,7 +242,7 @@ def rank_main(ctx, cfg: TrainConfig, units, init, batches, on_step=None, resume=
     out.master = rank.stage.owned_master()   # the same tensors, or (NVMe) read from their files
     if keep_state:
         out.state = {"pieces": checkpoint.rank_pieces(rank.stage, checkpoint.mp_prefix(
-                         cfg.n_m, Grid(cfg.n_d, cfg.n_m).mp_index(ctx.rank))),
+                         cfg.n_m, Mesh.of(cfg).grid.mp_index(ctx.rank))),
                      "meta": resume_meta(cfg, ctx.step, rank.updater)}
     return out
 

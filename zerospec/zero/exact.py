@@ -145,5 +145,5 @@ EXACT_STAGES = {0: ExactDataParallel, 1: ExactOptimizerStates, 2: ExactGradients
 
 @functools.cache
 def with_exact(cls: type) -> type:
-    """A stage-3 variant (DeepSpeed's ZeRO-3, zero/ds3.py) with exact sums in front."""
+    """A stage-3 variant (DeepSpeed's ZeRO-3, zero/stage3_deepspeed.py) with exact sums in front."""
     return type(f"Exact{cls.__name__}", (ShardedAccumulation, cls), {})

@@ -87,7 +87,7 @@ class DataParallel:
 
     def keep_for_backward(self, i: int) -> bool:
         """Whether unit i, once gathered in forward, is kept until its backward use (stage 3 with
-        DeepSpeed's reuse distance, zerospec/zero/ds3.py); the paper's stages: no."""
+        DeepSpeed's reuse distance, zerospec/zero/stage3_deepspeed.py); the paper's stages: no."""
         return False
 
     def acquire(self, i: int) -> torch.Tensor:

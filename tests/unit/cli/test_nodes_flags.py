@@ -51,10 +51,13 @@ def test_plan_explain_shows_bytes_across_nodes_on_the_given_nodes(capsys, tmp_pa
     from zerospec.model.hf_config import read
     from zerospec.plan.nodes import node_bytes
     from zerospec.training.scale import measure
+    from zerospec.training.config import TrainConfig
+    from zerospec.training.sections import MeshOptions
     rows = _plan_nodes(capsys, tmp_path, "--gpus", "8", "--gpus-per-node", "4")
     _, model = read(tiny_hf_config(tmp_path))
     for g in (4, 2):
-        nb = node_bytes(measure(model, 3, 8, gpus_per_node=g))
+        nb = node_bytes(measure(TrainConfig(stage=3, n_d=8, model=model,
+                                            mesh=MeshOptions(gpus_per_node=g))))
         rows = _plan_nodes(capsys, tmp_path, "--gpus", "8", "--gpus-per-node", str(g))
         assert int(rows["total"][1].replace(",", "")) == nb.across() > 0
         assert int(rows["total"][0].replace(",", "")) == nb.inside()

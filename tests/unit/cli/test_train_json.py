@@ -37,7 +37,7 @@ def test_offload_prints_the_losses_and_master_digest_of_the_run_without_it(capsy
     off = _json(capsys, *TINY, *argv, "--offload-optimizer", "cpu")
     ref = _json(capsys, *TINY, *argv)
     _same_training(off, ref)
-    assert off["config"]["offload_optimizer"] == "cpu" and ref["config"]["offload_optimizer"] is None
+    assert off["config"]["offload"]["offload_optimizer"] == "cpu" and ref["config"]["offload"]["offload_optimizer"] is None
     assert all(b > 0 for b in off["ledgers"]["host_link_bytes"])
     assert not any(ref["ledgers"]["host_link_bytes"])
 
@@ -98,8 +98,8 @@ def test_deepspeeds_stage3_knobs_reach_the_run_and_move_no_bit(capsys):
     are those of plain stage 3 with accumulation."""
     knobs = _json(capsys, *TINY, "--stage", "3", "--grad-accum", "2", "--offload-optimizer", "cpu",
                   "--stage3-persistence-threshold", "100", "--stage3-max-reuse-distance", "100000")
-    assert knobs["config"]["stage3_persistence_threshold"] == 100
-    assert knobs["config"]["stage3_max_reuse_distance"] == 100000
+    assert knobs["config"]["variants"]["stage3_persistence_threshold"] == 100
+    assert knobs["config"]["variants"]["stage3_max_reuse_distance"] == 100000
     _same_training(knobs, _json(capsys, *TINY, "--stage", "3", "--grad-accum", "2"))
 
 

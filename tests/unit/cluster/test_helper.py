@@ -15,10 +15,10 @@ import pytest
 
 from zerospec.model.gpt import GPTConfig
 from zerospec.cluster import helper
-from zerospec.evaluation.memory import c30_trace
+from zerospec.evaluation.cached_memory import c30_trace
 from zerospec.cluster.helper import Beside
 from zerospec.report.measure import Measurements, ReportConfig, meta_measurements
-from zerospec.report.tables import zero_r_table
+from zerospec.report.writeup import zero_r_table
 from zerospec.runtime.errors import RankError
 
 TWO_CPUS = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(helper.usable_cpus()) < 2,

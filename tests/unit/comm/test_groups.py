@@ -8,6 +8,7 @@ from zerospec.cluster.threads import VirtualCluster
 from zerospec.comm.groups import Grid, Group
 from zerospec.runtime.errors import CollectiveError
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, OptimOptions
 from zerospec.training.scale import measure
 from zerospec.model.gpt import GPTConfig
 
@@ -94,7 +95,7 @@ def test_a_rank_that_returns_fails_only_the_groups_it_belongs_to():
 ])
 def test_model_parallel_configs_that_cannot_run_are_refused_naming_the_values(kw, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(model=TINY, n_d=2, **kw)
+        TrainConfig.of(model=TINY, n_d=2, **kw)
 
 
 @pytest.mark.parametrize("stage", [0, 3])
@@ -103,9 +104,9 @@ def test_meta_representatives_give_every_rank_s_ledgers_of_the_thread_grid(stage
     every rank's comm records (groups, host link) and memory snapshots equal the threads'."""
     from zerospec.training.run import train
     kw = dict(checkpoint_activations=1, partition_activations=True, cpu_checkpointing=True)
-    full = train(TrainConfig(stage=stage, n_d=3, n_m=2, model=TINY, steps=1, global_batch=3,
-                             device="meta", **kw))
-    scaled = measure(TINY, stage, 3, n_m=2, **kw)
+    full = train(TrainConfig.of(stage=stage, n_d=3, n_m=2, model=TINY, steps=1, global_batch=3,
+                                device="meta", **kw))
+    scaled = measure(TrainConfig.of(stage=stage, n_d=3, model=TINY, n_m=2, **kw))
     comm = scaled.comm_ledger()
     for r in range(6):
         assert full.comm.records(r) == comm.records(r), r
@@ -144,8 +145,9 @@ def test_zerospec_train_mp_with_loss_scaling_and_clipping_runs_and_prints_their_
     rc, out, _ = run_cli(capsys, "train", "--ranks", "4", "--mp", "2", "--steps", "1", "--model",
                          "small", "--loss-scale", "1024", "--clip-grad-norm", "0.5")
     assert rc == 0 and "N_d = 2 × N_m = 2" in out and "| loss scale | skipped | grad norm |" in out
-    r = train(TrainConfig(stage=3, n_d=2, n_m=2, steps=1, loss_scale=LossScale(1024.0),
-                          clip_grad_norm=0.5))
+    r = train(TrainConfig(stage=3, n_d=2, steps=1,
+                          optim=OptimOptions(loss_scale=LossScale(1024.0), clip_grad_norm=0.5),
+                          mesh=MeshOptions(n_m=2)))
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 ")]
     assert len(rows) == 1 and [float(x[-1]) for x in rows] == [float(f"{n:.6g}") for n in r.grad_norms]
     assert_usage_error(capsys, "train", "--ranks", "4", "--mp", "2", "--grad-accum", "2",

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from zerospec.evaluation import runs as pr
-from zerospec.model.config import GPTConfig
+from zerospec.model.family import GPTConfig
 from zerospec.paper import evaluation as ev
 
 
@@ -30,8 +30,10 @@ def measured(monkeypatch) -> list[Measured]:
     (the recorder's tokens must not outlive the test, nor real steps leak into it)."""
     calls: list[Measured] = []
 
-    def record(model, stage, n_d, **kw):
-        calls.append(Measured(model, stage, n_d, kw))
+    def record(cfg, **how):
+        kw = {"n_m": cfg.n_m, "partition_activations": cfg.partition_activations,
+              "cpu_checkpointing": cfg.cpu_checkpointing, **how}
+        calls.append(Measured(cfg.model, cfg.stage, cfg.n_d, kw))
         return len(calls)
 
     monkeypatch.setattr(pr, "measure", record)

@@ -21,6 +21,7 @@ from zerospec.evaluation.timing import OPTIM_BYTES_PER_PARAM, collective_seconds
 from zerospec.runtime.observe import Observer, written_arguments
 from zerospec.runtime.opcount import Op, is_view, unread
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, ZeroROptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
 
@@ -110,8 +111,9 @@ def test_the_dgx2_is_the_papers_cluster_node():
 @functools.lru_cache(maxsize=None)
 def small_step(stage: int = 2, n_m: int = 2, flops: bool = True):
     """4 blocks of 256 on a 2 × 2 grid (N_d × N_m), a checkpoint per block, 2 sequences."""
-    return measure(gpt(4, 256, 4), stage, 2, micro_batch=2, n_m=n_m, checkpoint_activations=1,
-                   count_flops=flops)
+    return measure(TrainConfig(stage=stage, n_d=2, model=gpt(4, 256, 4), count_flops=flops,
+                               zero_r=ZeroROptions(checkpoint_activations=1),
+                               mesh=MeshOptions(n_m=n_m)), micro_batch=2)
 
 
 GEMM_RATE = 83e12                                   # DGX-2: 125 TFLOPS · 83/125

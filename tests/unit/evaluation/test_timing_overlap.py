@@ -16,6 +16,7 @@ from zerospec.evaluation.timing import collective_seconds, step_time
 from zerospec.model.presets import gpt
 from zerospec.paper.hardware import DGX2
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
 
 SLOW_WIRE = dataclasses.replace(DGX2, intra_bytes_per_s=10**6)    # 1 MB/s inside the node
 
@@ -23,7 +24,8 @@ SLOW_WIRE = dataclasses.replace(DGX2, intra_bytes_per_s=10**6)    # 1 MB/s insid
 @functools.lru_cache(maxsize=None)
 def tiny_step():
     """2 blocks of 64 (2 heads), P_os+g on 2 GPUs of one node, one sequence each, FLOPs counted."""
-    return measure(gpt(2, 64, 2), 2, 2, micro_batch=1, count_flops=True)
+    return measure(TrainConfig(stage=2, n_d=2, model=gpt(2, 64, 2), count_flops=True),
+                   micro_batch=1)
 
 
 def test_overlap_hides_no_more_communication_than_backward_computes():

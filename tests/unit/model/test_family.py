@@ -1,4 +1,4 @@
-"""The decoder family (zerospec/model/config.py, gpt.py): every field validated, Ψ exact, the
+"""The decoder family (zerospec/model/family.py, gpt.py): every field validated, Ψ exact, the
 forward equal to a plain torch module built for the same config, and a tiny Llama trained
 bit-identically by every ZeRO stage."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 
 from tests.support.runs import assert_same_training
 from tests.unit.model.test_layers import _meta_rope
-from zerospec.model.config import DecoderConfig, GPTConfig
+from zerospec.model.family import DecoderConfig, GPTConfig
 from zerospec.model.gpt import fetch_order, forward, init_params
 
 LLAMA = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,

@@ -55,7 +55,8 @@ def test_the_paper_presets_keep_their_psi():
 def test_llama3_8b_measures_a_stage3_step_on_64_gpus_on_meta():
     """One ZeRO-3 step of Llama-3-8B on meta tensors at N_d = 64: 16Ψ/N_d model-state bytes per rank."""
     from zerospec.training.scale import measure
+    from zerospec.training.config import TrainConfig
     p = PUBLISHED["llama-3-8b"]
-    r = measure(p.model, 3, 64)
+    r = measure(TrainConfig(stage=3, n_d=64, model=p.model))
     assert r.psi == p.psi
     assert r.model_states(0) == 16 * sum(u.chunk for u in r.units)   # (2 + 2 + 12)·Ψ_p/N_d

@@ -7,6 +7,7 @@ from tests.support.cli import assert_usage_error
 from zerospec.model.gpt import ODD
 from zerospec.optim.loss_scale import LossScale
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OffloadOptions
 
 
 @pytest.mark.parametrize("kw, named", [
@@ -15,7 +16,7 @@ from zerospec.training.config import TrainConfig
     ({"stage": 2, "offload_optimizer": "cpu", "offload_mode": "zero"}, "offload_mode must be"),
     ({"stage": 2, "offload_params": "cpu"}, "offload_params='cpu' fetches each stage-3 chunk"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "disk"},
-     "offload_params='disk' (ZeRO-Infinity's parameter offload): accepted cpu, nvme"),
+     "offload_params must be one of cpu, nvme or None, got 'disk'"),
     ({"stage": 3, "offload_params": "nvme"}, "it needs stage 3 and offload_optimizer 'cpu' or 'nvme'"),
     ({"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "offload_partition": "x"},
      "offload_partition must be one of bandwidth, owner, got 'x'"),
@@ -42,7 +43,7 @@ from zerospec.training.config import TrainConfig
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bad_offload_setting_is_one_error_naming_it(kw, named):
     with pytest.raises(ValueError) as e:
-        TrainConfig(n_d=2, **kw)
+        TrainConfig.of(n_d=2, **kw)
     assert named in str(e.value)
 
 
@@ -61,7 +62,7 @@ def test_dpu_with_loss_scaling_is_refused_in_the_config_and_the_cli(capsys):
     (TrainConfig: ValueError; `train`: one line, exit 2)."""
     from zerospec.optim.loss_scale import LossScale
     with pytest.raises(ValueError, match=r"(?i)loss scaling with DPU"):
-        TrainConfig(stage=2, n_d=2, offload_optimizer="cpu", dpu=1, loss_scale=LossScale(1024.0))
+        TrainConfig.of(stage=2, n_d=2, offload_optimizer="cpu", dpu=1, loss_scale=LossScale(1024.0))
     assert_usage_error(capsys, "train", "--steps", "1", "--stage", "2", "--offload-optimizer",
                        "cpu", "--dpu", "1", "--loss-scale", "1024", named="loss scaling with DPU")
 
@@ -71,7 +72,8 @@ def test_a_dpu_run_refuses_a_checkpoint_it_could_not_resume_from():
     from zerospec.training.run import train
     from zerospec.model.gpt import ODD
     with pytest.raises(Exception, match=r"save=\[2\].*dpu=2"):
-        train(TrainConfig(stage=2, n_d=2, model=ODD, steps=3, offload_optimizer="cpu", dpu=2),
+        train(TrainConfig(stage=2, n_d=2, model=ODD, steps=3,
+                          offload=OffloadOptions(offload_optimizer="cpu", dpu=2)),
               save={2: "/tmp/never"})
 
 
@@ -95,8 +97,9 @@ def test_a_checkpoint_of_parameters_not_in_host_memory_is_refused_naming_the_set
     """Parameters on NVMe, or whole on their owners: saving a checkpoint is one error naming both
     settings (the checkpoint code reads each rank's fp16 chunk from host memory)."""
     from zerospec.training.run import train
-    c = TrainConfig(stage=3, n_d=2, model=ODD, steps=1, offload_optimizer="cpu",
-                    offload_params=params, offload_partition=partition)
+    c = TrainConfig(stage=3, n_d=2, model=ODD, steps=1,
+                    offload=OffloadOptions(offload_optimizer="cpu", offload_params=params,
+                                           offload_partition=partition))
     with pytest.raises(ValueError, match=f"checkpoints with offload_params='{params}', "
                                          f"offload_partition='{partition}' are not built"):
         train(c, save={1: str(tmp_path)})

@@ -28,13 +28,13 @@ N = 4
 
 
 def cfg(path, stage: int = 2, steps: int = 3, n_d: int = N, **kw) -> TrainConfig:
-    return TrainConfig(stage=stage, n_d=n_d, model=ODD, steps=steps, offload_optimizer="nvme",
-                       nvme_path=str(path), **kw)
+    return TrainConfig.of(stage=stage, n_d=n_d, model=ODD, steps=steps, offload_optimizer="nvme",
+                          nvme_path=str(path), **kw)
 
 
 def on_host(c: TrainConfig) -> TrainConfig:
     """``c`` on the cpu tier: the same bits (test_an_nvme_run_is_bit_identical…), no fsync."""
-    return dataclasses.replace(c, offload_optimizer="cpu", nvme_path=None)
+    return c.replace(offload_optimizer="cpu", nvme_path=None)
 
 
 def test_a_tensor_written_is_read_back_bit_for_bit(tmp_path):
@@ -103,8 +103,7 @@ def test_an_nvme_run_is_bit_identical_and_its_files_hold_the_states(tmp_path, st
     momentum and variance (read back by numpy, not by the tier), their sizes are the NVMe ledger's,
     and every step reads and writes 12 bytes per owned element over the nvme link."""
     r = train(cfg(tmp_path, stage, n_d=2))
-    assert_same_training(r, train(dataclasses.replace(r.config, offload_optimizer=None,
-                                                      nvme_path=None)))
+    assert_same_training(r, train(r.config.replace(offload_optimizer=None, nvme_path=None)))
     for rank in range(r.config.n_d):
         d = tmp_path / f"rank{rank}"
         sizes = {p.name: p.stat().st_size for p in d.iterdir()}

@@ -37,7 +37,7 @@ def test_nvme_parameter_reads_land_in_one_staging_buffer_of_the_largest_unit():
     base = TrainConfig(stage=3, n_d=N, model=ODD, steps=2)
     big = max(u.chunk for u in base.units())
     kw = dict(stage=3, n_d=N, model=ODD, steps=2, offload_optimizer="cpu", offload_params="nvme")
-    plain, staged = TrainConfig(**kw), TrainConfig(**kw, offload_buffer_elements=big)
+    plain, staged = TrainConfig.of(**kw), TrainConfig.of(**kw, offload_buffer_elements=big)
     r = train(staged)
     assert_same_training(r, train(base))
     assert [r.host[k].peak["buffer"] for k in range(N)] == [2 * big] * N

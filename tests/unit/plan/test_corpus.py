@@ -281,7 +281,7 @@ def test_largest_module_keeps_llamas_q_k_v_apart():
     """The Llama family's q, k and v are three modules (LlamaAttention), GPT-2's c_attn one: with
     a 16-token vocabulary and d_ff 16 the largest module is one 64 × 64 projection, not the fused
     64 × 192."""
-    from zerospec.model.config import GPTConfig
+    from zerospec.model.family import GPTConfig
     kw = dict(vocab_size=16, block_size=8, n_layer=1, n_head=4, n_embd=64, d_ff=16)
     llama = GPTConfig(**kw, norm="rmsnorm", mlp="swiglu", positions="rope", tie_embeddings=False,
                       bias=False)

@@ -13,6 +13,7 @@ from zerospec.plan import ds_config
 from zerospec.plan.deepspeed import config_kwargs
 from zerospec.plan.offload import pinned_buffers
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import OffloadOptions, OptimOptions
 from zerospec.training.scale import measure
 
 NVME = {"device": "nvme", "nvme_path": "/local_nvme"}
@@ -98,10 +99,14 @@ def test_the_configs_offload_is_the_step_measured(capsys, tmp_path):
     rows = _rows(_explain(capsys, tmp_path, {"stage": 2, "offload_optimizer": {"device": "cpu"}}
                           )["offload_bytes"])
     model = read_hf(tiny_hf_config(tmp_path))[1]
-    r = measure(model, 2, 4, precision="bf16", offload_optimizer="cpu", offload_mode="deepspeed")
+    r = measure(TrainConfig(stage=2, n_d=4, model=model, optim=OptimOptions(precision="bf16"),
+                            offload=OffloadOptions(offload_optimizer="cpu",
+                                                   offload_mode="deepspeed")))
     led = r.comm_ledger([0])
-    assert rows["device: model states after setup"] == r.model_states(0) < measure(
-        model, 2, 4, precision="bf16").model_states(0)
+    assert rows["device: model states after setup"] == r.model_states(0) < measure(TrainConfig(stage=2,
+                                                                                               n_d=4,
+                                                                                               model=model,
+                                                                                               optim=OptimOptions(precision="bf16"))).model_states(0)
     assert rows["host: peak the step holds"] == r.host(0).peak_total > 0
     assert rows["per step: PCIe down (device → host)"] == led.link_bytes(0, op="to_host") \
         == 2 * rows["per step: PCIe up (host → device)"]     # fp32 gradients down, bf16 up
@@ -181,8 +186,10 @@ def test_the_measured_table_beside_a_preset_counts_host_nvme_and_pinned_bytes():
     ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
         "stage": 3, "offload_optimizer": {**NVME, "buffer_count": 4}}})
     rows = dict((r[0], r[1]) for r in deepspeed_measured_table(ds, "1.5B", 16).rows)
-    r = measure(preset_model("1.5B"), 3, 16, precision="fp32", offload_optimizer="nvme",
-                offload_mode="deepspeed")
+    r = measure(TrainConfig(stage=3, n_d=16, model=preset_model("1.5B"),
+                            optim=OptimOptions(precision="fp32"),
+                            offload=OffloadOptions(offload_optimizer="nvme",
+                                                   offload_mode="deepspeed")))
     pinned = 4 * max(u.chunk for u in r.units) * 4
     from zerospec.render.format import fmt_bytes as gb
     assert rows["  + DeepSpeed's pinned swap buffers (offload_optimizer)"] == gb(pinned)

@@ -16,6 +16,7 @@ from zerospec.plan import ds_config
 from zerospec.plan.deepspeed import MICS_NOTE, config_kwargs
 from zerospec.plan.nodes import node_bytes
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
 
 SMALL = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=64)
 BASE = {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}}
@@ -31,7 +32,7 @@ def stepped(keys: tuple = (), stage: int = 3):
     ds = ds_config.parse({**BASE, "zero_optimization": {"stage": stage, **PLAIN3, **dict(keys)}})
     kw, left = config_kwargs(ds, 8, gpus_per_node=4)
     kw.pop("micro_batch")
-    return measure(SMALL, stage, 8, **kw), left
+    return measure(TrainConfig.of(stage=stage, n_d=8, model=SMALL, **kw)), left
 
 
 @pytest.mark.claim("D7")

@@ -11,6 +11,8 @@ from zerospec.paper.estimators import deepspeed_bytes
 from zerospec.plan.explain import explain, estimate_table
 from zerospec.runtime.memory import MODEL_STATES
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 
 NAME, STAGE, GPUS, SEQ = "llama-3-8b", 3, 8, 1024
 
@@ -24,7 +26,8 @@ def ex():
 def ledger():
     """The same step's ledger, measured here without the explainer."""
     model = dataclasses.replace(preset(NAME).model, block_size=SEQ)
-    return measure(model, STAGE, GPUS, checkpoint_activations=1).memory(0)
+    return measure(TrainConfig(stage=STAGE, n_d=GPUS, model=model,
+                               zero_r=ZeroROptions(checkpoint_activations=1))).memory(0)
 
 
 def test_each_phase_breakdown_sums_to_its_peak_exactly(ex):
@@ -151,9 +154,10 @@ def test_the_rank_class_explained_is_the_one_with_the_highest_peak(monkeypatch):
     small = GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
     steps = {}
 
-    def stitched(model, stage, n_d, **kw):
-        lo, hi = (measure(model, stage, n_d, **{**kw, "micro_batch": b}) for b in (1, 2))
+    def stitched(cfg, **how):
+        lo, hi = (measure(cfg, **{**how, "micro_batch": b}) for b in (1, 2))
         steps.update(lo=lo.classes[0], hi=hi.classes[0])
+        n_d = cfg.n_d
         return dataclasses.replace(lo, classes=[
             dataclasses.replace(lo.classes[0], ranks=range(0, n_d - 1)),
             dataclasses.replace(hi.classes[0], ranks=range(n_d - 1, n_d))])

@@ -9,6 +9,7 @@ import pytest
 from zerospec.model.gpt import GPTConfig
 from zerospec.plan import nodes
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
 
 SMALL = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=64)
 
@@ -16,7 +17,7 @@ SMALL = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=64)
 @functools.lru_cache(maxsize=None)
 def step(**kw):
     """Stage 3 on 8 meta GPUs as 2 nodes × 4."""
-    return measure(SMALL, 3, 8, gpus_per_node=4, **kw)
+    return measure(TrainConfig.of(stage=3, n_d=8, model=SMALL, gpus_per_node=4, **kw))
 
 
 RUNS = {"ZeRO-3": {}, "hpZ": {"hpz": 4}, "all three": {"hpz": 4, "qwz": True, "qgz": True},
@@ -67,7 +68,7 @@ def test_the_figure_draws_across_in_the_across_panel():
                 want = runs[name].across() if link == "inter" else runs[name].inside()
                 assert drawn * unit == pytest.approx(want, rel=1e-12)   # float axis units
     finally:
-        from zerospec.render.figures import pyplot
+        from zerospec.render.savefig import pyplot
         pyplot().close(fig)
 
 
@@ -80,7 +81,7 @@ def test_run_labels_name_the_settings():
 def test_without_nodes_there_is_nothing_across_to_read():
     """A step on one node: the reader refuses, naming --gpus-per-node."""
     with pytest.raises(ValueError, match="--gpus-per-node G"):
-        nodes.node_bytes(measure(SMALL, 3, 4))
+        nodes.node_bytes(measure(TrainConfig(stage=3, n_d=4, model=SMALL)))
 
 
 def test_node_one_is_read_from_its_own_gpus():

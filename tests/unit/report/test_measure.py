@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.report import N, column, m, tables  # noqa: F401 (fixtures)
 from zerospec.report.measure import VARIANTS, ReportConfig, setup_model_states
-from zerospec.report.tables import TABLES
+from zerospec.report.writeup import TABLES
 
 
 

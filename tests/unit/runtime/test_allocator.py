@@ -16,6 +16,7 @@ from zerospec.runtime.allocator import CachingAllocator, OutOfMemory, allocation
 from zerospec.runtime.memory import MemoryLedger, TraceEvent
 from zerospec.runtime.trace import StorageTrace, replay
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
 
@@ -262,7 +263,9 @@ def test_a_storage_trace_holds_the_ledgers_storages_and_every_temporary():
     """Stage 3, a checkpoint per block, on meta: the storage trace has the ledger's phase markers
     in the same places, holds at least the ledger's bytes at each (equal after setup, before any
     temporary), names the ledger's categories, and has temporaries the ledger never counts."""
-    c = measure(SMALL, 3, 4, micro_batch=2, checkpoint_activations=1, trace=True).classes[0]
+    c = measure(TrainConfig(stage=3, n_d=4, model=SMALL,
+                            zero_r=ZeroROptions(checkpoint_activations=1)), micro_batch=2,
+                trace=True).classes[0]
     trace, snaps = c.allocations, c.memory.snapshots
     r = replay(trace)
     assert [p.label for p in r.phases] == [s.label for s in snaps]

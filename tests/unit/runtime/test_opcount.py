@@ -18,6 +18,8 @@ from zerospec.runtime.observe import Observer
 from zerospec.runtime.opcount import Op, OpCounter, total_bytes, total_flops
 from zerospec.testing.flops import flop_counter_mode_alongside
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, ZeroROptions
+from zerospec.training.sections import ZeroROptions
 from zerospec.training.run import train
 from zerospec.training.scale import measure
 
@@ -133,8 +135,9 @@ def meta_step():
     """4 blocks of 256, N_d × N_m = 2 × 2, a checkpoint per block: backward recomputes. With
     FlopCounterMode beneath every counted phase: (each rank class's output, the totals' pairs)."""
     with flop_counter_mode_alongside() as totals:
-        res = measure(gpt(4, 256, 4), 2, 2, micro_batch=2, n_m=2, checkpoint_activations=1,
-                      count_flops=True)
+        res = measure(TrainConfig(stage=2, n_d=2, model=gpt(4, 256, 4), count_flops=True,
+                                  zero_r=ZeroROptions(checkpoint_activations=1),
+                                  mesh=MeshOptions(n_m=2)), micro_batch=2)
     return [c.output for c in res.classes], totals
 
 
@@ -143,7 +146,7 @@ def thread_step(stage: int):
     """``stage`` on 2 virtual GPUs, 2 steps of the ODD model, CPU threads (fp32 compute), a
     checkpoint per block, FlopCounterMode beneath: (per-rank outputs, the totals' pairs)."""
     cfg = TrainConfig(stage=stage, n_d=2, model=ODD, steps=2, count_flops=True,
-                      checkpoint_activations=1)
+                      zero_r=ZeroROptions(checkpoint_activations=1))
     with flop_counter_mode_alongside() as totals:
         ranks = train(cfg, cluster=VirtualCluster(2)).ranks
     return ranks, totals

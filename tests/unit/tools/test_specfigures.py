@@ -20,7 +20,7 @@ def tree(tmp_path, monkeypatch):
     data = {"text": "| x | y |\n|---|---|\n| 1 | 2 |"}
 
     def draw(out):
-        from zerospec.render.figures import pyplot, save_figure
+        from zerospec.render.savefig import pyplot, save_figure
         fig, ax = pyplot().subplots(figsize=(2, 2))
         ax.plot([0, 1], [1, 2])
         return save_figure(fig, out, "line")

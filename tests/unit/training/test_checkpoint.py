@@ -158,4 +158,4 @@ def test_a_resume_that_would_change_the_run_is_refused(tmp_path, change, match):
     ck = checkpoint.load(tmp_path / "c", n_ranks=4)
     kw = {"stage": 1, "n_d": 4, "model": ODD, "steps": 4, "global_batch": 8, **change}
     with pytest.raises(ValueError, match=match):
-        train(TrainConfig(**kw), resume=ck)
+        train(TrainConfig.of(**kw), resume=ck)

@@ -21,7 +21,7 @@ from zerospec.training.config import TrainConfig
 def test_bad_train_config_is_refused_with_the_accepted_values(kwargs, match):
     """Each invalid field raises ValueError naming the value and the accepted range."""
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**kwargs)
+        TrainConfig.of(**kwargs)
 
 
 @pytest.mark.parametrize("kwargs,match", [

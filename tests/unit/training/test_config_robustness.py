@@ -12,6 +12,7 @@ from zerospec.optim.loss_scale import LossScale
 from zerospec.model.gpt import ODD
 from zerospec.testing.faults import inject_overflow
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import BatchOptions, OptimOptions
 from zerospec.training.run import train
 
 
@@ -38,12 +39,12 @@ from zerospec.training.run import train
 def test_bad_robustness_settings_are_refused(kwargs, match):
     """Each invalid setting raises ValueError naming the value and the accepted range."""
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**kwargs)
+        TrainConfig.of(**kwargs)
 
 
 def test_an_overflow_at_a_step_or_rank_the_run_lacks_is_named():
     """inject_overflow(step=9) around a 2-step run, or rank 4 on 4 ranks: ValueError naming both."""
-    cfg = TrainConfig(n_d=4, model=ODD, steps=2, loss_scale=LossScale())
+    cfg = TrainConfig(n_d=4, model=ODD, steps=2, optim=OptimOptions(loss_scale=LossScale()))
     for step, rank in ((9, 0), (1, 4)):
         with pytest.raises(ValueError, match=rf"inject_overflow\(step={step}, rank={rank}, unit=0\) "
                                              r"never fired: the runs inside reached steps 1..2, ranks 0..3"):
@@ -55,7 +56,7 @@ def test_defaults_are_the_plain_paper_step():
     """No scaler, no clipping, G = 1 and fp16 gradient sums: today's behaviour unchanged."""
     cfg = TrainConfig()
     assert (cfg.loss_scale, cfg.clip_grad_norm, cfg.grad_accum_steps, cfg.exact) == (None, None, 1, False)
-    assert TrainConfig(n_d=4, grad_accum_steps=3).batch == 24     # 2 sequences per rank per micro-batch
+    assert TrainConfig(n_d=4, batching=BatchOptions(grad_accum_steps=3)).batch == 24     # 2 sequences per rank per micro-batch
 
 
 @pytest.mark.parametrize("bad", [1.5, "1", True])

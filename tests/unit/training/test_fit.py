@@ -4,6 +4,7 @@ from __future__ import annotations
 from zerospec.model.gpt import ODD
 from zerospec.training.fit import max_micro_batch
 from zerospec.training.scale import measure
+from zerospec.training.config import TrainConfig
 
 
 def _peak(r) -> int:
@@ -16,4 +17,4 @@ def test_the_batch_search_hands_back_the_steps_it_measured():
     seen: dict = {}
     b = max_micro_batch(ODD, 2, 4, 100_000, seen=seen)
     assert b == 4 and _peak(seen[b]) <= 100_000 < _peak(seen[b + 1])
-    assert _peak(seen[b]) == _peak(measure(ODD, 2, 4, micro_batch=b))
+    assert _peak(seen[b]) == _peak(measure(TrainConfig(stage=2, n_d=4, model=ODD), micro_batch=b))

@@ -19,6 +19,7 @@ from zerospec.model.gpt import GPTConfig
 from zerospec.model.units import make_units
 from zerospec.model.presets import PAPER, PRESETS, preset
 from zerospec.training.scale import measure, rank_classes
+from zerospec.training.sections import BatchOptions
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 
@@ -84,9 +85,9 @@ def test_representative_ranks_give_the_ledgers_of_all_ranks_as_threads(stage):
     different amounts. (16 ranks add an h.0 shard of padding only, and 48 ranks of a wider layer
     gave these five at four times the threads; the stage code treats every unit alike.)"""
     n_d = 12
-    full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
-                             device="meta"))
-    scaled = measure(ONE_LAYER, stage, n_d)
+    full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, device="meta",
+                             batching=BatchOptions(global_batch=n_d)))
+    scaled = measure(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER))
     assert [(c.ranks.start, c.ranks.stop) for c in scaled.classes] == (
         [(0, 12)] if stage == 0 else [(0, 6), (6, 9), (9, 10), (10, 11), (11, 12)])
     _assert_same_ledgers(full, scaled, n_d)
@@ -99,9 +100,9 @@ def test_representative_ranks_give_every_ranks_links_and_hpz_shards_as_threads()
     successor, hpZ's in-node gathers) and memory, rebuilt from the representatives, equal the
     12 threads'."""
     n_d, kw = 12, {"gpus_per_node": 4, "hpz": 2}
-    full = train(TrainConfig(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
-                             device="meta", **kw))
-    scaled = measure(ONE_LAYER, 3, n_d, **kw)
+    full = train(TrainConfig.of(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                                device="meta", **kw))
+    scaled = measure(TrainConfig.of(stage=3, n_d=n_d, model=ONE_LAYER, **kw))
     _assert_same_ledgers(full, scaled, n_d)
     assert {r: full.comm.elements(r, link="inter") > 0 for r in range(n_d)} == {
         r: r % 4 == 3 for r in range(n_d)}          # each node's last GPU sends across
@@ -112,9 +113,9 @@ def test_representative_ranks_give_every_ranks_mics_groups_as_threads():
     the first group, booked on each rank's own partition and replication rings, give the 12
     threads' records (their links included) and memory."""
     n_d, kw = 12, {"gpus_per_node": 4, "shard_group": 4}
-    full = train(TrainConfig(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
-                             device="meta", **kw))
-    scaled = measure(ONE_LAYER, 3, n_d, **kw)
+    full = train(TrainConfig.of(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                                device="meta", **kw))
+    scaled = measure(TrainConfig.of(stage=3, n_d=n_d, model=ONE_LAYER, **kw))
     _assert_same_ledgers(full, scaled, n_d)
     assert {r: full.comm.elements(r, link="inter") == full.comm.elements(r, group="replica") > 0
             for r in range(n_d)} == {r: True for r in range(n_d)}   # only replicas cross
@@ -125,15 +126,16 @@ def test_representative_ranks_give_every_ranks_quantized_all_to_alls_as_threads(
     (qgZ's node and one-GPU-per-node groups, booked on their link classes) and its memory,
     rebuilt from the representatives, equal the 12 threads'; every GPU sends across."""
     n_d, kw = 12, {"gpus_per_node": 4, "hpz": 2, "qwz": True, "qgz": True}
-    full = train(TrainConfig(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
-                             device="meta", **kw))
-    scaled = measure(ONE_LAYER, 3, n_d, **kw)
+    full = train(TrainConfig.of(stage=3, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                                device="meta", **kw))
+    scaled = measure(TrainConfig.of(stage=3, n_d=n_d, model=ONE_LAYER, **kw))
     _assert_same_ledgers(full, scaled, n_d)
     assert all(full.comm.bytes(r, op="all_to_all", link="inter") > 0 for r in range(n_d))
 
 
 def test_the_kernel_cache_changes_no_ledger():
-    cached, plain = measure(ODD, 3, 8), measure(ODD, 3, 8, cache_kernels=False)
+    cfg = TrainConfig(stage=3, n_d=8, model=ODD)
+    cached, plain = measure(cfg), measure(cfg, cache_kernels=False)
     for a, b in zip(cached.classes, plain.classes):
         assert a.ranks == b.ranks and a.trace == b.trace
         assert a.memory.snapshots == b.memory.snapshots and a.memory.peak == b.memory.peak
@@ -141,7 +143,8 @@ def test_the_kernel_cache_changes_no_ledger():
 
 def test_setup_only_holds_the_same_model_states_as_the_full_step():
     for stage in range(4):
-        full, setup = measure(ODD, stage, 8), measure(ODD, stage, 8, setup_only=True)
+        cfg = TrainConfig(stage=stage, n_d=8, model=ODD)
+        full, setup = measure(cfg), measure(cfg, setup_only=True)
         assert setup.model_states(0) == full.model_states(0)
         assert full.memory(0).snapshots[-1].current == full.memory(0).snapshots[0].current
         assert setup.classes[0].trace == [] and setup.classes[0].output is None
@@ -175,7 +178,7 @@ def test_meta_backend_refuses_real_tensors_and_foreign_ranks():
 # -- measure: inputs and failures ------------------------------------------------------------------
 def test_measure_names_a_bad_micro_batch():
     with pytest.raises(ValueError, match=r"micro_batch .* must be an integer >= 1, got 0"):
-        measure(ODD, 0, 4, micro_batch=0)
+        measure(TrainConfig(stage=0, n_d=4, model=ODD), micro_batch=0)
 
 
 def test_a_failing_rank_is_named_with_its_phase(monkeypatch):
@@ -184,11 +187,11 @@ def test_a_failing_rank_is_named_with_its_phase(monkeypatch):
             raise RuntimeError("boom")
     monkeypatch.setattr(scale_mod, "rank_main", broken)
     with pytest.raises(RankError, match=r"meta rank 0 of 4 failed in phase 'forward' .*boom"):
-        measure(ODD, 0, 4)
+        measure(TrainConfig(stage=0, n_d=4, model=ODD))
 
 
 def test_rank_outside_the_world_is_refused():
-    r = measure(ODD, 1, 4, setup_only=True)
+    r = measure(TrainConfig(stage=1, n_d=4, model=ODD), setup_only=True)
     with pytest.raises(ValueError, match=r"rank must be in 0\.\.3, got 4"):
         r.model_states(4)
 
@@ -198,7 +201,8 @@ def test_paper_presets_have_the_stated_exact_psi():
     """Ψ counted from the fp16 parameters the stage-0 setup allocates (2 bytes each, C2)."""
     stated = {"1.5B": 1_557_611_200, "7.5B": 7_499_274_240, "128B": 128_480_755_712,
               "1T": 1_007_988_403_200}
-    measured = {name: measure(p.model, 0, 1, setup_only=True).memory(0).current["param16"] // 2
+    measured = {name: measure(TrainConfig(stage=0, n_d=1, model=p.model),
+                              setup_only=True).memory(0).current["param16"] // 2
                 for name, p in PAPER.items()}
     assert measured == stated
 
@@ -257,9 +261,9 @@ def test_representative_ranks_give_every_ranks_host_and_nvme_ledgers_as_threads(
     file written): every rank's device ledger, records (its PCIe and NVMe copies among them) and
     host and NVMe ledgers, rebuilt from the representatives, equal the 12 threads'."""
     n_d = 12
-    full = train(TrainConfig(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
-                             device="meta", **kw))
-    scaled = measure(ONE_LAYER, stage, n_d, **kw)
+    full = train(TrainConfig.of(stage=stage, n_d=n_d, model=ONE_LAYER, steps=1, global_batch=n_d,
+                                device="meta", **kw))
+    scaled = measure(TrainConfig.of(stage=stage, n_d=n_d, model=ONE_LAYER, **kw))
     _assert_same_ledgers(full, scaled, n_d)
     for r in range(n_d):
         for mine, theirs in ((scaled.host(r), full.host[r]), (scaled.nvme(r), full.nvme[r])):

@@ -7,7 +7,7 @@ from zerospec.offload.optimizer import HostOptimizer
 from zerospec.offload.params import HostParams
 from zerospec.offload.prefetch import Prefetching
 from zerospec.zero import DataParallel, Parameters
-from zerospec.zero.ds3 import DeepSpeedParameters
+from zerospec.zero.stage3_deepspeed import DeepSpeedParameters
 from zerospec.zero.exact import FullAccumulation, ShardedAccumulation, _Exact
 from zerospec.zero.hooks import HOOKS
 from zerospec.zero.hpz import SecondaryPartition

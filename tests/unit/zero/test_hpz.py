@@ -10,9 +10,10 @@ from zerospec.comm.groups import Nodes, hpz_group
 from zerospec.model.gpt import ODD
 from zerospec.training import checkpoint
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 
-BASE = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, gpus_per_node=2)
+BASE = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, mesh=MeshOptions(gpus_per_node=2))
 PATHS = {"checkpointing": {"checkpoint_activations": 1},
          "accumulation": {"grad_accum_steps": 2},
          "clipping+loss-scale": {"clip_grad_norm": 0.5, "loss_scale": SCALER},
@@ -26,8 +27,8 @@ def test_hpz_is_bit_identical_to_stage3_on_every_path(path):
     """Checkpointing (its recompute gathers from the secondary shards), accumulation (exact fp64
     sums), clipping with loss scaling, M_D, DeepSpeed's reuse distance and persistence threshold:
     hpZ = stage 3, bit for bit."""
-    cfg = dataclasses.replace(BASE, **PATHS[path])
-    a, b = train(cfg), train(dataclasses.replace(cfg, hpz=2))
+    cfg = BASE.replace(**PATHS[path])
+    a, b = train(cfg), train(cfg.replace(hpz=2))
     assert_same_training(a, b)
     assert b.comm.elements(0, group="hpz") > 0      # hpZ really gathered in its partition
 
@@ -35,10 +36,10 @@ def test_hpz_is_bit_identical_to_stage3_on_every_path(path):
 def test_a_checkpoint_resharded_from_4_to_8_ranks_continues_bit_identically(tmp_path):
     """Saved by a 2 × 2 hpZ run after step 1, continued on 2 × 4 with h = 4: the same bits as
     stage 3 continuing from the same files (exact sums make the continuation N-independent)."""
-    cfg = dataclasses.replace(BASE, hpz=2, exact_grads=True)
+    cfg = BASE.replace(hpz=2, exact_grads=True)
     train(cfg, save={1: tmp_path / "ck"})
-    m = dataclasses.replace(BASE, n_d=8, gpus_per_node=4, exact_grads=True, steps=3, global_batch=8)
-    runs = [train(dataclasses.replace(m, hpz=h), resume=checkpoint.load(tmp_path / "ck", n_ranks=8))
+    m = BASE.replace(n_d=8, gpus_per_node=4, exact_grads=True, steps=3, global_batch=8)
+    runs = [train(m.replace(hpz=h), resume=checkpoint.load(tmp_path / "ck", n_ranks=8))
             for h in (1, 4)]
     assert_same_training(*runs)
 
@@ -64,4 +65,4 @@ def test_bad_nodes_or_hpz_are_refused_naming_the_value(kw, named):
     """An h that does not divide the GPUs per node, a node size that does not divide N, hpZ
     outside stage 3: ValueError naming the value and what is accepted."""
     with pytest.raises(ValueError, match=named):
-        dataclasses.replace(BASE, **kw)
+        BASE.replace(**kw)

@@ -12,11 +12,12 @@ from zerospec.cluster.threads import VirtualCluster
 from zerospec.comm.groups import Nodes, mics_groups, replica_group, shard_group
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 
 U16, U32 = 2.0 ** -11, 2.0 ** -24   # unit roundoff of fp16 and fp32
 FP16_SUBNORMAL_HALF_ULP = 2.0 ** -25
-BASE = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, gpus_per_node=2)
+BASE = TrainConfig(stage=3, n_d=4, model=ODD, steps=2, mesh=MeshOptions(gpus_per_node=2))
 
 
 def gamma(k: int, u: float) -> float:
@@ -70,7 +71,7 @@ def test_the_two_hop_fp16_mean_stays_within_its_derived_bound(n, p):
 def test_a_partition_group_of_every_rank_is_the_flat_stage_bit_for_bit():
     """p = N: one group, replicas of one rank, no second hop: the same sums in the same order as
     stage 3, rounded means included."""
-    assert_same_training(train(BASE), train(dataclasses.replace(BASE, shard_group=4)))
+    assert_same_training(train(BASE), train(BASE.replace(shard_group=4)))
 
 
 PATHS = {"checkpointing": {"checkpoint_activations": 1},
@@ -82,8 +83,8 @@ PATHS = {"checkpointing": {"checkpoint_activations": 1},
 def test_with_exact_sums_mics_equals_stage3_on_every_path(path):
     """Checkpointing, clipping with loss scaling (the norm and the overflow vote over the
     partition group see the replicated mean), M_D: MiCS (p = 2) = stage 3 at N = 4, bit for bit."""
-    cfg = dataclasses.replace(BASE, exact_grads=True, **PATHS[path])
-    assert_same_training(train(cfg), train(dataclasses.replace(cfg, shard_group=2)))
+    cfg = BASE.replace(exact_grads=True, **PATHS[path])
+    assert_same_training(train(cfg), train(cfg.replace(shard_group=2)))
 
 
 @pytest.mark.parametrize("p", [3, 0, 8, "2"])
@@ -92,23 +93,23 @@ def test_a_partition_group_that_does_not_divide_n_d_is_refused_naming_the_accept
     with pytest.raises(ValueError, match=rf"shard_group \(MiCS's partition group size p\)={p!r} "
                                          r"must be an integer that divides the 4 data-parallel "
                                          r"ranks; accepted: 1, 2, 4"):
-        dataclasses.replace(BASE, shard_group=p)
+        BASE.replace(shard_group=p)
 
 
 def test_mics_without_a_sharded_stage_is_refused():
     """Stage 0 shards nothing (hpZ beside MiCS: the combination table's refusal,
     tests/claims/test_combine.py)."""
     with pytest.raises(ValueError, match="shard_group=2 shards the model states of stage 1, 2 or 3"):
-        dataclasses.replace(BASE, shard_group=2, stage=0)
+        BASE.replace(shard_group=2, stage=0)
 
 
 def test_qgz_over_a_partition_group_that_is_not_whole_nodes_is_refused():
     """qgZ's hops are inside and across the partition group's nodes: p = 2 on nodes of 4 GPUs
     has no such nodes; the error names p, the GPUs per node and what is accepted."""
-    cfg = TrainConfig(stage=3, n_d=8, model=ODD, gpus_per_node=4, qgz=True)
+    cfg = TrainConfig.of(stage=3, n_d=8, model=ODD, gpus_per_node=4, qgz=True)
     with pytest.raises(ValueError, match="shard_group=2 with qgz: .* gpus_per_node=4; accepted: a "
                                          "multiple of 4 dividing 8"):
-        dataclasses.replace(cfg, shard_group=2)
+        cfg.replace(shard_group=2)
 
 
 @pytest.mark.parametrize("stage", [1, 3])
@@ -117,7 +118,7 @@ def test_a_mics_run_saved_and_resumed_continues_bit_for_bit(stage, tmp_path):
     after step 1 and resumed to step 2 has the uninterrupted run's loss and masters, bit for bit;
     the run's final state assembles from the pieces, each element once, to the run's masters."""
     from zerospec.training import checkpoint
-    cfg = dataclasses.replace(BASE, stage=stage, shard_group=2)
+    cfg = BASE.replace(stage=stage, shard_group=2)
     whole = train(cfg, keep_state=True)
     train(dataclasses.replace(cfg, steps=1), save={1: tmp_path / "ck"})
     rest = train(cfg, resume=checkpoint.load(tmp_path / "ck", n_ranks=4))

@@ -11,6 +11,8 @@ from zerospec.comm.groups import global_group, local_group
 from zerospec.comm.quantize import group_size
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import MeshOptions, QuantOptions
+from zerospec.training.sections import MeshOptions
 from zerospec.training.run import train
 from zerospec.zero.zeropp import quantized_all_gather, quantized_reduce_scatter
 
@@ -96,9 +98,9 @@ def test_qgz_training_and_qwz_training_diverge_from_stage3_measurably_and_stay_f
     the first gradient (qgZ) or at once (qwZ), stay finite, and every rank holds the same model.
     The divergence is printed (spec/zeropp.md shows it, measured on this machine)."""
     kw = dict(stage=3, n_d=4, model=ODD, steps=3, gpus_per_node=2)
-    base = train(TrainConfig(**kw))
+    base = train(TrainConfig.of(**kw))
     for q in (dict(qwz=True), dict(qgz=True), dict(qwz=True, qgz=True, hpz=2)):
-        r = train(TrainConfig(**kw, **q))
+        r = train(TrainConfig.of(**kw, **q))
         d = [abs(a - b) for a, b in zip(r.losses, base.losses)]
         print(f"{q}: |loss − stage 3's| per step {['%.2e' % v for v in d]}")
         assert all(torch.isfinite(torch.tensor(r.losses)))
@@ -111,7 +113,7 @@ def test_off_by_default_and_off_is_stage3_itself():
     """qwz and qgz default to False, and then the stage is stage 3's own class: nothing changes
     (every snapshot of the default suite holds)."""
     from zerospec.training.step import _stage_class
-    cfg = TrainConfig(stage=3, n_d=4, model=ODD, gpus_per_node=2)
+    cfg = TrainConfig(stage=3, n_d=4, model=ODD, mesh=MeshOptions(gpus_per_node=2))
     assert (cfg.qwz, cfg.qgz, cfg.quant_group_size) == (False, False, None)
     cls, kwargs = _stage_class(cfg, cfg.units())
     assert "Quantized" not in cls.__name__ and "qwz" not in kwargs
@@ -132,7 +134,7 @@ def test_bad_settings_are_refused_naming_the_value_and_what_is_accepted(kw, matc
     qgZ, a non-bool switch: ValueError naming the value and the accepted ones."""
     base = dict(stage=3, n_d=4, model=ODD, gpus_per_node=2)
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**{**base, **kw})
+        TrainConfig.of(**{**base, **kw})
 
 
 def test_group_size_must_fit_each_shard():
@@ -145,6 +147,9 @@ def test_the_time_model_refuses_a_qgz_step_it_cannot_time():
     from zerospec.evaluation.timing import step_time
     from zerospec.paper.hardware import MACHINES
     from zerospec.training.scale import measure
-    r = measure(ODD, 3, 4, gpus_per_node=2, qgz=True)
+    from zerospec.training.sections import MeshOptions, QuantOptions
+    from zerospec.training.sections import MeshOptions
+    r = measure(TrainConfig(stage=3, n_d=4, model=ODD, mesh=MeshOptions(gpus_per_node=2),
+                            quant=QuantOptions(qgz=True)))
     with pytest.raises(ValueError, match="cannot time qgZ's all-to-alls"):
         step_time(r, next(iter(MACHINES.values())))

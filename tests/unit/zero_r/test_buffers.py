@@ -8,6 +8,7 @@ from tests.support.cli import assert_usage_error, run_cli
 from tests.support.runs import assert_same_training, odd_run, stage_id
 from zerospec.paper import theory
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 
 # Not a multiple of N = 4 (a bucket holds N·⌊B/N⌋ = 312 elements, and a stream of N rows needs 22
 # buckets where one row needs 21) and smaller than the ODD model's large units (735, 2895 ×2),
@@ -85,12 +86,12 @@ def test_the_wire_carries_the_same_elements_with_buckets():
 def test_bad_bucket_sizes_are_rejected_naming_the_value(value, stage, match):
     """A bucket size < 1, not an integer, an unknown mode, or too small to give each rank an element."""
     with pytest.raises(ValueError, match=match):
-        TrainConfig(stage=stage, n_d=4, bucket_elements=value)
+        TrainConfig(stage=stage, n_d=4, zero_r=ZeroROptions(bucket_elements=value))
 
 
 def test_stage_0_accepts_a_bucket_smaller_than_n_d():
     """An all-reduce bucket is one row: any B ≥ 1 works."""
-    assert TrainConfig(stage=0, n_d=4, bucket_elements=1).bucket_elements == 1
+    assert TrainConfig(stage=0, n_d=4, zero_r=ZeroROptions(bucket_elements=1)).bucket_elements == 1
 
 
 def test_collective_counts_are_ceilings():

@@ -11,6 +11,7 @@ from tests.support.runs import assert_same_training
 from zerospec.__main__ import main
 from zerospec.model.gpt import ODD, GPTConfig
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import ZeroROptions
 from zerospec.training.run import train
 from zerospec.zero_r import segments
 
@@ -20,7 +21,8 @@ N = 4
 
 @functools.lru_cache(maxsize=None)
 def trained(k: int, stage: int = 0, model: GPTConfig = ODD3, **kw):
-    return train(TrainConfig(stage=stage, n_d=N, model=model, steps=2, checkpoint_activations=k, **kw))
+    return train(TrainConfig.of(stage=stage, n_d=N, model=model, steps=2, checkpoint_activations=k,
+                                **kw))
 
 
 def at_forward_end(r, category: str, rank: int = 0) -> int:
@@ -40,7 +42,7 @@ def test_a_k_that_is_not_0_or_1_to_n_layer_blocks_is_refused_naming_it(k):
     """TrainConfig refuses k outside 0..L (or not an int), naming the value and the range."""
     with pytest.raises(ValueError, match=r"checkpoint_activations must be 0 \(off\) or blocks per "
                                          r"checkpoint 1\.\.3 \(n_layer\), got " + repr(repr(k))[1:-1]):
-        TrainConfig(model=ODD3, checkpoint_activations=k)
+        TrainConfig(model=ODD3, zero_r=ZeroROptions(checkpoint_activations=k))
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

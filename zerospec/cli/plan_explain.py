@@ -9,52 +9,16 @@ N is refused. With nodes, the explanation adds the bytes inside vs across nodes 
 """
 from __future__ import annotations
 
-# plan's flags for the step's nodes, ZeRO++ and MiCS: (flag, measure()'s keyword)
-STEP_FLAGS = (("--gpus-per-node", "gpus_per_node"), ("--hpz", "hpz"), ("--qwz", "qwz"),
-              ("--qgz", "qgz"), ("--shard-group", "shard_group"),
-              ("--quant-group-size", "quant_group_size"),
-              ("--offload-optimizer", "offload_optimizer"), ("--offload-mode", "offload_mode"),
-              ("--offload-params", "offload_params"))
-
-
-def add_arguments(p, T) -> None:
-    """plan's --gpus-per-node, --hpz, --qwz, --qgz, --quant-group-size, --shard-group,
-    --offload-optimizer, --offload-mode, --offload-params."""
-    step = " (with --explain, or --deepspeed-config and --preset: the step measured)"
-    p.add_argument("--gpus-per-node", type=T.positive_int, default=None, metavar="G",
-                   help="GPUs per node, rank r on node r // G: adds bytes inside vs across nodes "
-                        "per collective" + step + "; default --machine's when N exceeds a node, "
-                        "else one node")
-    p.add_argument("--hpz", type=T.positive_int, default=None, metavar="H",
-                   help="ZeRO++'s hpZ at stage 3 (zero_hpz_partition_size; H must divide G)" + step)
-    p.add_argument("--qwz", action="store_true", default=None,
-                   help="ZeRO++'s qwZ at stage 3: int8 weight all-gathers" + step)
-    p.add_argument("--qgz", action="store_true", default=None,
-                   help="ZeRO++'s qgZ at stage 3: an int4 all-to-all gradient reduction" + step)
-    p.add_argument("--quant-group-size", type=T.positive_int, default=None, metavar="G_Q",
-                   help="elements per qwZ/qgZ scale (default DeepSpeed's choice)" + step)
-    p.add_argument("--shard-group", type=T.positive_int, default=None, metavar="P",
-                   help="MiCS / FSDP2's HSDP: shard over groups of P GPUs (P must divide N_d), "
-                        "replicate across them" + step)
-    p.add_argument("--offload-optimizer", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Offload at stage 2 or 3: fp32 states and Adam on the host (cpu) or "
-                        "in NVMe files (nvme); adds the host, NVMe and PCIe bytes" + step)
-    p.add_argument("--offload-mode", choices=("paper", "deepspeed"), default=None,
-                   help="with --offload-optimizer: fp16 (paper) or fp32 (deepspeed) gradients "
-                        "down; default paper, a --deepspeed-config's: deepspeed" + step)
-    p.add_argument("--offload-params", choices=("cpu", "nvme"), default=None,
-                   help="ZeRO-Infinity at stage 3: fp16 parameter partitions on the host or "
-                        "NVMe, fetched for each use; needs --offload-optimizer" + step)
-
-
-def given_flags(args) -> list[str]:
-    return [flag for flag, key in STEP_FLAGS if getattr(args, key) is not None]
+# the section options of plan's step: nodes, ZeRO++, MiCS, offload (flags declared in
+# zerospec/training/sections.py, added by zerospec/cli/plan.py)
+STEP_OPTIONS = ("gpus_per_node", "hpz", "qwz", "qgz", "shard_group", "quant_group_size",
+                "offload_optimizer", "offload_mode", "offload_params")
 
 
 def node_settings(args, n_ranks: int, machine_key, machine) -> tuple[dict, list[str]]:
     """measure()'s keywords from the nodes / ZeRO++ / MiCS flags for a step on ``n_ranks`` GPUs,
     and a note saying where the GPUs per node came from."""
-    kw = {key: getattr(args, key) for _, key in STEP_FLAGS if getattr(args, key) is not None}
+    kw = {key: getattr(args, key) for key in STEP_OPTIONS if getattr(args, key) is not None}
     notes = []
     if "gpus_per_node" in kw:
         notes.append(f"Nodes: {kw['gpus_per_node']} GPUs each (--gpus-per-node).")
@@ -85,7 +49,7 @@ def explain_tables(args, machine) -> list:
     """`plan --explain`: one meta step of --preset or --hf-config, explained against the GPU's
     memory; a --deepspeed-config sets the stage, micro-batch, precision and buffers it can, the
     nodes and ZeRO++ / MiCS flags the rest."""
-    from . import explain as E
+    from ..plan import explain as E
     if (args.preset is None) == (args.hf_config is None):
         raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
                          "them) or --hf-config CONFIG.JSON, with one --gpus and one --stage")
@@ -101,7 +65,7 @@ def explain_tables(args, machine) -> list:
     flags, node_notes = node_settings(args, gpus, args.machine, machine.m)
     micro, settings, notes, pinned = args.micro_batch, dict(flags), [], {}
     if ds is not None:
-        from .deepspeed import config_kwargs, merge
+        from ..plan.deepspeed import config_kwargs, merge
         from ..model.presets import preset as _preset
         hidden = (args.hf_config[1] if args.hf_config else _preset(args.preset).model).n_embd
         ds = ds.resolve(hidden, micro)     # "auto" as transformers' Trainer fills it
@@ -117,7 +81,7 @@ def explain_tables(args, machine) -> list:
         if settings.get("offload_optimizer"):   # refused before the step if they cannot hold it
             import dataclasses
             from ..model.presets import preset
-            from .offload import config_pinned
+            from ..plan.offload import config_pinned
             m = args.hf_config[1] if args.hf_config else preset(args.preset).model
             m = dataclasses.replace(m, block_size=args.seq or m.block_size)
             pinned = config_pinned(ds, m, stage, gpus // n_m, n_m)
@@ -140,31 +104,31 @@ def explain_tables(args, machine) -> list:
     out = E.tables(ex, args.units, args.largest_layer or None)
     nodes = None
     if ex.result.config.gpus_per_node:
-        from .nodes import node_bytes, node_table
+        from ..plan.nodes import node_bytes, node_table
         nodes = node_bytes(ex.result)
         out.append(node_table(nodes, f"Bytes inside vs across nodes per collective, node 0: "
                                      f"{E._setting(ex)} (measured on meta)", args.units))
     offload = ex.result.config.offload_optimizer is not None
     if offload:
-        from .offload import offload_bytes, offload_table
+        from ..plan.offload import offload_bytes, offload_table
         out.append(offload_table(offload_bytes(ex.result), f"Tiers and links, rank 0: "
                                  f"{E._setting(ex)} (measured on meta)", pinned, args.units))
     if args.out is not None:
-        from .explain_figure import save
+        from ..plan.explain_figure import save
         out[0].notes.append(f"Memory over the step: {save(ex, args.out)}.")
         if nodes is not None:
-            from .nodes import save as save_nodes
-            from .nodes import run_label
+            from ..plan.nodes import save as save_nodes
+            from ..plan.nodes import run_label
             svg = save_nodes({run_label(ex.result.config): nodes}, args.out,
                              f"{name}, N = {gpus}: bytes node 0 sends per step")
             out[-1 - offload].notes.append(f"Drawn: {svg}.")
         if offload:
-            from .offload import run_label, save as save_links
+            from ..plan.offload import run_label, save as save_links
             svg = save_links({run_label(ex.result.config): offload_bytes(ex.result)}, args.out,
                              f"{name}, N = {gpus}: bytes rank 0 moves per step")
             out[-1].notes.append(f"Drawn: {svg}.")
     if args.fit:
-        from .fit import fit_table
+        from ..plan.explain_fit import fit_table
         out.append(fit_table(ex, args.units))
     return out
 

@@ -1,4 +1,4 @@
-"""DeepSpeed's ``stage3_param_persistence_threshold`` at its boundary (zerospec/zero/ds3.py).
+"""DeepSpeed's ``stage3_param_persistence_threshold`` at its boundary (zerospec/zero/stage3_deepspeed.py).
 
 DeepSpeed keeps a parameter whole when ``param.ds_numel <= param_threshold``
 (``DeepSpeedZeRoOffload.mark_persistent_parameters``, deepspeed/runtime/zero/parameter_offload.py):
@@ -13,6 +13,7 @@ import pytest
 
 from zerospec.model.gpt import ODD
 from zerospec.training.config import TrainConfig
+from zerospec.training.sections import VariantOptions
 from zerospec.training.run import train
 
 
@@ -20,7 +21,7 @@ def gathered(threshold: int) -> tuple[list[int], list[int]]:
     """One step of ODD at stage 3 on 2 GPUs: (the elements rank 0 all-gathers in param_sync,
     in forward)."""
     r = train(TrainConfig(stage=3, n_d=2, model=ODD, steps=1,
-                          stage3_persistence_threshold=threshold))
+                          variants=VariantOptions(stage3_persistence_threshold=threshold)))
     return ([x.numel for x in r.comm.records(0, op="all_gather", phase="param_sync")],
             [x.numel for x in r.comm.records(0, op="all_gather", phase="forward")])
 

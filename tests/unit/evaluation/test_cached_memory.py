@@ -1,11 +1,11 @@
-"""zerospec/evaluation/memory.py's search and figure on made-up steps (the paper-scale runs are the
+"""zerospec/evaluation/cached_memory.py's search and figure on made-up steps (the paper-scale runs are the
 slow claim tests C47/C48 in tests/claims/test_evaluation.py)."""
 from __future__ import annotations
 
 import pytest
 
-from zerospec.evaluation import memory as cached
-from zerospec.evaluation.memory import StepMemory, max_layers_replayed
+from zerospec.evaluation import cached_memory as cached
+from zerospec.evaluation.cached_memory import StepMemory, max_layers_replayed
 from zerospec.evaluation.configs import CONFIGS
 
 CAP = 100

@@ -1,11 +1,11 @@
-"""plan/fit.py: the largest micro-batch and sequence length that fit, searched with few steps."""
+"""plan/explain_fit.py: the largest micro-batch and sequence length that fit, searched with few steps."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from zerospec.plan.fit import MAX_MICRO_BATCH, largest
+from zerospec.plan.explain_fit import MAX_MICRO_BATCH, largest
 
 CURVES = {"linear": lambda x: 1000 + 37 * x, "quadratic": lambda x: 500 + 3 * x + x * x,
           "steps": lambda x: 100 * (x // 7), "flat-then-steep": lambda x: 10 if x < 300 else 10 * x}
@@ -39,7 +39,7 @@ def test_explain_fit_answers_are_the_edge_of_fitting(capsys):
     """`plan --explain --fit`: at the micro-batch and sequence length it prints, a fresh meta step
     fits the GPU, and one more does not."""
     from zerospec.plan.explain import explain
-    from zerospec.plan.fit import fit_table, step_peak
+    from zerospec.plan.explain_fit import fit_table, step_peak
     ex = explain("llama-3-8b", 3, 8, 80 * 10**9, "dgx-a100-80gb", seq=1024)
     rows = {r[0]: r for r in fit_table(ex).rows}
     mb = int(rows["micro-batch at seq 1024"][1].replace(",", ""))

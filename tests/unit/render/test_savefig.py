@@ -1,7 +1,7 @@
 """A figure is the same bytes every time it is drawn from the same data, SVG included."""
 from __future__ import annotations
 
-from zerospec.render.figures import svg_metadata
+from zerospec.render.savefig import svg_metadata
 from zerospec.report.figures import pyplot, save_figure
 
 

@@ -79,10 +79,12 @@ def largest(peak: Callable[[int], int], capacity: int, lo: int = 1, hi: int | No
 def step_peak(ex, micro_batch: int, seq: int) -> int:
     """The ledger peak (the highest rank class's) of ``ex``'s step with another micro-batch or
     sequence length: one meta step, the explained one's settings otherwise."""
+    from ..training.config import TrainConfig
     from ..training.scale import measure
     model = dataclasses.replace(ex.model, block_size=seq)
-    r = measure(model, ex.stage, ex.n_d, micro_batch=micro_batch, n_m=ex.n_m,
-                checkpoint_activations=ex.checkpoint_activations, **ex.settings)
+    r = measure(TrainConfig.of(model=model, stage=ex.stage, n_d=ex.n_d, n_m=ex.n_m,
+                               checkpoint_activations=ex.checkpoint_activations, **ex.settings),
+                micro_batch=micro_batch)
     return max(c.memory.peak_total for c in r.classes)
 
 

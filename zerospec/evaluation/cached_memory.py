@@ -26,7 +26,9 @@ from ..model.presets import gpt, preset
 from ..paper import evaluation as ev
 from ..paper.hardware import DGX2
 from ..runtime.trace import OOMPoint, replay
+from ..training.config import TrainConfig
 from ..training.scale import measure
+from ..training.sections import ZeroROptions
 from .configs import CONFIGS, FIG6, ZeroConfig, boundary
 from .runs import memoised
 
@@ -47,8 +49,8 @@ def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *,
                 samples: bool = False) -> StepMemory:
     """One meta step of ``config`` for ``layers`` blocks of width ``d``, each rank class's storage
     trace replayed twice: without a limit (the peaks) and on ``capacity`` bytes (the OOM)."""
-    r = measure(gpt(layers, d, heads), config.stage, gpus // n_m, micro_batch=micro_batch,
-                trace=True, **config.kwargs(n_m))
+    r = measure(TrainConfig.of(model=gpt(layers, d, heads), stage=config.stage, n_d=gpus // n_m,
+                               **config.kwargs(n_m)), micro_batch=micro_batch, trace=True)
     free = [replay(c.allocations, samples=samples and i == 0) for i, c in enumerate(r.classes)]
     # a device refuses a segment only past its capacity: where the free replay never reserved that
     # much, the capped one is the same replay and cannot run out (tests/unit/runtime/test_allocator.py)
@@ -66,8 +68,9 @@ def c30_trace(micro_batch: int = 74, md: bool = False) -> list:
     """C30's case: GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2
     blocks, ``micro_batch`` sequences per GPU, with or without M_D: rank 0's storage trace of one
     step. The report's fragmentation figure and the claim tests read this one trace."""
-    r = measure(preset("1.5B").model, 3, 400, micro_batch=micro_batch, checkpoint_activations=2,
-                contiguous_checkpoints=md, trace=True)
+    r = measure(TrainConfig(stage=3, n_d=400, model=preset("1.5B").model,
+                            zero_r=ZeroROptions(checkpoint_activations=2, contiguous_checkpoints=md)),
+                micro_batch=micro_batch, trace=True)
     if len(r.classes) != 1:
         raise AssertionError(f"C30's case has one rank class at N_d = 400, got {len(r.classes)}")
     return r.classes[0].allocations

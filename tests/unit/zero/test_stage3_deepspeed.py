@@ -1,4 +1,4 @@
-"""DeepSpeed's ZeRO-3 settings in zerospec (zero/ds3.py): the same bits, other ledgers."""
+"""DeepSpeed's ZeRO-3 settings in zerospec (zero/stage3_deepspeed.py): the same bits, other ledgers."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ from zerospec.model import gpt
 from zerospec.model.gpt import ODD, SMALL
 from zerospec.model.units import make_units
 from zerospec.training.config import TrainConfig
-from zerospec.zero.ds3 import reused_within
+from zerospec.zero.stage3_deepspeed import reused_within
 
 SETTINGS = {"reuse": dict(stage3_max_reuse_distance=10**9),
             "persist": dict(stage3_persistence_threshold=3000),      # ODD's blocks: 2895 elements
@@ -68,7 +68,7 @@ def test_reuse_distance_counts_the_elements_fetched_between_the_two_uses_strictl
     (dict(stage=3, stage3_persistence_threshold=-1), "must be an integer >= 0, got -1")])
 def test_deepspeed_settings_outside_zero_3_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(model=SMALL, **kw)
+        TrainConfig.of(model=SMALL, **kw)
 
 
 def _rows(table) -> dict:
