@@ -5,13 +5,15 @@ MistralForCausalLM and Qwen2ForCausalLM (RMSNorm, SwiGLU, grouped-query attentio
 with q/k/v biases) and GPT2LMHeadModel (LayerNorm, GELU, learned positions, tied head, biases).
 Every field a shape needs must be in the file: a missing one is refused by name, never guessed;
 only those whose absence Hugging Face itself defaults are optional (num_key_value_heads:
-multi-head; tie_word_embeddings: false for Llama's family, true for GPT-2; attention_bias: false). Torch-free.
+multi-head; tie_word_embeddings: false for Llama's family, true for GPT-2; attention_bias: false).
+Attention is the memory-efficient kernel (``TODAY_ATTENTION``: transformers' default
+attn_implementation is "sdpa"). Torch-free.
 """
 from __future__ import annotations
 
 import json
 
-from .config import GPTConfig
+from .config import TODAY_ATTENTION, GPTConfig
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ARCHITECTURES = (*LLAMA_FAMILY, "GPT2LMHeadModel")
@@ -55,7 +57,8 @@ def _from_hf(doc, where: str) -> GPTConfig:
                          n_layer=f["n_layer"], n_head=f["n_head"], n_embd=f["n_embd"],
                          d_ff=None if inner is None or inner == 4 * f["n_embd"] else inner,
                          norm_eps=f["layer_norm_epsilon"],
-                         tie_embeddings=doc.get("tie_word_embeddings", True))
+                         tie_embeddings=doc.get("tie_word_embeddings", True),
+                         attention=TODAY_ATTENTION)
     f = {k: _field(doc, k, where, arch) for k in _LLAMA_REQUIRED}
     kv = doc.get("num_key_value_heads")          # absent: multi-head (Hugging Face's default)
     heads = f["num_attention_heads"]
@@ -69,7 +72,7 @@ def _from_hf(doc, where: str) -> GPTConfig:
                      n_embd=f["hidden_size"], n_kv_head=kv, d_ff=f["intermediate_size"],
                      norm="rmsnorm", norm_eps=f["rms_norm_eps"], mlp="swiglu", positions="rope",
                      rope_theta=f["rope_theta"], tie_embeddings=doc.get("tie_word_embeddings", False),
-                     bias=False, qkv_bias=qkv_bias)
+                     bias=False, qkv_bias=qkv_bias, attention=TODAY_ATTENTION)
 
 
 def to_hf(cfg: GPTConfig, arch: str) -> dict:
