@@ -68,6 +68,12 @@ def add_parser(sub) -> None:
                         "(a search of meta steps)")
     p.add_argument("--checkpoint-activations", type=T.positive_int, default=None, metavar="K",
                    help="with --explain: a checkpoint every K blocks (default: none)")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default=None,
+                   help="with --explain: the attention kernel; eager: written out, B·H·T² scores "
+                        "kept; sdpa: a memory-efficient kernel keeping q, k, v, the output and a "
+                        "log-sum-exp per row, as FlashAttention-2 (modelled). Default: the "
+                        "model's (sdpa for published presets and --hf-config, eager for the "
+                        "paper's)")
     from ..plan.explain_args import add_arguments
     add_arguments(p, T)
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
@@ -96,12 +102,13 @@ def run(args: argparse.Namespace) -> int:
     largest = args.largest_layer
     machine = _resolve_machine(args)
     if args.explain:
-        from ..plan.explain_args import explain_tables
-        tables = explain_tables(args, machine)
-        sys.stdout.write(render(tables, args.format))
+        from ..plan.explain_args import explain_run
+        tables, summary = explain_run(args, machine)
+        sys.stdout.write(render(tables, args.format, summary=summary))
         return 0
     step_only = [f for f, v in (("--seq", args.seq), ("--micro-batch", args.micro_batch),
                                 ("--checkpoint-activations", args.checkpoint_activations),
+                                ("--attention", args.attention),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
     from ..plan.explain_args import given_flags, node_settings

@@ -82,9 +82,15 @@ def _one(values, flag: str, default=None):
 
 
 def explain_tables(args, machine) -> list:
+    """`plan --explain`'s tables (:func:`explain_run`)."""
+    return explain_run(args, machine)[0]
+
+
+def explain_run(args, machine) -> tuple[list, dict]:
     """`plan --explain`: one meta step of --preset or --hf-config, explained against the GPU's
     memory; a --deepspeed-config sets the stage, micro-batch, precision and buffers it can, the
-    nodes and ZeRO++ / MiCS flags the rest."""
+    nodes and ZeRO++ / MiCS flags the rest. Returns the tables and the summary a script reads
+    (zerospec/plan/suggest.py), whose suggestions, when the step does not fit, are a table too."""
     from . import explain as E
     if (args.preset is None) == (args.hf_config is None):
         raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
@@ -94,6 +100,7 @@ def explain_tables(args, machine) -> list:
     if other:
         raise ValueError(f"--explain runs one step of its model; it does not take {', '.join(other)}")
     ds, ckpt = args.deepspeed_config, args.checkpoint_activations or 0
+    not_modelled = {}
     gpus, n_m = _one(args.gpus, "--gpus", 64), _one(args.mp, "--mp", 1)
     stage = _one(args.stage, "--stage", None if ds is None else ds.stage)
     if gpus % n_m:
@@ -120,14 +127,19 @@ def explain_tables(args, machine) -> list:
             pinned = config_pinned(ds, m, stage, gpus // n_m, n_m)
         notes = [f"From {ds.path}: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".",
                  "Not modelled: " + ("; ".join(left) or "nothing") + "."]
+        not_modelled[ds.path] = list(left)
     name, model = args.preset, None
     if args.hf_config is not None:
-        name, model = args.hf_config
+        name, model = args.hf_config[:2]
+        # a reader that lists the keys it does not model hands them on as a third item
+        if len(args.hf_config) > 2:
+            not_modelled[name] = list(args.hf_config[2])
     where = (machine.key if machine.m is not None and not args.gpu_mem_given else
              "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)")
     ex = E.explain(name, stage, gpus, args.gpu_mem, where, seq=args.seq, micro_batch=micro or 1,
                    checkpoint_activations=ckpt, n_m=n_m, model=model, settings=settings,
-                   notes=tuple(node_notes + notes))
+                   notes=tuple(node_notes + notes), attention=args.attention)
+    ex.not_modelled = not_modelled
     out = E.tables(ex, args.units, args.largest_layer or None)
     nodes = None
     if ex.result.config.gpus_per_node:
@@ -157,4 +169,8 @@ def explain_tables(args, machine) -> list:
     if args.fit:
         from .fit import fit_table
         out.append(fit_table(ex, args.units))
-    return out
+    from .suggest import suggestion_table, suggestions, summary
+    items = suggestions(ex, config_given=ds is not None)
+    if items:
+        out.insert(1, suggestion_table(items, ex, args.units))
+    return out, summary(ex, items)
