@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
     p.add_argument("--hf-config", type=T.hf_config, default=None, metavar="CONFIG.JSON",
                    help="with --explain: the model of a Hugging Face config.json (Llama, Mistral, "
                         "Qwen2, GPT-2) instead of --preset")
-    p.add_argument("--out", default=None, metavar="DIR",
+    p.add_argument("--out", type=T.out_dir, default=None, metavar="DIR",
                    help="with --explain: write DIR/explain_memory.svg, the memory over the step")
     p.add_argument("--fit", action="store_true",
                    help="with --explain: also the largest micro-batch and sequence length that fit "

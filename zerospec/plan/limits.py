@@ -23,7 +23,7 @@ MAX_META_UNITS = 4096
 def check_meta_step(model, micro_batch: int = 1, n_m: int = 1) -> None:
     """ValueError, before any tensor is made, unless one meta step of ``model`` (its block_size
     the sequence) has at most :data:`MAX_META_UNITS` units and every tensor it makes (a
-    parameter, an activation, the eager kernel's B·H·T² scores) fits :data:`MAX_BYTES` at 4 bytes
+    unit's flat parameter vector, an activation, the eager kernel's B·H·T² scores) fits :data:`MAX_BYTES` at 4 bytes
     an element (fp32, the widest compute dtype)."""
     units = model.n_layer + 3
     if units > MAX_META_UNITS:
@@ -33,8 +33,10 @@ def check_meta_step(model, micro_batch: int = 1, n_m: int = 1) -> None:
     B, T, d = micro_batch, model.block_size, model.n_embd
     widest = max(d, model.ff, (model.n_head + 2 * model.kv_heads) * model.head_dim,
                  model.vocab_size)
-    biggest = {"the largest parameter (vocabulary × hidden)": model.vocab_size * d,
-               "an MLP weight (d_ff × hidden)": model.ff * d,
+    import math
+    unit = max(sum(math.prod(shape) for _, shape in params)
+               for _, params in model.unit_spec(n_m)[:3])    # embeddings, a block, the next
+    biggest = {"the largest sharding unit (its parameters as one flat vector)": unit,
                "an activation (micro-batch × sequence × widest layer)": B * T * widest}
     if model.attention == "eager":
         biggest["the eager kernel's scores (micro-batch × heads × sequence²)"] = (
