@@ -108,7 +108,7 @@ def _singles(ex, base: dict, config_given: bool) -> list[Suggestion]:
         for s in range(ex.stage + 1, 4):
             p = step_peak(ex, stage=s, **base)
             if p <= cap or s == 3:
-                add("stage", f"ZeRO stage {s} ({stage_info(s).name})", ("--stage", str(s)), p)
+                add("stage", stage_info(s).name, ("--stage", str(s)), p)
                 break
         if ex.stage >= 2 and not ex.settings.get("offload_optimizer"):
             p = step_peak(ex, settings={"offload_optimizer": "cpu"}, **base)

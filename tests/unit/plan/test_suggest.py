@@ -1,0 +1,120 @@
+"""plan/suggest.py: when a step does not fit, each suggested change's flags, run afresh, give the
+peak it states, and the changes that fit come first."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tests.support.cli import run_cli
+from zerospec.model.config import GPTConfig
+from zerospec.plan.explain import explain
+from zerospec.plan.suggest import KINDS, suggestions, summary
+from zerospec.training.scale import measure
+
+TINY = GPTConfig(vocab_size=128, block_size=64, n_layer=2, n_head=2, n_embd=32)
+STAGE, GPUS, MICRO = 2, 4, 4
+
+
+def _peak(model, stage, n_d, **kw) -> int:
+    return max(c.memory.peak_total for c in measure(model, stage, n_d, **kw).classes)
+
+
+def _flags_to_step(flags) -> dict:
+    """The changed run, read from the flags as the command line reads them (an independent
+    mapping: flag → measure()'s keyword)."""
+    kw = {"model": TINY, "stage": STAGE, "n_d": GPUS, "micro_batch": MICRO}
+    it = iter(flags)
+    for flag in it:
+        value = next(it)
+        if flag == "--seq":
+            kw["model"] = dataclasses.replace(TINY, block_size=int(value))
+        else:
+            key = {"--checkpoint-activations": "checkpoint_activations", "--stage": "stage",
+                   "--gpus": "n_d", "--micro-batch": "micro_batch",
+                   "--offload-optimizer": "offload_optimizer",
+                   "--offload-params": "offload_params"}[flag]
+            kw[key] = value if key.startswith("offload") else int(value)
+    return kw
+
+
+@pytest.fixture(scope="module")
+def case():
+    """The tiny model at micro-batch 4 on a GPU half-way between its checkpointed peak and its
+    plain one: over, but checkpointing fits."""
+    full = _peak(TINY, STAGE, GPUS, micro_batch=MICRO)
+    ckpt = _peak(TINY, STAGE, GPUS, micro_batch=MICRO, checkpoint_activations=1)
+    assert ckpt < full
+    ex = explain("tiny", STAGE, GPUS, (full + ckpt) // 2, "--gpu-mem", micro_batch=MICRO,
+                 model=TINY)
+    assert not ex.fits
+    return ex, suggestions(ex)
+
+
+def test_each_suggestion_is_its_flags_run_afresh(case):
+    """A fresh meta step of the run each suggestion's flags describe has the stated peak, and
+    fits exactly when the suggestion says so."""
+    ex, items = case
+    assert {s.kind for s in items} >= {"checkpointing", "stage", "offload", "gpus",
+                                       "micro-batch", "sequence"}
+    for s in items:
+        kw = _flags_to_step(s.flags)
+        model, stage, n_d = kw.pop("model"), kw.pop("stage"), kw.pop("n_d")
+        peak = _peak(model, stage, n_d, **kw)
+        assert peak == s.peak, s
+        assert s.fits == (peak <= ex.capacity), s
+
+
+def test_fitting_changes_come_first_then_the_stated_order(case):
+    ex, items = case
+    keys = [(not s.fits, KINDS.index(s.kind), s.peak) for s in items]
+    assert keys == sorted(keys)
+    assert items[0].fits and items[0].flags == ("--checkpoint-activations", "1")
+
+
+def test_a_step_that_fits_has_no_suggestions(case):
+    ex, _ = case
+    fits = dataclasses.replace(ex, capacity=ex.peak)
+    assert suggestions(fits) == [] and summary(fits, [])["suggestions"] == []
+
+
+def test_the_json_summary_carries_what_a_script_needs(capsys, tmp_path):
+    """`plan --explain --format json`: psi, attention, peak_bytes, fits, not_modelled and
+    suggestions (flags, peak_bytes, fits) beside the tables."""
+    from tests.support.cli import tiny_hf_config
+    rc, out, _ = run_cli(capsys, "plan", "--hf-config", tiny_hf_config(tmp_path), "--gpus", "4",
+                         "--stage", "1", "--micro-batch", "64", "--gpu-mem", "1MB",
+                         "--explain", "--format", "json")
+    doc = json.loads(out)
+    s = doc["summary"]
+    assert rc == 0 and doc["tables"]
+    assert s["attention"] == "sdpa" and s["fits"] is False
+    assert s["peak_bytes"] > s["capacity_bytes"] == 10**6
+    assert s["psi"] == GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=64).psi
+    assert isinstance(s["not_modelled"], dict) and s["seq_from"] == "the model's context"
+    assert s["suggestions"] and all({"flags", "peak_bytes", "fits"} <= set(x) for x in
+                                    s["suggestions"])
+
+
+@pytest.mark.slow   # four meta steps of Llama-3-70B and the searches: ~20 s
+def test_the_issues_command_names_a_change_that_fits_and_that_change_fits(capsys):
+    """Issue 55's command: its JSON names a change that fits; the command with that change's
+    flags fits, at the peak the suggestion stated."""
+    cmd = ("plan", "--preset", "llama-3-70b", "--gpus", "64", "--machine", "dgx-h100", "--stage",
+           "3", "--seq", "8192", "--explain", "--format", "json")
+    rc, out, _ = run_cli(capsys, *cmd)
+    s = json.loads(out)["summary"]
+    assert rc == 0 and not s["fits"]
+    best = s["suggestions"][0]
+    assert best["fits"]
+    changed = list(cmd)
+    for flag, value in zip(best["flags"][::2], best["flags"][1::2]):
+        if flag in changed:
+            changed[changed.index(flag) + 1] = value
+        else:
+            changed += [flag, value]
+    rc, out, _ = run_cli(capsys, *changed)
+    again = json.loads(out)["summary"]
+    assert rc == 0 and again["fits"] and again["peak_bytes"] == best["peak_bytes"]
+    assert again["suggestions"] == []
