@@ -79,7 +79,13 @@ def attend(qkv: torch.Tensor, n_head: int, n_kv_head: int | None = None,
     the same ops, saving q, k, v, the output and the per-row log-sum-exp only)."""
     if kernel == "eager":
         return attention(qkv, n_head, n_kv_head, rope_theta)
-    return Flash.apply(*heads(qkv, n_head, n_kv_head, rope_theta))
+    q, k, v = heads(qkv, n_head, n_kv_head, rope_theta)
+    if rope_theta is not None:
+        # q and k are RoPE's own tensors, so v alone would keep the fused projection's whole
+        # storage alive as a view of it; Llama's family projects v on its own (v_proj), which is
+        # what the kernel keeps: v as a tensor of its own
+        v = v.contiguous()
+    return Flash.apply(q, k, v)
 
 
 KEPT = ("q", "k", "v", "out", "lse")   # what the kernel saves per layer, in its sources' order
