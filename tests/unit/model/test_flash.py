@@ -79,3 +79,20 @@ def test_on_meta_sdpa_keeps_no_scores_in_the_ledger():
 def test_an_unknown_attention_is_refused_by_name():
     with pytest.raises(ValueError, match=r"GPTConfig.attention must be one of 'eager', 'sdpa', got 'flash3'"):
         GPTConfig(attention="flash3")
+
+
+def test_on_meta_the_logsumexp_is_fp32_beside_fp16_q_k_v_and_out():
+    """On meta (the planner) nothing is computed, and the saved tensors are the kernel's: the
+    log-sum-exp (B, H, T) in fp32 whatever the compute dtype, as torch's meta kernel makes it."""
+    n_head, n_kv = 4, 2
+    x = torch.empty(B, T, (n_head + 2 * n_kv) * HD, device="meta", dtype=torch.float16,
+                    requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = attend(x, n_head, n_kv, 10000.0, "sdpa")
+    assert [(tuple(t.shape), t.dtype) for t in saved[-5:]] == [
+        ((B, n_head, T, HD), torch.float16), ((B, n_kv, T, HD), torch.float16),
+        ((B, n_kv, T, HD), torch.float16), ((B, T, n_head * HD), torch.float16),
+        ((B, n_head, T), torch.float32)]
+    y.sum().backward()
+    assert x.grad.shape == x.shape and x.grad.device.type == "meta"

@@ -118,3 +118,16 @@ def test_the_issues_command_names_a_change_that_fits_and_that_change_fits(capsys
     again = json.loads(out)["summary"]
     assert rc == 0 and again["fits"] and again["peak_bytes"] == best["peak_bytes"]
     assert again["suggestions"] == []
+
+
+def test_changes_tried_with_checkpointing_carry_its_flag(case):
+    """The second round (each change with a checkpoint every block, tried when no single change
+    fits): every suggestion's flags include checkpointing, and run afresh give its peak."""
+    from zerospec.plan.suggest import _singles
+    ex, _ = case
+    items = _singles(ex, {"checkpoint_activations": 1}, config_given=False)
+    assert items and all(s.flags[:2] == ("--checkpoint-activations", "1") for s in items)
+    for s in items:
+        kw = _flags_to_step(s.flags)
+        model, stage, n_d = kw.pop("model"), kw.pop("stage"), kw.pop("n_d")
+        assert _peak(model, stage, n_d, **kw) == s.peak, s
