@@ -78,6 +78,15 @@ def _step_peak(ex, checkpoint_activations, micro_batch, seq, n_d, stage, setting
     return max(c.memory.peak_total for c in r.classes)
 
 
+def _buildable(ex, **changes) -> int | None:
+    """:func:`step_peak`, or None where the changed run is one the stages refuse (offload with
+    model parallelism or ZeRO++, say): a change the user could not make is not suggested."""
+    try:
+        return step_peak(ex, **changes)
+    except ValueError:
+        return None
+
+
 def suggestions(ex, config_given: bool = False) -> list[Suggestion]:
     """The changes that would make ``ex``'s step fit, best first (none when it fits)."""
     if ex.fits:
@@ -106,20 +115,22 @@ def _singles(ex, base: dict, config_given: bool) -> list[Suggestion]:
             step_peak(ex, checkpoint_activations=1))
     if not config_given:
         for s in range(ex.stage + 1, 4):
-            p = step_peak(ex, stage=s, **base)
-            if p <= cap or s == 3:
+            p = _buildable(ex, stage=s, **base)
+            if p is not None and (p <= cap or s == 3):
                 add("stage", stage_info(s).name, ("--stage", str(s)), p)
                 break
         if ex.stage >= 2 and not ex.settings.get("offload_optimizer"):
-            p = step_peak(ex, settings={"offload_optimizer": "cpu"}, **base)
-            if p <= cap or ex.stage < 3:
+            p = _buildable(ex, settings={"offload_optimizer": "cpu"}, **base)
+            if p is not None and (p <= cap or ex.stage < 3):
                 add("offload", "the optimizer states on the host (ZeRO-Offload)",
                     ("--offload-optimizer", "cpu"), p)
-            else:
-                p = step_peak(ex, settings={"offload_optimizer": "cpu", "offload_params": "cpu"},
-                              **base)
-                add("offload", "the optimizer states and the parameters on the host "
-                    "(ZeRO-Infinity)", ("--offload-optimizer", "cpu", "--offload-params", "cpu"), p)
+            elif p is not None:
+                p = _buildable(ex, settings={"offload_optimizer": "cpu", "offload_params": "cpu"},
+                               **base)
+                if p is not None:
+                    add("offload", "the optimizer states and the parameters on the host "
+                        "(ZeRO-Infinity)", ("--offload-optimizer", "cpu", "--offload-params",
+                                            "cpu"), p)
     g = _gpus(ex, base)
     if g is not None:
         n_d, p = g

@@ -131,3 +131,13 @@ def test_changes_tried_with_checkpointing_carry_its_flag(case):
         kw = _flags_to_step(s.flags)
         model, stage, n_d = kw.pop("model"), kw.pop("stage"), kw.pop("n_d")
         assert _peak(model, stage, n_d, **kw) == s.peak, s
+
+
+def test_a_change_the_stages_refuse_is_not_suggested():
+    """With model parallelism ZeRO-Offload is refused (offload/__init__.py), so no offload is
+    suggested, and the others still are."""
+    full = _peak(TINY, STAGE, GPUS, micro_batch=MICRO, n_m=2)
+    ex = explain("tiny", STAGE, 2 * GPUS, full - 1, "--gpu-mem", micro_batch=MICRO, n_m=2,
+                 model=TINY)
+    kinds = {s.kind for s in suggestions(ex)}
+    assert "offload" not in kinds and {"checkpointing", "stage", "sequence"} <= kinds
