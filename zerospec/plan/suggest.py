@@ -50,20 +50,16 @@ class Suggestion:
                 "peak_bytes": self.peak, "fits": self.fits}
 
 
-_MEMO: dict = {}     # (id of the explanation, the changes) → peak: one step per changed run
-
-
 def step_peak(ex, *, checkpoint_activations=None, micro_batch=None, seq=None, n_d=None,
               stage=None, settings=None) -> int:
     """The ledger peak (the highest rank class's) of one meta step of ``ex``'s run with the
-    given changes (each changed run stepped once per explanation)."""
-    key = (id(ex), checkpoint_activations, micro_batch, seq, n_d, stage,
+    given changes (each changed run stepped once per explanation: the peaks are kept on it)."""
+    key = (checkpoint_activations, micro_batch, seq, n_d, stage,
            tuple(sorted((settings or {}).items())))
-    if key[0] not in {k[0] for k in _MEMO}:
-        _MEMO.clear()                    # another explanation: the old ones' runs are done
-    if key not in _MEMO:
-        _MEMO[key] = _step_peak(ex, checkpoint_activations, micro_batch, seq, n_d, stage, settings)
-    return _MEMO[key]
+    memo = ex.__dict__.setdefault("_changed_peaks", {})
+    if key not in memo:
+        memo[key] = _step_peak(ex, checkpoint_activations, micro_batch, seq, n_d, stage, settings)
+    return memo[key]
 
 
 def _step_peak(ex, checkpoint_activations, micro_batch, seq, n_d, stage, settings) -> int:
