@@ -17,8 +17,9 @@ settings otherwise):
   search).
 
 With a DeepSpeed config the stage, offload and micro-batch are the file's, so only
-checkpointing, GPUs and sequence are suggested. When no single change fits and the run did not
-checkpoint every block, each other change is tried again with checkpointing added.
+checkpointing, GPUs and sequence are suggested. When a checkpoint every block is not enough on
+its own, each other change is tried again with checkpointing added (a longer sequence, say, than
+without it).
 
 Order ("best first"): the changes that fit before those that do not; then the changes that keep
 the run's math and batch (checkpointing: recompute; a higher stage or offload: more traffic),
@@ -88,7 +89,7 @@ def suggestions(ex, config_given: bool = False) -> list[Suggestion]:
     if ex.fits:
         return []
     out = _singles(ex, {}, config_given)
-    if not any(s.fits for s in out) and ex.checkpoint_activations != 1:
+    if not any(s.fits for s in out if s.kind == "checkpointing") and ex.checkpoint_activations != 1:
         out += [s for s in _singles(ex, {"checkpoint_activations": 1}, config_given)
                 if s.kind != "checkpointing"]
     return sorted(out, key=lambda s: (not s.fits, KINDS.index(s.kind), s.peak))
@@ -184,7 +185,7 @@ def suggestion_table(items: list[Suggestion], ex, units: str = "GB"):
     for s in items:
         t.add(s.change, " ".join(s.flags), s.peak, s.peak, s.fits)
     if not any(s.fits for s in items):
-        t.notes.append("No change tried fits on its own or with checkpointing.")
+        t.notes.append("No change tried fits, on its own or with checkpointing.")
     t.notes.append("Order: fitting first; then changes that keep the run's math and batch "
                    "(checkpointing, a higher stage, offload), more GPUs, then a smaller "
                    "micro-batch or shorter sequence; then the lower peak.")
