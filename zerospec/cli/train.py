@@ -11,6 +11,7 @@ NCCL is used when CUDA is available, gloo otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 
@@ -41,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=5, help="training steps, default 5")
     p.add_argument("--precision", choices=tuple(POLICIES), default="fp16", help="default fp16")
     p.add_argument("--model", choices=MODELS, default="small", help="tiny GPT preset, default small")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
+                   help="attention kernel: eager (written out, default) or sdpa (saves only q, k, "
+                        "v, the output and a log-sum-exp per row; same values, spec/models.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--zero1-comm", choices=ZERO1_COMM, default="reduce_scatter",
                    help="stage 1 gradient sync (default reduce_scatter)")
@@ -156,7 +160,8 @@ def _config(args, n_ranks: int):
                        cpu_checkpointing=args.cpu_checkpointing,
                        contiguous_checkpoints=args.contiguous_checkpoints,
                        contiguous_gradients=args.contiguous_gradients,
-                       model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
+                       model=dataclasses.replace({"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
+                                                 attention=args.attention),
                        steps=args.steps, seed=args.seed, zero1_comm=args.zero1_comm,
                        precision=args.precision, timeout=args.timeout, loss_scale=scale,
                        clip_grad_norm=args.clip_grad_norm, grad_accum_steps=args.grad_accum,
@@ -202,6 +207,7 @@ def summary(result, backend: str) -> str:
     mp = f" × N_m = {cfg.n_m} (Ψ per MP rank)" if cfg.n_m > 1 else ""
     lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}{mp}, Ψ = {result.psi:,}, "
              f"{cfg.precision}, backend {backend}"
+             + (f", {cfg.model.attention} attention" if cfg.model.attention != "eager" else "")
              + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else "")
              + (f", activation checkpoint every {cfg.checkpoint_activations} block(s)"
                 if cfg.checkpoint_activations else "")

@@ -79,3 +79,4 @@ def test_a_config_json_a_meta_step_cannot_hold(capsys, tmp_path, change, named):
     path.write_text(json.dumps({**LLAMA, **change}))
     assert_usage_error(capsys, "plan", "--hf-config", str(path), "--gpus", "8", "--stage", "3",
                        "--seq", "1024", "--explain", named=named)
+
