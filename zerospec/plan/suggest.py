@@ -24,7 +24,7 @@ without it).
 Order ("best first"): the changes that fit before those that do not; then the changes that keep
 the run's math and batch (checkpointing: recompute; a higher stage or offload: more traffic),
 then more GPUs, then a smaller micro-batch or a shorter sequence (which change what a step
-trains); then the lower peak.
+trains), the larger micro-batch or sequence first; then the lower peak.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ class Suggestion:
     flags: tuple[str, ...]
     peak: int
     fits: bool
+    kept: int = 0     # micro-batch / sequence: the value kept (more is better); else 0
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "change": self.change, "flags": list(self.flags),
@@ -92,7 +93,7 @@ def suggestions(ex, config_given: bool = False) -> list[Suggestion]:
     if not any(s.fits for s in out if s.kind == "checkpointing") and ex.checkpoint_activations != 1:
         out += [s for s in _singles(ex, {"checkpoint_activations": 1}, config_given)
                 if s.kind != "checkpointing"]
-    return sorted(out, key=lambda s: (not s.fits, KINDS.index(s.kind), s.peak))
+    return sorted(out, key=lambda s: (not s.fits, KINDS.index(s.kind), -s.kept, s.peak))
 
 
 def _ckpt_flags(base: dict) -> tuple[str, ...]:
@@ -104,8 +105,8 @@ def _singles(ex, base: dict, config_given: bool) -> list[Suggestion]:
     cap, out = ex.capacity, []
     pre, also = _ckpt_flags(base), (" with a checkpoint every block" if base else "")
 
-    def add(kind, change, flags, peak):
-        out.append(Suggestion(kind, change + also, pre + tuple(flags), peak, peak <= cap))
+    def add(kind, change, flags, peak, kept=0):
+        out.append(Suggestion(kind, change + also, pre + tuple(flags), peak, peak <= cap, kept))
 
     if not base and ex.checkpoint_activations != 1:
         add("checkpointing", "a checkpoint every block", ("--checkpoint-activations", "1"),
@@ -137,12 +138,12 @@ def _singles(ex, base: dict, config_given: bool) -> list[Suggestion]:
         e = largest(lambda m: step_peak(ex, micro_batch=m, **base), cap, lo=1,
                     hi=ex.micro_batch - 1)
         v = e.value or 1
-        add("micro-batch", f"micro-batch {v}", ("--micro-batch", str(v)), e.peaks[v])
+        add("micro-batch", f"micro-batch {v}", ("--micro-batch", str(v)), e.peaks[v], v)
     if ex.seq > 1:
         from .fit import largest
         e = largest(lambda t: step_peak(ex, seq=t, **base), cap, lo=1, hi=ex.seq - 1)
         v = e.value or 1
-        add("sequence", f"sequence length {v:,}", ("--seq", str(v)), e.peaks[v])
+        add("sequence", f"sequence length {v:,}", ("--seq", str(v)), e.peaks[v], v)
     return out
 
 
@@ -188,7 +189,7 @@ def suggestion_table(items: list[Suggestion], ex, units: str = "GB"):
         t.notes.append("No change tried fits, on its own or with checkpointing.")
     t.notes.append("Order: fitting first; then changes that keep the run's math and batch "
                    "(checkpointing, a higher stage, offload), more GPUs, then a smaller "
-                   "micro-batch or shorter sequence; then the lower peak.")
+                   "micro-batch or shorter sequence (the larger first); then the lower peak.")
     return t
 
 

@@ -68,7 +68,7 @@ def test_each_suggestion_is_its_flags_run_afresh(case):
 
 def test_fitting_changes_come_first_then_the_stated_order(case):
     ex, items = case
-    keys = [(not s.fits, KINDS.index(s.kind), s.peak) for s in items]
+    keys = [(not s.fits, KINDS.index(s.kind), -s.kept, s.peak) for s in items]
     assert keys == sorted(keys)
     assert items[0].fits and items[0].flags == ("--checkpoint-activations", "1")
 
@@ -141,3 +141,19 @@ def test_a_change_the_stages_refuse_is_not_suggested():
                  model=TINY)
     kinds = {s.kind for s in suggestions(ex)}
     assert "offload" not in kinds and {"checkpointing", "stage", "sequence"} <= kinds
+
+
+def test_with_checkpointing_a_longer_sequence_fits_and_comes_first():
+    """Below the checkpointed peak, the sequence that fits with a checkpoint every block is
+    longer than the one without, and is listed first; each is the edge (its next value does not
+    fit, run afresh)."""
+    ckpt = _peak(TINY, STAGE, GPUS, micro_batch=MICRO, checkpoint_activations=1)
+    ex = explain("tiny", STAGE, GPUS, ckpt - 1, "--gpu-mem", micro_batch=MICRO, model=TINY)
+    seqs = [s for s in suggestions(ex) if s.kind == "sequence" and s.fits]
+    assert len(seqs) == 2 and seqs[0].kept > seqs[1].kept
+    assert seqs[0].flags[:2] == ("--checkpoint-activations", "1")
+    for s in seqs:
+        kw = _flags_to_step(s.flags)
+        kw["model"] = dataclasses.replace(TINY, block_size=s.kept + 1)
+        model, stage, n_d = kw.pop("model"), kw.pop("stage"), kw.pop("n_d")
+        assert _peak(model, stage, n_d, **kw) > ex.capacity
