@@ -61,6 +61,28 @@ def hf_config(path: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def out_dir(text: str) -> str:
+    """``--out DIR``: a directory the figures can be written into, made (with its parents) if
+    missing; checked before any work, so a bad one costs no step."""
+    import os
+    import pathlib
+    import tempfile
+    p = pathlib.Path(text)
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("--out is empty: give a directory for the figures")
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".zerospec-probe-")
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write a figure there "
+                                         f"({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return str(p)
+
+
 def machine(text: str):
     """A machine of zerospec/paper/hardware.py by its key (``--machine dgx-h100``)."""
     from ..paper.hardware import MACHINES

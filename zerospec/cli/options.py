@@ -73,3 +73,13 @@ def given(args, names) -> dict:
 def flag(name: str) -> str:
     """The command-line flag of section field ``name`` (for messages)."""
     return field(name).metadata["flag"]
+
+
+def add_attention(parser) -> None:
+    """``--attention``: the model's attention kernel (GPTConfig.attention), for plan and train."""
+    parser.add_argument(
+        "--attention", choices=("eager", "sdpa"), default=None,
+        help="the attention kernel: eager (written out, B·H·T² scores kept) or sdpa (a "
+             "memory-efficient kernel keeping q, k, v, the output and a log-sum-exp per row, as "
+             "FlashAttention-2; the same values; spec/models.md). Default: the model's (sdpa for "
+             "published presets and --hf-config, eager for the paper's and train's tiny models)")

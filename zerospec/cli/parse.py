@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from ..plan.limits import check_bytes, check_count, check_gpus
+
 _NUM = r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"   # signed, so "-5" is "must be > 0"
 _COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
@@ -24,7 +26,7 @@ def parse_count(text: str) -> int:
     value = Fraction(m.group(1)) * _COUNT_SUFFIX[m.group(2).upper()]
     if value < 1:
         raise ValueError(f"parameter count must be >= 1, got {text!r}")
-    return int(value)
+    return check_count(int(value), text)
 
 
 def parse_bytes(text: str) -> int:
@@ -37,7 +39,7 @@ def parse_bytes(text: str) -> int:
     value = Fraction(m.group(1)) * _BYTE_UNITS[unit]
     if value <= 0:
         raise ValueError(f"memory size must be > 0, got {text!r}")
-    return int(value)
+    return check_bytes(int(value), text)
 
 
 def parse_bandwidth(text: str) -> Fraction:
@@ -75,7 +77,7 @@ def parse_gpus(text: str, what: str = "GPU count N_d") -> int:
         raise ValueError(f"cannot read {what} {text!r}; accepted: an integer >= 1") from None
     if n < 1:
         raise ValueError(f"{what} must be >= 1, got {text!r}")
-    return n
+    return check_gpus(n, text, what)
 
 
 def parse_mp(text: str) -> int:

@@ -61,14 +61,15 @@ def add_parser(sub) -> None:
     p.add_argument("--hf-config", type=T.hf_config, default=None, metavar="CONFIG.JSON",
                    help="with --explain: the model of a Hugging Face config.json (Llama, Mistral, "
                         "Qwen2, GPT-2) instead of --preset")
-    p.add_argument("--out", default=None, metavar="DIR",
+    p.add_argument("--out", type=T.out_dir, default=None, metavar="DIR",
                    help="with --explain: write DIR/explain_memory.svg, the memory over the step")
     p.add_argument("--fit", action="store_true",
                    help="with --explain: also the largest micro-batch and sequence length that fit "
                         "(a search of meta steps)")
     from .plan_explain import STEP_OPTIONS
-    from .options import add_flags
+    from .options import add_attention, add_flags
     add_flags(p, ("checkpoint_activations",), " (with --explain)")
+    add_attention(p)
     add_flags(p, STEP_OPTIONS, " (with --explain, or --deepspeed-config and --preset: the step "
                                "measured)")
     p.add_argument("--table1", action="store_true", help="print the paper's Table 1 layout (C15, C16)")
@@ -97,14 +98,15 @@ def run(args: argparse.Namespace) -> int:
     largest = args.largest_layer
     machine = _resolve_machine(args)
     if args.explain:
-        from .plan_explain import explain_tables
-        tables = explain_tables(args, machine)
-        sys.stdout.write(render(tables, args.format))
+        from .plan_explain import explain_run
+        tables, summary = explain_run(args, machine)
+        sys.stdout.write(render(tables, args.format, summary=summary))
         return 0
     measured = args.deepspeed_config is not None and args.preset is not None
     step_only = [f for f, v in (("--seq", args.seq),
                                 ("--micro-batch", None if measured else args.micro_batch),
                                 ("--checkpoint-activations", args.checkpoint_activations),
+                                ("--attention", args.attention),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
                                 ("--fit", args.fit)) if v]
     from .plan_explain import STEP_OPTIONS, node_settings

@@ -46,9 +46,15 @@ def _one(values, flag: str, default=None):
 
 
 def explain_tables(args, machine) -> list:
+    """`plan --explain`'s tables (:func:`explain_run`)."""
+    return explain_run(args, machine)[0]
+
+
+def explain_run(args, machine) -> tuple[list, dict]:
     """`plan --explain`: one meta step of --preset or --hf-config, explained against the GPU's
     memory; a --deepspeed-config sets the stage, micro-batch, precision and buffers it can, the
-    nodes and ZeRO++ / MiCS flags the rest."""
+    nodes and ZeRO++ / MiCS flags the rest. Returns the tables and the summary a script reads
+    (zerospec/plan/suggest.py), whose suggestions, when the step does not fit, are a table too."""
     from ..plan import explain as E
     if (args.preset is None) == (args.hf_config is None):
         raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
@@ -58,6 +64,7 @@ def explain_tables(args, machine) -> list:
     if other:
         raise ValueError(f"--explain runs one step of its model; it does not take {', '.join(other)}")
     ds, ckpt = args.deepspeed_config, args.checkpoint_activations or 0
+    not_modelled = {}
     gpus, n_m = _one(args.gpus, "--gpus", 64), _one(args.mp, "--mp", 1)
     stage = _one(args.stage, "--stage", None if ds is None else ds.stage)
     if gpus % n_m:
@@ -89,6 +96,7 @@ def explain_tables(args, machine) -> list:
                  *([f"\"auto\" resolved: " + "; ".join(f"{k}: {v}" for k, v in ds.resolved) + "."]
                    if ds.resolved else []),
                  "Not modelled: " + ("; ".join(left) or "nothing") + "."]
+        not_modelled[ds.path] = list(left)
     if settings.get("offload_mode") is not None and not settings.get("offload_optimizer"):
         raise ValueError(f"--offload-mode {settings['offload_mode']} says which gradients "
                          f"ZeRO-Offload sends down; it needs --offload-optimizer cpu or nvme")
@@ -96,11 +104,13 @@ def explain_tables(args, machine) -> list:
     if args.hf_config is not None:
         name, model = args.hf_config
         notes += _hf_notes(args.hf_config)
+        not_modelled[name] = [f"{k} ({why})" for k, why in args.hf_config.not_modelled]
     where = (machine.key if machine.m is not None and not args.gpu_mem_given else
              "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)")
     ex = E.explain(name, stage, gpus, args.gpu_mem, where, seq=args.seq, micro_batch=micro or 1,
                    checkpoint_activations=ckpt, n_m=n_m, model=model, settings=settings,
-                   notes=tuple(node_notes + notes))
+                   notes=tuple(node_notes + notes), attention=args.attention)
+    ex.not_modelled = not_modelled
     out = E.tables(ex, args.units, args.largest_layer or None)
     nodes = None
     if ex.result.config.gpus_per_node:
@@ -130,7 +140,11 @@ def explain_tables(args, machine) -> list:
     if args.fit:
         from ..plan.explain_fit import fit_table
         out.append(fit_table(ex, args.units))
-    return out
+    from ..plan.suggest import suggestion_table, suggestions, summary
+    items = suggestions(ex, config_given=ds is not None)
+    if items:
+        out.insert(1, suggestion_table(items, ex, args.units))
+    return out, summary(ex, items)
 
 
 def _hf_notes(c) -> list[str]:

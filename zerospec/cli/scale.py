@@ -123,7 +123,8 @@ def run(args) -> int:
                              f"{model.padded_vocab(mp):,} rows: {psi_padding(model, mp):,} "
                              f"padding elements over the MP group, not in Ψ)" if mp > 1 else "")
     print(f"{name}: {model.n_layer} layers, hidden {model.n_embd}, {model.n_head} heads, vocab "
-          f"{model.vocab_size}, seq {model.block_size}; Ψ = {model.psi:,}; {grid}; "
+          f"{model.vocab_size}, seq {model.block_size}, {model.attention} attention; "
+          f"Ψ = {model.psi:,}; {grid}; "
           f"measured on meta tensors, one step per stage "
           f"({sum(r.seconds for r in results.values()):.1f} s)\n")
     if args.machine is None:

@@ -11,6 +11,7 @@ NCCL is used when CUDA is available, gloo otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 
@@ -41,7 +42,7 @@ GROUPS = {None: ("n_m", "precision", "zero1_comm"),
 
 def add_parser(sub) -> None:
     from . import argtypes as T
-    from .options import add_flags
+    from .options import add_attention, add_flags
     p = sub.add_parser("train", description=__doc__.splitlines()[0].replace("``", ""), help=HELP)
     p.add_argument("--backend", choices=BACKENDS, default="sim",
                    help="sim: virtual GPUs as threads; torch: real processes (default sim)")
@@ -50,6 +51,7 @@ def add_parser(sub) -> None:
                    help="GPUs N = N_d × N_m (default 4; under torchrun: its world size)")
     p.add_argument("--steps", type=int, default=5, help="training steps, default 5")
     p.add_argument("--model", choices=MODELS, default="small", help="tiny GPT preset, default small")
+    add_attention(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=T.positive_float, default=120.0,
                    help="seconds a collective may wait before every rank fails, default 120")
@@ -73,8 +75,10 @@ def _config(args, n_ranks: int):
         raise UsageError(f"--ranks {n_ranks} must be a multiple of --mp {mp} "
                          f"(N = N_d × N_m)")
     options = given(args, [n for names in GROUPS.values() for n in names])
-    return TrainConfig.of(stage=args.stage, n_d=n_ranks // mp,
-                          model={"small": gpt.SMALL, "odd": gpt.ODD}[args.model],
+    model = {"small": gpt.SMALL, "odd": gpt.ODD}[args.model]
+    if args.attention is not None:
+        model = dataclasses.replace(model, attention=args.attention)
+    return TrainConfig.of(stage=args.stage, n_d=n_ranks // mp, model=model,
                           steps=args.steps, seed=args.seed, timeout=args.timeout, **options)
 
 
@@ -108,6 +112,7 @@ def summary(result, backend: str) -> str:
     mp = f" × N_m = {cfg.n_m} (Ψ per MP rank)" if cfg.n_m > 1 else ""
     lines = [f"{cfg.label} (stage {cfg.stage}), N_d = {cfg.n_d}{mp}, Ψ = {result.psi:,}, "
              f"{cfg.precision}, backend {backend}"
+             + (f", {cfg.model.attention} attention" if cfg.model.attention != "eager" else "")
              + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else "")
              + (f", activation checkpoint every {cfg.checkpoint_activations} block(s)"
                 if cfg.checkpoint_activations else "")

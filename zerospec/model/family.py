@@ -11,7 +11,13 @@ if TYPE_CHECKING:
 
 
 _CHOICES = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
-            "positions": ("learned", "rope")}
+            "positions": ("learned", "rope"), "attention": ("eager", "sdpa")}
+ATTENTION = _CHOICES["attention"]
+# the attention kernel of today's models (the published presets, a config.json's): a
+# memory-efficient one, as transformers (its default attn_implementation, "sdpa") and torchtitan
+# (SDPA or flex attention) train them; the paper's models keep the written-out attention of 2019
+# (the default, "eager"), so none of the paper's figures moves
+TODAY_ATTENTION = "sdpa"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,9 @@ class GPTConfig:
     n_positions: int | None = None  # rows of the learned position table, the model's own
     #                                (GPT-2's n_positions): Ψ whatever the step's block_size T <= it;
     #                                None: block_size
+    attention: str = "eager"       # "eager": written out, B·H·T² scores and probabilities kept;
+    #                                "sdpa": a memory-efficient kernel keeping q, k, v, the output
+    #                                and the log-sum-exp per row (zerospec/model/flash.py)
     vocab_divisor: int = 128       # Megatron-LM's make-vocab-size-divisible-by: with N_m > 1 the
     #                                vocabulary pads to a multiple of vocab_divisor·N_m (padded_vocab)
 
@@ -58,6 +67,8 @@ class GPTConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"GPTConfig.{f} must be a number > 0, got {v!r}")
+            if v == float("inf"):
+                raise ValueError(f"GPTConfig.{f} must be finite, got {v!r}")
         for f in ("tie_embeddings", "bias", "qkv_bias", "o_bias", "mlp_bias"):
             v = getattr(self, f)
             optional = f in ("qkv_bias", "o_bias", "mlp_bias")

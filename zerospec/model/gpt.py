@@ -5,8 +5,9 @@ The model never owns parameters: each layer asks ``fetch(unit_index)`` for its u
 all-gather just in time — is the ZeRO stage's business; the math here is the same in every stage,
 which is what makes the stages bit-identical (design property 3).
 
-Attention is written out (no SDPA), so torch's FLOP formulas count it: on CPU, SDPA's default
-kernel has no FLOP formula and would count attention as 0.
+Attention is ``cfg.attention``'s kernel: written out ("eager", so torch's FLOP formulas count it:
+on CPU, SDPA's default kernel has no FLOP formula and would count attention as 0), or "sdpa", the
+same ops keeping only what FlashAttention-2 keeps (zerospec/model/flash.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .family import ODD, SMALL, DecoderConfig, GPTConfig, check_mp, check_tiles
+from .flash import attend
 from .layers import attention, norm, rms_norm, rope, rope_tables, swiglu
 from . import vocab
 
@@ -64,9 +66,9 @@ def tile_params(cfg: GPTConfig, init: dict, tiles: int) -> dict[str, dict[str, t
 
 def _attn(cfg: GPTConfig, h: torch.Tensor, p: dict[str, torch.Tensor], n_m: int = 1) -> torch.Tensor:
     """Attention of this rank's heads (all of them when n_m = 1), before the output projection."""
-    return attention(F.linear(h, p["attn.c_attn.weight"], p.get("attn.c_attn.bias")),
+    return attend(F.linear(h, p["attn.c_attn.weight"], p.get("attn.c_attn.bias")),
                      cfg.n_head // n_m, cfg.kv_heads // n_m,
-                     cfg.rope_theta if cfg.positions == "rope" else None)
+                     cfg.rope_theta if cfg.positions == "rope" else None, cfg.attention)
 
 
 def _mlp_in(cfg: GPTConfig, h: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -20,7 +20,8 @@ missing one is refused by name, never taken from a class default that describes 
 Keys whose absence transformers fills with a value that does not depend on the model (rope_theta's
 RotaryEmbeddingConfigMixin.default_theta 10000, rms_norm_eps, the biases' False, the tied head, the
 context) take transformers' default, listed in :attr:`HFConfig.defaulted`. Every other key of the
-file is in :attr:`HFConfig.not_modelled`, with why. Torch-free.
+file is in :attr:`HFConfig.not_modelled`, with why. Attention is the memory-efficient kernel
+(``TODAY_ATTENTION``: transformers' default attn_implementation is "sdpa"). Torch-free.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import dataclasses
 import json
 import math
 
-from .family import GPTConfig
+from .family import TODAY_ATTENTION, GPTConfig
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ARCHITECTURES = (*LLAMA_FAMILY, "GPT2LMHeadModel")
@@ -166,7 +167,7 @@ def _parse(doc, where: str) -> HFConfig:
                           n_layer=f["n_layer"], n_head=f["n_head"], n_embd=f["n_embd"],
                           d_ff=None if inner is None or inner == 4 * f["n_embd"] else inner,
                           norm_eps=get("layer_norm_epsilon"),
-                          tie_embeddings=get("tie_word_embeddings"))
+                          tie_embeddings=get("tie_word_embeddings"), attention=TODAY_ATTENTION)
         read = {*_GPT2_REQUIRED, *DEFAULTS[arch], "architectures"}
     else:
         f = {k: _field(doc, k, where, arch) for k in _LLAMA_REQUIRED}
@@ -198,7 +199,8 @@ def _parse(doc, where: str) -> HFConfig:
                           d_ff=f["intermediate_size"], norm="rmsnorm", norm_eps=get("rms_norm_eps"),
                           mlp="swiglu", positions="rope", rope_theta=theta, d_head=head_dim,
                           tie_embeddings=get("tie_word_embeddings"), bias=False, qkv_bias=qkv,
-                          o_bias=o or None, mlp_bias=mlp or None)   # None: bias's False
+                          o_bias=o or None, mlp_bias=mlp or None,   # None: bias's False
+                          attention=TODAY_ATTENTION)
         read = {*_LLAMA_REQUIRED, *DEFAULTS[arch], "architectures"}
     left = [(k, _why(arch, k)) for k in doc if k not in read]
     name = f"{where} ({arch})"

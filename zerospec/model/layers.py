@@ -1,6 +1,9 @@
 """The decoder family's layers as plain functions of tensors: the norms, the MLPs, RoPE and
-causal (grouped-query) attention. fp32 compute, as the model; attention is written out (no SDPA),
-so torch's FLOP formulas count it (on CPU SDPA's default kernel has no FLOP formula)."""
+causal (grouped-query) attention. fp32 compute, as the model. Attention is one of two kernels
+(GPTConfig.attention, zerospec/model/flash.py's ``attend``): "eager", written out, so autograd keeps each layer's B·H·T²
+scores and probabilities and torch's FLOP formulas count it (on CPU SDPA's default kernel has no
+FLOP formula); or "sdpa", the same math run as a memory-efficient kernel that keeps only what
+FlashAttention-2 keeps for backward (zerospec/model/flash.py)."""
 from __future__ import annotations
 
 import math
@@ -50,7 +53,15 @@ def attention(qkv: torch.Tensor, n_head: int, n_kv_head: int | None = None,
               rope_theta: float | None = None) -> torch.Tensor:
     """Causal self-attention from the fused [q; k; v] projection: (B, T, (H + 2·H_kv)·hd) →
     (B, T, H·hd). Grouped-query: kv head j serves query heads j·g … (j+1)·g − 1, g = H/H_kv
-    (repeat_interleave, as Llama's repeat_kv). ``rope_theta``: rotate q and k (RoPE) first."""
+    (repeat_interleave, as Llama's repeat_kv). ``rope_theta``: rotate q and k (RoPE) first.
+    The eager kernel: autograd through every op (zerospec/model/flash.py's ``attend`` picks it
+    or the memory-efficient one)."""
+    return core(*heads(qkv, n_head, n_kv_head, rope_theta))
+
+
+def heads(qkv: torch.Tensor, n_head: int, n_kv_head: int | None = None,
+          rope_theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, H, T, hd), k and v (B, H_kv, T, hd) from the fused projection, q and k rotated."""
     n_kv = n_head if n_kv_head is None else n_kv_head
     B, T = qkv.shape[0], qkv.shape[1]
     hd = qkv.shape[2] // (n_head + 2 * n_kv)
@@ -63,10 +74,17 @@ def attention(qkv: torch.Tensor, n_head: int, n_kv_head: int | None = None,
     if rope_theta is not None:
         cos, sin = rope_tables(T, hd, rope_theta, qkv.device, qkv.dtype)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
+    return q, k, v
+
+
+def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(mask(q·kᵀ/√hd))·v for q (B, H, T, hd), k and v (B, H_kv, T, hd) → (B, T, H·hd)."""
+    B, n_head, T, hd = q.shape
+    n_kv = k.shape[1]
     if n_kv != n_head:                                       # (B, nh, T, hd)
         k = k.repeat_interleave(n_head // n_kv, dim=1)
         v = v.repeat_interleave(n_head // n_kv, dim=1)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=qkv.device).triu(1)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-    return (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+    return (att @ v).transpose(1, 2).contiguous().view(B, T, n_head * hd)  # (B, T, C)

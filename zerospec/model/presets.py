@@ -45,6 +45,9 @@ qwen2.5-72b      80      8192   64     8    29568  152064   72,706,203,648
 gpt-3-175b       96      12288  96     96   49152  50257    174,604,259,328
 ===============  ======  =====  =====  ===  =====  =======  ===================
 
+Published presets run attention as a memory-efficient kernel (``attention="sdpa"``,
+zerospec/model/flash.py); the paper's and Table 4's keep it written out (``"eager"``).
+
 What the family leaves out changes no parameter: Mistral's sliding window, Llama-3.1's RoPE
 frequency scaling (``rope_scaling``), GPT-3's alternating sparse attention (Brown et al. 2020).
 """
@@ -52,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .family import GPTConfig
+from .family import TODAY_ATTENTION, GPTConfig
 
 GPT2_VOCAB = 50257
 GPT2_CONTEXT = 1024
@@ -126,11 +129,12 @@ TABLE4 = {f"t4-{label}-{L}x{d}": Preset(f"t4-{label}-{L}x{d}", _label_value(labe
 def llama(layers: int, d: int, heads: int, kv_heads: int, d_ff: int, vocab: int, context: int,
           rope_theta: float, norm_eps: float = 1e-5, qkv_bias: bool = False) -> GPTConfig:
     """A Llama-architecture decoder: RMSNorm, SwiGLU, grouped-query attention, RoPE, an untied
-    LM head, no biases (``qkv_bias``: Qwen2's q/k/v biases)."""
+    LM head, no biases (``qkv_bias``: Qwen2's q/k/v biases); attention by the memory-efficient
+    kernel, as these models are trained today (:data:`TODAY_ATTENTION`)."""
     return GPTConfig(vocab_size=vocab, block_size=context, n_layer=layers, n_head=heads, n_embd=d,
                      n_kv_head=kv_heads, d_ff=d_ff, norm="rmsnorm", norm_eps=norm_eps, mlp="swiglu",
                      positions="rope", rope_theta=rope_theta, tie_embeddings=False, bias=False,
-                     qkv_bias=qkv_bias)
+                     qkv_bias=qkv_bias, attention=TODAY_ATTENTION)
 
 
 def _hf(repo: str, extra: str = "") -> str:
@@ -160,7 +164,8 @@ PUBLISHED = {p.name: p for p in (
     Preset("qwen2.5-72b", 72.7e9, llama(80, 8192, 64, 8, 29568, 152064, 131072, 1e6, 1e-5, True),
            _hf("Qwen/Qwen2.5-72B", "; q/k/v biases (Qwen2); model card: 72.7B parameters")),
     Preset("gpt-3-175b", 175e9, GPTConfig(vocab_size=GPT2_VOCAB, block_size=2048, n_positions=2048,
-                                          n_layer=96, n_head=96, n_embd=12288),
+                                          n_layer=96, n_head=96, n_embd=12288,
+                                          attention=TODAY_ATTENTION),
            "Brown et al. 2020, Table 2.1 (GPT-3 175B: 96 layers, d 12288, 96 heads, context 2048) "
            "with GPT-2's vocabulary and block (LayerNorm, GELU, learned positions, tied, biases)"),
 )}

@@ -66,6 +66,9 @@ def check(cfg) -> None:
     if not isinstance(d, int) or isinstance(d, bool) or d < 0:
         raise ValueError(f"dpu (warm-up steps before the delayed parameter update) must be an "
                          f"integer >= 0 (0: off), got {d!r}")
+    if d > cfg.steps:
+        raise ValueError(f"dpu={d} is beyond steps={cfg.steps}: the delayed parameter update "
+                         f"starts after step {d}, which the run never reaches; accepted 0..{cfg.steps}")
     if d and o is None:
         raise ValueError(f"dpu={d} delays ZeRO-Offload's host update: it needs offload_optimizer "
                          f"'cpu' or 'nvme', got None")

@@ -48,11 +48,23 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 
 
 def check_dir(path) -> pathlib.Path:
-    """``path`` as a directory this process may write into; ValueError naming it otherwise."""
+    """``path`` as a directory this process may write into; ValueError naming it otherwise. Write
+    access is tried (a temporary file made and removed), not read from the mode bits, which
+    neither a superuser nor a read-only or virtual file system obeys."""
+    if not str(path).strip():
+        raise ValueError(f"nvme_path {str(path)!r} is empty: give the directory for the NVMe "
+                         f"tier's swap files, or none for a temporary one")
     p = pathlib.Path(path)
     if not p.is_dir():
         raise ValueError(f"nvme_path {str(p)!r} is not a directory (it must exist: the NVMe tier "
                          f"writes its swap files there)")
+    try:
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".zerospec-probe-")
+    except OSError as e:
+        raise ValueError(f"nvme_path {str(p)!r} is not writable ({e.strerror}): the NVMe tier "
+                         f"writes its swap files there") from None
+    os.close(fd)
+    os.unlink(probe)
     return p
 
 

@@ -115,7 +115,8 @@ def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,
               f"(Ψ = {fmt_count(r.psi)}), N_d = {n_d}: one step measured on meta tensors",
               ["Quantity (rank 0)", "Measured"])
     t.add("model states per GPU", fmt_bytes(r.model_states(0)))
-    t.add(f"peak per GPU ({kw['micro_batch']} × {model.block_size} tokens, {ds.precision})",
+    t.add(f"peak per GPU ({kw['micro_batch']} × {model.block_size} tokens, {ds.precision}, "
+          f"{model.attention} attention)",
           fmt_bytes(r.memory(0).peak_total))
     t.add("gathered parameters at the peak", fmt_bytes(r.memory(0).peak["gathered"]))
     t.add("elements sent per step", f"{elements:,} = {fmt_psi(Fraction(elements, r.psi))}")

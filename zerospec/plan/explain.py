@@ -78,6 +78,12 @@ class Explanation:
     notes: tuple[str, ...] = ()      # where the settings came from, what is not modelled
     model: object = None             # the GPTConfig stepped (its block_size: the model's context)
     settings: dict = dataclasses.field(default_factory=dict)   # scale.measure's other keywords
+    seq_given: bool = True           # False: seq is the model's context, no --seq given
+    not_modelled: dict = dataclasses.field(default_factory=dict)   # file → ["key: why", ...]
+
+    @property
+    def attention(self) -> str:
+        return self.model.attention
 
     @property
     def highest(self) -> PhasePeak:
@@ -99,15 +105,20 @@ class Explanation:
 
 def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq: int | None = None,
             micro_batch: int = 1, checkpoint_activations: int = 0, n_m: int = 1,
-            model=None, settings: dict | None = None, notes: tuple[str, ...] = ()) -> Explanation:
+            model=None, settings: dict | None = None, notes: tuple[str, ...] = (),
+            attention: str | None = None) -> Explanation:
     """One meta step of preset ``name`` (or of ``model``, a config named ``name``) at ``stage`` on
     ``gpus`` GPUs (N_d = gpus / n_m) with sequences of ``seq`` tokens (default: the model's
     context), explained against ``capacity``. ``settings``: more of scale.measure's keywords (a
-    DeepSpeed config's, zerospec/plan/deepspeed.py); ``notes`` say where they came from."""
+    DeepSpeed config's, zerospec/plan/deepspeed.py); ``notes`` say where they came from.
+    ``attention``: the kernel (zerospec/model/flash.py; default the model's own)."""
+    from .limits import check_meta_step
     if model is None:
         from ..model.presets import preset
         model = preset(name).model
-    settings, full = dict(settings or {}), model
+    if attention is not None:
+        model = dataclasses.replace(model, attention=attention)
+    settings, full, seq_given = dict(settings or {}), model, seq is not None
     context = model.block_size
     seq = context if seq is None else seq
     if not 1 <= seq <= context:
@@ -115,6 +126,7 @@ def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq:
     if gpus % n_m:
         raise ValueError(f"--gpus {gpus} must be a multiple of --mp {n_m} (N = N_d × N_m)")
     model = dataclasses.replace(model, block_size=seq)
+    check_meta_step(model, micro_batch, n_m)
     r = measure(TrainConfig.of(model=model, stage=stage, n_d=gpus // n_m, n_m=n_m,
                                checkpoint_activations=checkpoint_activations, **settings),
                 micro_batch=micro_batch, trace=True)
@@ -128,7 +140,7 @@ def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq:
     phases = [dataclasses.replace(ph, reserved=reserved.get(ph.phase)) for ph in phases]
     return Explanation(name, stage, gpus // n_m, n_m, seq, micro_batch, checkpoint_activations,
                        capacity, where, r, cls.rep * n_m, phases, rep.peak_reserved,
-                       settings.get("precision", "fp16"), tuple(notes), full, settings)
+                       settings.get("precision", "fp16"), tuple(notes), full, settings, seq_given)
 
 
 # -- tables -----------------------------------------------------------------------------------------
@@ -169,7 +181,24 @@ def _setting(ex: Explanation) -> str:
         from .offload import run_label as offload_label
         prec += ", " + offload_label(cfg).partition(", ")[2]
     return (f"{ex.name}, {theory.stage(ex.stage).name}, {grid}, seq {ex.seq}, "
-            f"micro-batch {ex.micro_batch}{ckpt}{prec}")
+            f"micro-batch {ex.micro_batch}{ckpt}{prec}, {ex.attention} attention")
+
+
+ATTENTION_NOTES = {
+    "eager": "Attention: eager, written out: every layer keeps its B·H·T² scores and "
+             "probabilities for backward (--attention sdpa: a memory-efficient kernel).",
+    "sdpa": "Attention: sdpa, a memory-efficient kernel keeping q, k, v, the output and an fp32 "
+            "log-sum-exp per row, as FlashAttention-2 does (modelled: no such kernel runs here; "
+            "--attention eager keeps the B·H·T² scores and probabilities)."}
+
+
+def assumed(ex: Explanation) -> list[str]:
+    """What the explanation assumed and the command line did not say: the attention kernel, and
+    the sequence length when no --seq was given."""
+    out = [ATTENTION_NOTES[ex.attention]]
+    if not ex.seq_given:
+        out.append(f"Sequence: {ex.seq:,} tokens, the model's full context (no --seq given).")
+    return out
 
 
 def phase_table(ex: Explanation, units: str = "GB"):
@@ -190,6 +219,7 @@ def phase_table(ex: Explanation, units: str = "GB"):
     t.notes.append(f"Peak {g(ex.peak)} in {hi.phase} against {g(ex.capacity)} per GPU of "
                    f"{ex.where}: {verdict} (the ledger's peak: every buffer the stage code holds, "
                    f"no fragmentation).")
+    t.notes.extend(assumed(ex))
     t.notes.extend(ex.notes)
     frag = ex.reserved - ex.peak
     t.notes.append(f"The caching allocator model reserves {g(ex.reserved)} at most "

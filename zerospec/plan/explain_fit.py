@@ -76,21 +76,23 @@ def largest(peak: Callable[[int], int], capacity: int, lo: int = 1, hi: int | No
     return Edge(good, bound, seen)
 
 
-def step_peak(ex, micro_batch: int, seq: int) -> int:
+def step_peak(ex, micro_batch: int, seq: int, checkpoint_activations: int | None = None) -> int:
     """The ledger peak (the highest rank class's) of ``ex``'s step with another micro-batch or
-    sequence length: one meta step, the explained one's settings otherwise."""
+    sequence length (or checkpointing): one meta step, the explained one's settings otherwise."""
     from ..training.config import TrainConfig
     from ..training.scale import measure
     model = dataclasses.replace(ex.model, block_size=seq)
+    k = ex.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
     r = measure(TrainConfig.of(model=model, stage=ex.stage, n_d=ex.n_d, n_m=ex.n_m,
-                               checkpoint_activations=ex.checkpoint_activations, **ex.settings),
+                               checkpoint_activations=k, **ex.settings),
                 micro_batch=micro_batch)
     return max(c.memory.peak_total for c in r.classes)
 
 
 def fit_table(ex, units: str = "GB"):
     """The largest micro-batch (at the explained sequence length) and the largest sequence length
-    (at the explained micro-batch) whose step peak fits the GPU, each found by meta steps."""
+    (at the explained micro-batch) whose step peak fits the GPU, each found by meta steps; where
+    the step does not checkpoint every block, both again with a checkpoint every block."""
     from ..render.format import Table, fmt_bytes
     t = Table("explain_fit", f"What fits {ex.where} ({fmt_bytes(ex.capacity, units)} per GPU)",
               ["Largest", "Value", "Peak there (bytes)", "Next value's peak (bytes)",
@@ -101,8 +103,16 @@ def fit_table(ex, units: str = "GB"):
                  ex.capacity, lo=ex.micro_batch if ex.fits else 1)
     sq = largest(lambda s: ex.peak if s == ex.seq else step_peak(ex, ex.micro_batch, s),
                  ex.capacity, lo=ex.seq if ex.fits else 1, hi=ex.model.block_size)
-    for what, e, mine in ((f"micro-batch at seq {ex.seq}", mb, ex.micro_batch),
-                          (f"sequence length at micro-batch {ex.micro_batch}", sq, ex.seq)):
+    rows = [(f"micro-batch at seq {ex.seq}", mb, ex.micro_batch),
+            (f"sequence length at micro-batch {ex.micro_batch}", sq, ex.seq)]
+    if ex.checkpoint_activations != 1:      # the same searches with recompute traded for memory
+        mb1 = largest(lambda m: step_peak(ex, m, ex.seq, 1), ex.capacity)
+        sq1 = largest(lambda s: step_peak(ex, ex.micro_batch, s, 1), ex.capacity,
+                      hi=ex.model.block_size)
+        rows += [(f"micro-batch at seq {ex.seq}, a checkpoint every block", mb1, None),
+                 (f"sequence length at micro-batch {ex.micro_batch}, a checkpoint every block",
+                  sq1, None)]
+    for what, e, mine in rows:
         v = e.value
         nxt = "— (the bound)" if v == e.bound else (f"{e.peaks[v + 1 if v else 1]:,}")
         t.add(what, "none fits" if v is None else f"{v:,}",

@@ -206,8 +206,8 @@ def render_csv(tables: list[Table]) -> str:
     return buf.getvalue()
 
 
-def to_json(tables: list[Table], meta: dict | None = None) -> str:
-    doc = {"meta": meta or {},
+def to_json(tables: list[Table], meta: dict | None = None, summary: dict | None = None) -> str:
+    doc = {"meta": meta or {}, **({"summary": summary} if summary is not None else {}),
            "tables": [{"name": t.name, "title": t.title, "columns": t.columns,
                        "rows": [[_raw(v) for v in row] for row in t.rows], "notes": t.notes,
                        "bold": sorted(t.bold)}
@@ -216,13 +216,14 @@ def to_json(tables: list[Table], meta: dict | None = None) -> str:
 
 
 def render(tables: list[Table], fmt: str, header: list[str] | None = None,
-           meta: dict | None = None) -> str:
+           meta: dict | None = None, summary: dict | None = None) -> str:
+    """``summary``: a dict a script reads (json only: ``"summary"`` beside the tables)."""
     if fmt == "markdown":
         return render_markdown(tables, header)
     if fmt == "csv":
         return render_csv(tables)
     if fmt == "json":
-        return to_json(tables, meta)
+        return to_json(tables, meta, summary)
     raise ValueError(f"unknown format {fmt!r}; accepted: markdown, json, csv")
 
 

@@ -169,3 +169,59 @@ def test_the_rank_class_explained_is_the_one_with_the_highest_peak(monkeypatch):
     assert (e.rank, e.peak) == (3, hi)
     assert [(p.phase, p.peak, p.buffers) for p in e.phases] == [
         (p.phase, p.peak, p.buffers) for p in explainer.phase_peaks(steps["hi"].memory.trace)]
+TINY_LLAMA = dataclasses.replace(preset("llama-3-8b").model, n_layer=2, n_embd=256, n_head=4,
+                                 n_kv_head=2, d_ff=512, vocab_size=512, block_size=128)
+
+
+@pytest.mark.parametrize("attention,source", [(None, "sdpa"), ("eager", "eager"),
+                                              ("sdpa", "sdpa")])
+def test_every_explanation_names_the_attention_it_assumed(attention, source):
+    """The phase table's title and notes say which kernel ran: a published model's default is
+    the memory-efficient one, labelled modelled; --attention overrides it."""
+    from zerospec.plan.explain import phase_table
+    ex = explain("tiny-llama", 3, 4, 80 * 10**9, "x", model=TINY_LLAMA, seq=128,
+                 attention=attention)
+    t = phase_table(ex)
+    assert ex.attention == source and f"{source} attention" in t.title
+    note = next(n for n in t.notes if n.startswith("Attention:"))
+    assert note.startswith(f"Attention: {source}") and (("modelled" in note) == (source == "sdpa"))
+
+
+def test_the_paper_presets_keep_eager_attention_and_the_published_ones_do_not():
+    from zerospec.model.presets import PAPER, PUBLISHED, TABLE4
+    assert {p.model.attention for p in (*PAPER.values(), *TABLE4.values())} == {"eager"}
+    assert {p.model.attention for p in PUBLISHED.values()} == {"sdpa"}
+
+
+def test_eager_attention_keeps_the_scores_sdpa_does_not():
+    """At forward's peak (every block's activations held) eager attention holds more activations
+    by at least the probabilities it keeps per layer (B·H·T² fp16 elements on meta)."""
+    act = {}
+    for k in ("eager", "sdpa"):
+        ex = explain("tiny-llama", 3, 4, 80 * 10**9, "x", model=TINY_LLAMA, seq=128, attention=k)
+        act[k] = next(p for p in ex.phases if p.phase == "forward").buffers["activations"]
+    m = TINY_LLAMA
+    assert act["eager"] - act["sdpa"] >= m.n_layer * m.n_head * 128 * 128 * 2
+
+
+def test_a_sequence_not_given_is_stated_as_the_models_context():
+    """Without --seq the step runs at the model's context and the explanation says so."""
+    from zerospec.plan.explain import phase_table
+    ex = explain("tiny-llama", 3, 4, 80 * 10**9, "x", model=TINY_LLAMA)
+    assert ex.seq == 128 and not ex.seq_given
+    assert "Sequence: 128 tokens, the model's full context (no --seq given)." in phase_table(ex).notes
+    given = explain("tiny-llama", 3, 4, 80 * 10**9, "x", model=TINY_LLAMA, seq=128)
+    assert not any(n.startswith("Sequence:") for n in phase_table(given).notes)
+
+
+def test_fit_also_searches_with_a_checkpoint_every_block():
+    """`--fit` on a run without checkpointing: the largest micro-batch and sequence with a
+    checkpoint every block are the edge of fitting too (fresh steps at the value and the next)."""
+    from zerospec.plan.explain_fit import fit_table, step_peak
+    ex = explain("tiny-llama", 3, 4, 0, "x", model=TINY_LLAMA, seq=64)
+    cap = step_peak(ex, 3, 64, 1)                  # micro-batch 3 with checkpointing fits exactly
+    ex = dataclasses.replace(ex, capacity=cap)
+    rows = {r[0]: r for r in fit_table(ex).rows}
+    mb = int(rows["micro-batch at seq 64, a checkpoint every block"][1].replace(",", ""))
+    assert step_peak(ex, mb, 64, 1) <= cap < step_peak(ex, mb + 1, 64, 1)
+    assert "sequence length at micro-batch 1, a checkpoint every block" in rows

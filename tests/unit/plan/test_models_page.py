@@ -37,3 +37,28 @@ def test_explain_figure_data(md_snapshot):
     """What spec/figures/explain_memory.svg draws: the step's curve, its peak, the GPU's memory."""
     from tools import specfigures
     assert md_snapshot == specfigures.explain_figure_data()
+
+
+SUGGEST = ("plan", "--preset", "llama-3-70b", "--gpus", "64", "--machine", "dgx-h100", "--stage",
+           "3", "--seq", "8192", "--explain")
+
+
+def suggestions_example() -> str:
+    """The suggestion table and the verdict `zerospec plan <SUGGEST>` prints."""
+    from zerospec.__main__ import build_parser
+    from zerospec.cli.plan import _resolve_machine
+    from zerospec.cli.plan_explain import explain_run
+    from zerospec.render.format import render
+    args = build_parser("plan").parse_args(list(SUGGEST))
+    tables, summary = explain_run(args, _resolve_machine(args))
+    verdict = f"peak_bytes {summary['peak_bytes']:,}, fits {summary['fits']}, " \
+              f"attention {summary['attention']}"
+    return verdict + "\n\n" + render([t for t in tables if t.name == "explain_suggestions"],
+                                     "markdown")
+
+
+@pytest.mark.slow   # Llama-3-70B's step and a dozen changed steps: ~20 s
+def test_suggestions_example(md_snapshot):
+    """What `plan --explain` suggests for Llama-3-70B at 8,192 tokens on 64 H100s without
+    checkpointing: each change with its measured peak, fitting first."""
+    assert md_snapshot == suggestions_example()
