@@ -2,11 +2,12 @@
 tests/work_count.md: a change that adds meta steps, cluster runs or processes to ``pytest`` says so
 in its diff (docs/performance.md, "The budget").
 
-Four kinds of work are counted where they start, by wrapping their entry points for the session
+Five kinds of work are counted where they start, by wrapping their entry points for the session
 (nothing in zerospec changes): a meta step (one :func:`zerospec.training.scale.measure`, seen as
 its :class:`~zerospec.comm.meta.MetaBackend`), a meta rank step (one rank class stepped inside it),
-a thread-cluster run (:meth:`VirtualCluster.run`) and a process started (a rank process, a
-forkserver, a subprocess).
+a thread-cluster run (:meth:`VirtualCluster.run`), a forked process (a rank process from the
+forkserver) and a fresh interpreter (a subprocess, the forkserver, a spawned process), which pays
+the import of torch and zerospec again.
 
 Each count is booked to the test file that did the work, unless a cache did it: then to the
 innermost cached function on the stack (lru_cache / functools.cache / ``memoised`` functions of
@@ -30,7 +31,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PINNED = ROOT / "tests" / "work_count.md"
-KINDS = ("meta steps", "meta rank steps", "cluster runs", "processes")
+KINDS = ("meta steps", "meta rank steps", "cluster runs", "forked processes", "fresh interpreters")
 DEFAULT_MARKEXPR = "not slow and not deepspeed"
 
 _counts: dict = collections.defaultdict(collections.Counter)   # row -> kind -> count
@@ -66,7 +67,7 @@ def _counting(cls, name: str, kind: str, when=None) -> None:
         before = when(self) if when else None
         out = inner(self, *args, **kwargs)
         if when is None or when(self) != before:
-            _book(kind)
+            _book(kind(self) if callable(kind) else kind)
         return out
     wrapper.__wrapped__ = inner
     setattr(cls, name, wrapper)
@@ -96,9 +97,11 @@ def install() -> None:
     _counting(MetaBackend, "__init__", "meta steps")
     _count_function(scale, "_run_rank", "meta rank steps")   # called through the module's globals
     _counting(VirtualCluster, "run", "cluster runs")
-    _counting(multiprocessing.process.BaseProcess, "start", "processes")
-    _counting(subprocess.Popen, "__init__", "processes")
-    _counting(multiprocessing.forkserver.ForkServer, "ensure_running", "processes",
+    # a fresh interpreter imports torch and zerospec (seconds of CPU); a fork starts with them
+    _counting(multiprocessing.process.BaseProcess, "start", lambda process: "fresh interpreters"
+              if type(process).__name__ == "SpawnProcess" else "forked processes")
+    _counting(subprocess.Popen, "__init__", "fresh interpreters")
+    _counting(multiprocessing.forkserver.ForkServer, "ensure_running", "fresh interpreters",
               when=lambda server: server._forkserver_pid)   # counted when it starts a server
 
 

@@ -1,0 +1,66 @@
+"""The default run's budget machinery: the count of its expensive work (tests/support/workcount.py,
+pinned in tests/work_count.md) and the order the xdist workers take the files in
+(tests/support/scheduling.py)."""
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import types
+
+from tests.support import scheduling, workcount
+from zerospec.model.config import ODD
+from zerospec.training.scale import measure
+
+TINY = ODD
+
+
+@functools.cache
+def _cached_step(stage: int):
+    return measure(TINY, stage, 2)
+
+
+def test_a_meta_step_is_booked_to_its_file_and_a_cached_one_to_its_key_once(monkeypatch):
+    """A meta step a test makes counts in the test's file; one a cache makes counts under the
+    cache's key, once, however often it is read."""
+    counts = collections.defaultdict(collections.Counter)
+    monkeypatch.setattr(workcount, "_counts", counts)
+    monkeypatch.setitem(workcount._where, "file", "tests/test_budget.py")
+    monkeypatch.setattr(workcount, "_cached_codes", {_cached_step.__wrapped__.__code__})
+    workcount.install()
+    _cached_step.cache_clear()
+    classes = len(measure(TINY, 3, 2).classes)
+    for _ in range(3):
+        _cached_step(0)
+    assert counts["tests/test_budget.py"] == {"meta steps": 1, "meta rank steps": classes}
+    assert dict(counts).keys() == {"tests/test_budget.py", "cache _cached_step: {'stage': 0}"}
+    assert counts["cache _cached_step: {'stage': 0}"]["meta steps"] == 1
+
+
+def test_workers_counts_add_up_per_file_and_a_cache_key_counts_once(monkeypatch):
+    """Two workers' reports: a file ran on one of them, so its rows add; a cached run both made
+    counts once (the run needs it once; the second is the scheduling's cost)."""
+    counts = collections.defaultdict(collections.Counter)
+    monkeypatch.setattr(workcount, "_counts", counts)
+    key = "cache run: {'key': ('threads', 1)}"
+    for worker in ({"tests/a.py": {"cluster runs": 2}, key: {"cluster runs": 1}},
+                   {"tests/b.py": {"cluster runs": 3}, key: {"cluster runs": 1}}):
+        node = types.SimpleNamespace(workeroutput={"workcount": json.dumps(worker)})
+        workcount.pytest_testnodedown(node, None)
+    assert counts == {"tests/a.py": {"cluster runs": 2}, "tests/b.py": {"cluster runs": 3},
+                      key: {"cluster runs": 1}}
+    assert "| **the default run** | 0 | 0 | 6 | 0 | 0 |" in workcount.table(counts)
+
+
+def test_the_costliest_units_are_handed_out_first_then_xdists_order():
+    """The scheduler hands out START_FIRST's units before the rest, in its order; the others keep
+    xdist's order (by number of tests)."""
+    waiting = collections.OrderedDict.fromkeys(
+        ["tests/unit/test_layers.py", "tests/claims/test_buffers.py", "tests/unit/test_no_dates.py",
+         "the shared grid"])
+    order = []
+    while waiting:
+        order.append(scheduling.next_unit(waiting))
+        del waiting[order[-1]]
+    assert order == ["the shared grid", "tests/claims/test_buffers.py", "tests/unit/test_layers.py",
+                     "tests/unit/test_no_dates.py"]
