@@ -33,8 +33,8 @@ def test_a_meta_step_is_booked_to_its_file_and_a_cached_one_to_its_key_once(monk
     for _ in range(3):
         _cached_step(0)
     assert counts["tests/test_budget.py"] == {"meta steps": 1, "meta rank steps": classes}
-    assert dict(counts).keys() == {"tests/test_budget.py", "cache _cached_step: {'stage': 0}"}
-    assert counts["cache _cached_step: {'stage': 0}"]["meta steps"] == 1
+    assert dict(counts).keys() == {"tests/test_budget.py", "cache _cached_step (tests/test_budget.py): {'stage': 0}"}
+    assert counts["cache _cached_step (tests/test_budget.py): {'stage': 0}"]["meta steps"] == 1
 
 
 def test_workers_counts_add_up_per_file_and_a_cache_key_counts_once(monkeypatch):

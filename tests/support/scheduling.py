@@ -70,7 +70,8 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
 # which imports torch and the library once before it forks a rank, 3–4 s of CPU). Kept on one
 # worker, only that worker starts a forkserver.
 PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
-    "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
+    "backend", "cli", "decoder_family", "deepspeed", "faults", "gpu", "parity", "peers",
+    "robust_engine")}
     | {"spec/engine.md", "tests/unit/cluster/test_helper.py"})   # and the report's helper process
 # Files that read C30's storage trace (zerospec/evaluation/memory.py's c30_trace, memoised per
 # process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure; and
@@ -88,7 +89,7 @@ START_FIRST = ("the process launches", "the C30 traces and M_D's runs", "the sha
                    "unit/cli/test_plan", "claims/test_checkpoints",
                    "claims/test_model_parallel_training", "claims/test_offload",
                    "claims/test_memory_report", "claims/test_accumulation",
-                   "engine/test_decoder_family", "unit/comm/test_posted")))
+                   "unit/comm/test_posted")))
 UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
          **dict.fromkeys(PROCESS_LAUNCHES, "the process launches"),
          **dict.fromkeys(C30_TRACES, "the C30 traces and M_D's runs")}

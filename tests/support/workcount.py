@@ -22,6 +22,7 @@ keywords of its own) that passed; ``pytest --work-count-update`` rewrites the fi
 from __future__ import annotations
 
 import collections
+import inspect
 import json
 import pathlib
 import re
@@ -33,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PINNED = ROOT / "tests" / "work_count.md"
 KINDS = ("meta steps", "meta rank steps", "cluster runs", "forked processes", "fresh interpreters")
 DEFAULT_MARKEXPR = "not slow and not deepspeed"
+FORKSERVER = "(the forkserver: imports torch and zerospec once per worker that launches ranks)"
 
 _counts: dict = collections.defaultdict(collections.Counter)   # row -> kind -> count
 _cached_codes: set = set()
@@ -45,29 +47,33 @@ def _key_of(frame) -> str:
     while frame is not None:
         code = frame.f_code
         if code in _cached_codes:
-            args = {k: frame.f_locals.get(k) for k in code.co_varnames[:code.co_argcount]}
+            n = code.co_argcount + code.co_kwonlyargcount
+            n += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+            args = {k: frame.f_locals.get(k) for k in code.co_varnames[:n]}
             if code.co_name == "cached" and "key" in args:
                 args = {"key": args["key"]}
             text = re.sub(r" at 0x[0-9a-f]+", "", repr(args))
-            return f"cache {code.co_name}: {text}"
+            where = pathlib.Path(code.co_filename).resolve().relative_to(ROOT).as_posix() \
+                if code.co_filename.startswith(str(ROOT)) else code.co_filename
+            return f"cache {code.co_qualname} ({where}): {text}"
         frame = frame.f_back
     if _fixture_stack:
         return f"fixture {_fixture_stack[-1]}"
     return _where["file"]
 
 
-def _book(kind: str) -> None:
-    _counts[_key_of(sys._getframe(2))][kind] += 1
+def _book(kind: str, where: str | None = None) -> None:
+    _counts[where or _key_of(sys._getframe(2))][kind] += 1
 
 
-def _counting(cls, name: str, kind: str, when=None) -> None:
+def _counting(cls, name: str, kind, when=None, where: str | None = None) -> None:
     inner = getattr(cls, name)
 
     def wrapper(self, *args, **kwargs):
         before = when(self) if when else None
         out = inner(self, *args, **kwargs)
         if when is None or when(self) != before:
-            _book(kind(self) if callable(kind) else kind)
+            _book(kind(self) if callable(kind) else kind, where)
         return out
     wrapper.__wrapped__ = inner
     setattr(cls, name, wrapper)
@@ -102,7 +108,8 @@ def install() -> None:
               if type(process).__name__ == "SpawnProcess" else "forked processes")
     _counting(subprocess.Popen, "__init__", "fresh interpreters")
     _counting(multiprocessing.forkserver.ForkServer, "ensure_running", "fresh interpreters",
-              when=lambda server: server._forkserver_pid)   # counted when it starts a server
+              when=lambda server: server._forkserver_pid,   # counted when it starts a server,
+              where=FORKSERVER)                             # once a run, whichever worker
 
 
 def _find_cached_codes() -> None:
