@@ -11,8 +11,8 @@ well the two xdist workers share the run: 1.0 is both cores busy to the end), ar
 
 Targets (docs/performance.md, "The budget"): the default run at most 60 s of wall on 2 cores, so
 at most 120 CPU seconds when both cores are busy, over the report's CPU seconds on the same
-machine (REPORT_CPU_S, measured on the reference machine) — that is DEFAULT_TARGET; the other two
-runs at most their ratios as docs/performance.md sets them. Run (minutes):
+machine (REPORT_CPU_S, the reference machine's) — a ratio of 12; the claims run half its cost when
+the budget was set; CI's slow step measured only. Run (many minutes):
 
     pytest -o addopts="" benchmarks/test_suite_bench.py -s
 """
@@ -30,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WALL_S, CORES = 60.0, 2         # the issue's target: ≤ 60 s wall on 2 cores
 REPORT_CPU_S = 10.0             # `zerospec report`'s CPU seconds on the reference machine (docs)
 TARGETS = {"default": WALL_S * CORES / REPORT_CPU_S,   # 12.0
-           "slow": 60.0, "claims": 45.0}
+           "slow": None,        # measured only, so far
+           "claims": 20.0}      # half of 563 CPU s over 13.7 (docs/performance.md, "CI")
 RUNS = {"default": ["-m", "pytest", "-q", "-p", "no:randomly"],
         "slow": ["-m", "pytest", "-q", "-m", "slow", "--no-loadscope-reorder"],
         "claims": ["-m", "pytest", "-q", "-m", "claim and not deepspeed"]}
@@ -66,5 +67,6 @@ def test_a_test_run_over_the_report(run, benchmark, capsys, tmp_path):
                                 report_cpu_s=min(base), wall_over_half_cpu=share)
     with capsys.disabled():
         print(f"\n{run} run: {cpu:.0f} CPU s, {wall:.0f} s wall (wall / half the CPU: {share:.2f}); "
-              f"the report {min(base):.1f} CPU s; ratio {ratio:.1f} (target {TARGETS[run]:g})")
-    assert ratio <= TARGETS[run], f"the {run} run costs {ratio:.1f} reports; target {TARGETS[run]:g}"
+              f"the report {min(base):.1f} CPU s; ratio {ratio:.1f} (target {TARGETS[run]})")
+    if TARGETS[run] is not None:
+        assert ratio <= TARGETS[run], f"the {run} run costs {ratio:.1f} reports; target {TARGETS[run]:g}"
