@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import subprocess
+import sys
 import types
 
 from tests.support import scheduling, workcount
@@ -35,6 +37,18 @@ def test_a_meta_step_is_booked_to_its_file_and_a_cached_one_to_its_key_once(monk
     assert counts["tests/test_budget.py"] == {"meta steps": 1, "meta rank steps": classes}
     assert dict(counts).keys() == {"tests/test_budget.py", "cache _cached_step (tests/test_budget.py): {'stage': 0}"}
     assert counts["cache _cached_step (tests/test_budget.py): {'stage': 0}"]["meta steps"] == 1
+
+
+def test_a_python_subprocess_is_a_fresh_interpreter_and_another_program_is_not_counted(monkeypatch):
+    """A subprocess running Python imports everything again and counts; git (pytest-benchmark
+    asks it for the commit) costs milliseconds and does not."""
+    counts = collections.defaultdict(collections.Counter)
+    monkeypatch.setattr(workcount, "_counts", counts)
+    monkeypatch.setitem(workcount._where, "file", "tests/test_budget.py")
+    workcount.install()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    subprocess.run(["git", "--version"], capture_output=True, check=True)
+    assert counts == {"tests/test_budget.py": {"fresh interpreters": 1}}
 
 
 def test_workers_counts_add_up_per_file_and_a_cache_key_counts_once(monkeypatch):

@@ -72,8 +72,9 @@ def _counting(cls, name: str, kind, when=None, where: str | None = None) -> None
     def wrapper(self, *args, **kwargs):
         before = when(self) if when else None
         out = inner(self, *args, **kwargs)
-        if when is None or when(self) != before:
-            _book(kind(self) if callable(kind) else kind, where)
+        what = kind(self) if callable(kind) else kind
+        if what and (when is None or when(self) != before):
+            _book(what, where)
         return out
     wrapper.__wrapped__ = inner
     setattr(cls, name, wrapper)
@@ -87,6 +88,15 @@ def _count_function(module, name: str, kind: str) -> None:
         return inner(*args, **kwargs)
     wrapper.__wrapped__ = inner
     setattr(module, name, wrapper)
+
+
+def _python(popen) -> str | None:
+    """The kind of a subprocess: a fresh interpreter if it runs Python (python, torchrun); None
+    (not counted) for another program."""
+    argv = [popen.args] if isinstance(popen.args, (str, bytes)) else list(popen.args)
+    program = pathlib.Path(str(argv[0]).split()[0]).name if argv else ""
+    return "fresh interpreters" if program.startswith(("python", "torchrun")) \
+        or str(argv[0]) == sys.executable else None
 
 
 def install() -> None:
@@ -106,7 +116,7 @@ def install() -> None:
     # a fresh interpreter imports torch and zerospec (seconds of CPU); a fork starts with them
     _counting(multiprocessing.process.BaseProcess, "start", lambda process: "fresh interpreters"
               if type(process).__name__ == "SpawnProcess" else "forked processes")
-    _counting(subprocess.Popen, "__init__", "fresh interpreters")
+    _counting(subprocess.Popen, "__init__", _python)   # not git's few ms (pytest-benchmark's)
     _counting(multiprocessing.forkserver.ForkServer, "ensure_running", "fresh interpreters",
               when=lambda server: server._forkserver_pid,   # counted when it starts a server,
               where=FORKSERVER)                             # once a run, whichever worker
