@@ -10,6 +10,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from tests.support import scheduling, workcount
 from zerospec.model.config import ODD
 from zerospec.training.scale import measure
@@ -64,6 +66,43 @@ def test_workers_counts_add_up_per_file_and_a_cache_key_counts_once(monkeypatch)
     assert counts == {"tests/a.py": {"cluster runs": 2}, "tests/b.py": {"cluster runs": 3},
                       key: {"cluster runs": 1}}
     assert "| **the default run** | 0 | 0 | 6 | 0 | 0 |" in workcount.table(counts)
+
+
+class _Reporter:
+    """What pytest_terminal_summary uses of pytest's terminal reporter."""
+    def __init__(self, skipped: int):
+        self.stats, self.lines = {"skipped": [None] * skipped}, []
+        self._session = types.SimpleNamespace(exitstatus=pytest.ExitCode.OK)
+
+    def write_line(self, line):
+        self.lines.append(line)
+
+    def write_sep(self, sep, title, **kw):
+        self.lines.append(title)
+
+
+def test_a_full_run_whose_count_differs_fails_naming_the_row_unless_it_skipped_other_tests(
+        monkeypatch, tmp_path):
+    """The end of a full default run: a count unlike the pinned one fails the run and prints the
+    changed row; the same count passes; a run that skipped another number of tests (a GPU,
+    torchrun) ran other tests, and is not checked."""
+    monkeypatch.setattr(workcount, "_counts", {"tests/a.py": collections.Counter({"cluster runs": 2})})
+    monkeypatch.setattr(workcount, "_full_default_run", lambda config: True)
+    monkeypatch.setattr(workcount, "PINNED", tmp_path / "work_count.md")
+    config = types.SimpleNamespace(getoption=lambda name: False)
+    workcount.PINNED.write_text(workcount.HEADER.format(skipped=1)
+                                + workcount.table({"tests/a.py": {"cluster runs": 1}}))
+    differs, other_tests = _Reporter(skipped=1), _Reporter(skipped=2)
+    workcount.pytest_terminal_summary(differs, 0, config)
+    workcount.pytest_terminal_summary(other_tests, 0, config)
+    assert differs._session.exitstatus == pytest.ExitCode.TESTS_FAILED
+    assert "+ | tests/a.py | 0 | 0 | 2 | 0 | 0 |" in differs.lines
+    assert other_tests._session.exitstatus == pytest.ExitCode.OK
+    workcount.PINNED.write_text(workcount.HEADER.format(skipped=1)
+                                + workcount.table({"tests/a.py": {"cluster runs": 2}}))
+    same = _Reporter(skipped=1)
+    workcount.pytest_terminal_summary(same, 0, config)
+    assert same._session.exitstatus == pytest.ExitCode.OK and same.lines == []
 
 
 def test_the_costliest_units_are_handed_out_first_then_xdists_order():
