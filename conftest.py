@@ -11,7 +11,7 @@ import doctest
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
-pytest_plugins = ["tests.support.claims", "pytester"]   # pytester: the plugin's own tests
+pytest_plugins = ["tests.support.claims", "tests.support.workcount", "pytester"]   # pytester: the plugin's own tests
 
 # spec/*.md: ```python blocks run; `>>>` examples inside them are doctests. Sybil (rather than
 # pytest's --doctest-glob) because it runs fenced Markdown blocks in one namespace per page and

@@ -70,24 +70,45 @@ SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/tes
 # which imports torch and the library once before it forks a rank, 3–4 s of CPU). Kept on one
 # worker, only that worker starts a forkserver.
 PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
-    "backend", "cli", "deepspeed", "faults", "gpu", "parity", "peers", "robust_engine")}
+    "backend", "cli", "decoder_family", "deepspeed", "faults", "gpu", "parity", "peers",
+    "robust_engine")}
     | {"spec/engine.md", "tests/unit/cluster/test_helper.py"})   # and the report's helper process
 # Files that read C30's storage trace (zerospec/evaluation/cached_memory.py's c30_trace, memoised per
 # process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure; and
 # the model-parallel runs M_D's tests compare against (test_model_parallel.py's mp_run, ~2.5 s).
 C30_TRACES = frozenset({"tests/claims/test_allocator.py", "tests/unit/cli/test_report.py",
                         "tests/claims/test_model_parallel.py"})
+# The units that cost most CPU in the default run (docs/performance.md, "Where the time goes"),
+# most first: handed out before the rest, so that the run ends on small files and both workers
+# finish together (xdist alone orders units by their number of tests, and a unit of few, long
+# tests, handed out last, held one worker while the other idled). The rest follow in xdist's order.
+START_FIRST = ("the process launches", "the C30 traces and M_D's runs", "the shared grid",
+               *(f"tests/{path}.py" for path in (
+                   "claims/test_memory_observed", "claims/test_buffers", "test_spec_meta",
+                   "claims/test_model_parallel_at_scale", "unit/training/test_scale",
+                   "unit/cli/test_plan", "claims/test_checkpoints",
+                   "claims/test_model_parallel_training", "claims/test_offload",
+                   "claims/test_memory_report", "claims/test_accumulation",
+                   "unit/comm/test_posted")))
 UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
          **dict.fromkeys(PROCESS_LAUNCHES, "the process launches"),
          **dict.fromkeys(C30_TRACES, "the C30 traces and M_D's runs")}
-_MISSING = sorted(path for path in UNITS if not (ROOT / path).is_file())
+_MISSING = sorted(path for path in [*UNITS, *START_FIRST]
+                  if path not in UNITS.values() and not (ROOT / path).is_file())
 assert not _MISSING, f"tests/support/scheduling.py groups files that do not exist: {_MISSING}"
+
+
+def next_unit(waiting) -> str:
+    """The unit to hand out next: the first of START_FIRST still waiting, else the first waiting
+    (xdist's order)."""
+    rank = {unit: i for i, unit in enumerate(START_FIRST)}
+    return min(waiting, key=lambda unit: rank.get(unit, len(START_FIRST)))   # min: first of equals
 
 
 @pytest.hookimpl(optionalhook=True)   # xdist's hook: `pytest -p no:xdist` must still run
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile, with the files of each of SHARED_GRID, PROCESS_LAUNCHES and C30_TRACES as
-    one unit (None: xdist's own choice)."""
+    one unit, START_FIRST's units handed out first (None: xdist's own choice)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -96,6 +117,10 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             return UNITS.get(scope, scope)
+
+        def _assign_work_unit(self, node) -> None:
+            self.workqueue.move_to_end(next_unit(self.workqueue), last=False)
+            super()._assign_work_unit(node)
     return GroupedFileScheduling(config, log)
 
 
