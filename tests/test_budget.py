@@ -13,7 +13,8 @@ import types
 import pytest
 
 from tests.support import scheduling, workcount
-from zerospec.model.config import ODD
+from zerospec.model.family import ODD
+from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure
 
 TINY = ODD
@@ -21,7 +22,7 @@ TINY = ODD
 
 @functools.cache
 def _cached_step(stage: int):
-    return measure(TINY, stage, 2)
+    return measure(TrainConfig(stage=stage, n_d=2, model=TINY))
 
 
 def test_a_meta_step_is_booked_to_its_file_and_a_cached_one_to_its_key_once(monkeypatch):
@@ -33,7 +34,7 @@ def test_a_meta_step_is_booked_to_its_file_and_a_cached_one_to_its_key_once(monk
     monkeypatch.setattr(workcount, "_cached_codes", {_cached_step.__wrapped__.__code__})
     workcount.install()
     _cached_step.cache_clear()
-    classes = len(measure(TINY, 3, 2).classes)
+    classes = len(measure(TrainConfig(stage=3, n_d=2, model=TINY)).classes)
     for _ in range(3):
         _cached_step(0)
     assert counts["tests/test_budget.py"] == {"meta steps": 1, "meta rank steps": classes}
