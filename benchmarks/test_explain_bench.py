@@ -44,9 +44,11 @@ def test_405b_on_16384_gpus_one_meta_step(benchmark, capsys, stage):
     assert seconds <= STEP_BUDGET
 
 
-def test_plan_explain_llama_3_70b_at_64_gpus_from_cold(benchmark, capsys):
+def _cold(benchmark, argv, budget):
+    """``zerospec ARGV`` in a fresh process, once: its output, wall seconds and CPU seconds (on a
+    loaded machine the two part), recorded beside the budget."""
     def run():
-        return subprocess.run([sys.executable, "-m", "zerospec", *EXPLAIN], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "zerospec", *argv], capture_output=True,
                               text=True, check=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -54,8 +56,12 @@ def test_plan_explain_llama_3_70b_at_64_gpus_from_cold(benchmark, capsys):
     seconds = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    # the process's CPU seconds beside its wall time: on a loaded machine the two part
-    benchmark.extra_info.update(seconds=seconds, target=EXPLAIN_BUDGET, cpu_s=round(cpu, 2))
+    benchmark.extra_info.update(seconds=seconds, target=budget, cpu_s=round(cpu, 2))
+    return out, seconds, cpu
+
+
+def test_plan_explain_llama_3_70b_at_64_gpus_from_cold(benchmark, capsys):
+    out, seconds, cpu = _cold(benchmark, EXPLAIN, EXPLAIN_BUDGET)
     with capsys.disabled():
         print(f"\nplan --explain llama-3-70b @ 64: {seconds:.1f} s (budget {EXPLAIN_BUDGET:g} s; "
               f"CPU {cpu:.1f} s)")
@@ -72,17 +78,7 @@ CASES_405B = {"fits": (EXPLAIN_405B + ["--checkpoint-activations", "1"], EXPLAIN
 @pytest.mark.parametrize("case", list(CASES_405B))
 def test_plan_explain_405b_at_16384_gpus_from_cold(benchmark, capsys, case):
     argv, budget = CASES_405B[case]
-
-    def run():
-        return subprocess.run([sys.executable, "-m", "zerospec", *argv], capture_output=True,
-                              text=True, check=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    out = benchmark.pedantic(run, rounds=1, iterations=1)
-    seconds = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    benchmark.extra_info.update(seconds=seconds, target=budget, cpu_s=round(cpu, 2))
+    out, seconds, cpu = _cold(benchmark, argv, budget)
     with capsys.disabled():
         print(f"\nplan --explain llama-3.1-405b @ 16,384, {case}: {seconds:.1f} s (budget "
               f"{budget:g} s; CPU {cpu:.1f} s)")
