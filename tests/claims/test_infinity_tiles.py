@@ -1,4 +1,4 @@
-"""C-I3 inside a training run: ``TrainConfig(tiles=T)`` / ``zerospec train --tiles T``
+"""C-I3 inside a training run: ``TrainConfig.of(tiles=T)`` / ``zerospec train --tiles T``
 (spec/infinity.md, "Memory-centric tiling"). Each block's MLP weights are T units of their own,
 gathered just before their slice of the MLP runs and freed right after, forward and backward."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ peers shard them, zerospec/testing/oracles.py) trains the tiny GPT-2 one step at
 process: fake tensors (``FakeTensorMode``: shapes and dtypes, no data) and the fake process group
 (``FakeStore``: every collective returns at once). fp16 parameters in compute and fp16 reductions
 (``MixedPrecisionPolicy``), as zerospec's meta steps; torch's Adam. The tracker books each storage
-under one of its categories; zerospec's ``measure(cfg, 3, 4)`` books the same step on meta. The
+under one of its categories; zerospec's ``measure(TrainConfig(stage=3, n_d=4, model=cfg))`` books the same step on meta. The
 tests pin each agreement and name each difference by its closed form (spec/engine.md,
 "Cross-checks with transformers and FSDP2", shows both ledgers).
 

@@ -165,7 +165,7 @@ KILLED = textwrap.dedent("""
     from zerospec.training.config import TrainConfig
     from zerospec.training.run import train
     nv, ck = sys.argv[1], sys.argv[2]
-    cfg = TrainConfig(stage=2, n_d=4, model=ODD, steps=3, offload_optimizer="nvme", nvme_path=nv)
+    cfg = TrainConfig.of(stage=2, n_d=4, model=ODD, steps=3, offload_optimizer="nvme", nvme_path=nv)
     with inject_nvme_fault(step=2, write=2, kill=True):
         train(cfg, save={1: ck})
     """)
