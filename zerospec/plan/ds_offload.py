@@ -46,8 +46,9 @@ def offload_rows(ds: DeepSpeedConfig, psi: int, n_d: int, t) -> None:
     o, p = ds.offload_optimizer, ds.offload_param
     if o is None or ds.stage not in (2, 3) or (p is not None and ds.stage != 3):
         if o is not None or p is not None:
-            t.add("offload", "—", f"not built at stage {ds.stage}: ZeRO-Offload needs stage 2 or "
-                                  f"3, offload_param stage 3 (measuring it is refused)")
+            t.add("offload", "—", f"none at stage {ds.stage}: ZeRO-Offload partitions what it "
+                                  f"offloads as stage 2 or 3 does, offload_param as stage 3 "
+                                  f"(measuring it is refused)")
         return
     from .offload import closed_form
     from ..paper import theory

@@ -76,16 +76,20 @@ def largest(peak: Callable[[int], int], capacity: int, lo: int = 1, hi: int | No
     return Edge(good, bound, seen)
 
 
-def step_peak(ex, micro_batch: int, seq: int, checkpoint_activations: int | None = None) -> int:
-    """The ledger peak (the highest rank class's) of ``ex``'s step with another micro-batch or
-    sequence length (or checkpointing): one meta step, the explained one's settings otherwise."""
+def step_peak(ex, micro_batch: int | None = None, seq: int | None = None,
+              checkpoint_activations: int | None = None, *, n_d: int | None = None,
+              stage: int | None = None, settings: dict | None = None) -> int:
+    """The ledger peak (the highest rank class's) of ``ex``'s step with another micro-batch,
+    sequence length, checkpointing, N_d, stage or settings (each None: the explained step's):
+    one meta step."""
     from ..training.config import TrainConfig
     from ..training.scale import measure
-    model = dataclasses.replace(ex.model, block_size=seq)
+    model = dataclasses.replace(ex.model, block_size=ex.seq if seq is None else seq)
     k = ex.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
-    r = measure(TrainConfig.of(model=model, stage=ex.stage, n_d=ex.n_d, n_m=ex.n_m,
-                               checkpoint_activations=k, **ex.settings),
-                micro_batch=micro_batch)
+    cfg = TrainConfig.of(model=model, stage=ex.stage if stage is None else stage,
+                         n_d=ex.n_d if n_d is None else n_d, n_m=ex.n_m,
+                         checkpoint_activations=k, **{**ex.settings, **(settings or {})})
+    r = measure(cfg, micro_batch=ex.micro_batch if micro_batch is None else micro_batch)
     return max(c.memory.peak_total for c in r.classes)
 
 

@@ -60,27 +60,15 @@ def step_peak(ex, *, checkpoint_activations=None, micro_batch=None, seq=None, n_
            tuple(sorted((settings or {}).items())))
     memo = ex.__dict__.setdefault("_changed_peaks", {})
     if key not in memo:
-        memo[key] = _step_peak(ex, checkpoint_activations, micro_batch, seq, n_d, stage, settings)
+        from .explain_fit import step_peak as measured
+        memo[key] = measured(ex, micro_batch, seq, checkpoint_activations, n_d=n_d, stage=stage,
+                             settings=settings)
     return memo[key]
 
 
-def _step_peak(ex, checkpoint_activations, micro_batch, seq, n_d, stage, settings) -> int:
-    from ..training.config import TrainConfig
-    from ..training.scale import measure
-    model = dataclasses.replace(ex.model, block_size=ex.seq if seq is None else seq)
-    kw = dict(ex.settings)
-    kw.update(settings or {})
-    k = ex.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
-    cfg = TrainConfig.of(model=model, stage=ex.stage if stage is None else stage,
-                         n_d=ex.n_d if n_d is None else n_d, n_m=ex.n_m,
-                         checkpoint_activations=k, **kw)
-    r = measure(cfg, micro_batch=ex.micro_batch if micro_batch is None else micro_batch)
-    return max(c.memory.peak_total for c in r.classes)
-
-
 def _buildable(ex, **changes) -> int | None:
-    """:func:`step_peak`, or None where the changed run is one the stages refuse (offload with
-    model parallelism or ZeRO++, say): a change the user could not make is not suggested."""
+    """:func:`step_peak`, or None where the changed run is one the stages refuse (offloaded
+    parameters beside hpZ, say): a change the user could not make is not suggested."""
     try:
         return step_peak(ex, **changes)
     except ValueError:
