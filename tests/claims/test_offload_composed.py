@@ -87,3 +87,42 @@ def test_dpu_with_accumulation_equals_its_stale_reference():
     base = cfg(3, steps=3, offload_optimizer="cpu", grad_accum_steps=2)
     dpu = train(base.replace(dpu=1))
     assert dpu.losses == train_stale(base, 1).losses
+
+
+# DeepSpeed's stage-3 knobs with ZeRO-Infinity's parameter offload: ln_f (30 elements) persists
+DS3 = {"stage3_persistence_threshold": 100, "stage3_max_reuse_distance": 10 ** 6}
+PARAMS = [{"offload_params": "cpu"}, {"offload_params": "cpu", "offload_prefetch": True},
+          {"offload_params": "nvme"}, {"offload_params": "cpu", "offload_partition": "owner"}]
+
+
+@pytest.mark.parametrize("where", PARAMS, ids=lambda kw: "-".join(map(str, kw.values())))
+@pytest.mark.claim("C-I8")
+def test_deepspeeds_stage3_knobs_with_offloaded_parameters_train_as_without_offload(where):
+    """A persistent unit stays whole on the device and a kept unit is not fetched again in
+    backward, whatever tier holds the rest: every loss and master weight equals DeepSpeed's
+    stage 3 without offload bit for bit (3 steps: the prefetcher follows its trace from step 2)."""
+    assert_same_training(run(3, steps=3, offload_optimizer="cpu", **where, **DS3),
+                         run(3, steps=3, **DS3))
+
+
+@pytest.mark.claim("C-I8")
+def test_a_persistent_unit_stays_on_the_device_and_the_rest_on_the_host():
+    """DeepSpeed allocates a persistent parameter's partition on the local device and never
+    releases it (``_partition_param``: ``if param.ds_persist: device = self.local_device``): the
+    device ledger holds the persistent units whole, the host ledger every other unit's 1/N
+    chunk; param_sync all-gathers only the persistent units, as without offload, and with the
+    reuse distance past the model nothing is fetched again in backward."""
+    r = run(3, offload_optimizer="cpu", offload_params="cpu", **DS3)
+    without = run(3, **DS3)
+    persistent = [u for u in r.units if u.numel <= DS3["stage3_persistence_threshold"]]
+    assert [u.name for u in persistent] == ["ln_f"]
+    for k in range(N):
+        assert r.memory[k].current["param16"] == 2 * sum(u.padded for u in persistent)
+        assert r.host[k].current["param16"] == 2 * sum(u.chunk for u in r.units
+                                                        if u not in persistent)
+        sync = [(x.op, x.numel) for x in r.comm.records(k, step=2, phase="param_sync")
+                if x.op == "all_gather"]
+        assert sync == [(x.op, x.numel) for x in without.comm.records(k, step=2, phase="param_sync")
+                        if x.op == "all_gather"] == [("all_gather", u.padded) for u in persistent]
+        assert not [x for x in r.comm.records(k, step=2, phase="backward")
+                    if x.op in ("from_host", "all_gather")]

@@ -21,6 +21,17 @@ nothing crosses PCIe in param_sync. No arithmetic changes, so training is bit-id
 C-I8's prefetcher (NVMe→CPU for operator i+3, CPU→GPU for i+2, the all-gather for i+1) sits in
 front of this class (zerospec/offload/prefetch.py); without it each fetch happens when its unit is
 used, one hop after the other.
+
+**With DeepSpeed's stage-3 knobs** (zerospec/zero/stage3_deepspeed.py) a persistent unit (the
+stage's ``is_resident``) is not offloaded: it stays whole on the device, updated from the host's
+Adam and all-gathered in param_sync, as without offload. DeepSpeed's rule:
+``Init._partition_param`` (deepspeed/runtime/zero/partition_parameters.py) allocates a partition
+on ``local_device`` when ``param.ds_persist``, and the coordinator never releases a persistent
+parameter (``PartitionedParameterCoordinator.__params_to_release`` skips ``ds_persist``), so its
+whole copy stays on the device. (On NVMe DeepSpeed asks ``swappable_tensor`` first, which takes
+only partitions of at least ``min_aio_bytes``, 1 MiB: the default threshold's 10^5 elements make
+partitions below it, and the whole copy is on the device either way.) The reuse distance needs
+nothing here: a unit kept from forward to backward is simply not fetched again in backward.
 """
 from __future__ import annotations
 
@@ -64,6 +75,10 @@ class HostParams:
     def _allocate_params(self, init) -> None:
         self.param16 = [None] * len(self.units)
         for i, (u, w) in enumerate(zip(self.units, init)):
+            if self.is_resident(i):   # DeepSpeed's persistent unit: whole on the device (doc)
+                self.param16[i] = self._alloc("param16", u.padded, self.dtype)
+                self.param16[i].copy_(w[:u.padded])
+                continue
             n = self._holds(i)
             if not n:
                 continue
@@ -119,6 +134,8 @@ class HostParams:
     def acquire(self, i: int) -> torch.Tensor:
         """Unit i whole on the device (module doc): bandwidth — my chunk up, then the all-gather;
         owner — the owner's whole unit up, then its broadcast."""
+        if self.is_resident(i):   # DeepSpeed's persistent unit, on the device (module doc)
+            return super().acquire(i)
         u = self.units[i]
         full = self.memory.alloc("gathered", (u.padded,), self.dtype, zero=False)
         if self.partition == "owner":
@@ -137,7 +154,10 @@ class HostParams:
 
     def _param_up(self, i: int) -> None:
         """The updated fp16 chunk to where it lives: bandwidth — this rank's host buffer or file,
-        no PCIe; owner — up, all-gathered, and the whole unit down to the owner's host."""
+        no PCIe; owner — up, all-gathered, and the whole unit down to the owner's host. A
+        persistent unit's chunk goes up to the device, as ZeRO-Offload's does."""
+        if self.is_resident(i):
+            return super()._param_up(i)
         up = self.param_up[i]
         if self.partition == "bandwidth":
             self._store(i, up)

@@ -14,7 +14,8 @@ observable is exactly what a prefetcher changes: the order in which the links ca
 (the ledger's records) and what is held meanwhile — on the device the gathered unit i+1 and the
 chunk of i+2 while operator i runs, on the host the chunk of i+3 (one buffer: each read follows
 the copy up of the one before it, so DeepSpeed's one staging buffer still suffices). The bytes and
-the arithmetic are unchanged: training is bit-identical to stage 3.
+the arithmetic are unchanged: training is bit-identical to stage 3. A unit DeepSpeed keeps
+persistent (zerospec/offload/params.py) is on the device already: it is not in the trace.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class Prefetching:
         self._full[q] = full
 
     def acquire(self, i: int) -> torch.Tensor:
-        if not self.prefetch:
+        if not self.prefetch or self.is_resident(i):   # a persistent unit is never fetched
             return super().acquire(i)
         step = self.ctx.step
         if step != self._step:                   # a new step: the trace restarts

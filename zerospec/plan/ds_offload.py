@@ -10,9 +10,9 @@ from .ds_config import DeepSpeedConfig
 def offload_kwargs(ds: DeepSpeedConfig, kw: dict, left: list[str]) -> dict:
     """offload_optimizer / offload_param → measure()'s offload_optimizer (DeepSpeed's mode: its
     fp32 gradients cross PCIe) and offload_params; a section without the stage it needs is
-    refused; the other settings pass as they are (ZeRO-Offload combines with them:
-    spec/combine.md), but the stage-3 knobs with offload_param, which the table refuses: dropped,
-    said."""
+    refused; the other settings pass as they are (ZeRO-Offload and ZeRO-Infinity combine with
+    them: spec/combine.md), the stage-3 knobs with offload_param too (a persistent unit stays on
+    the device, as DeepSpeed keeps it: zerospec/offload/params.py)."""
     o, p = ds.offload_optimizer, ds.offload_param
     if p is not None and ds.stage != 3:
         raise ValueError(f"{ds.path!r}: zero_optimization.offload_param (device {p.device}) "
@@ -31,13 +31,6 @@ def offload_kwargs(ds: DeepSpeedConfig, kw: dict, left: list[str]) -> dict:
     out = {"offload_optimizer": o.device, "offload_mode": "deepspeed"}
     if p is not None:
         out["offload_params"] = p.device
-        dropped = [ds_key for key, ds_key in (
-            ("stage3_persistence_threshold", "stage3_param_persistence_threshold"),
-            ("stage3_max_reuse_distance", "stage3_max_reuse_distance")) if kw.pop(key, None)]
-        if dropped:   # the combination table's refusal (zerospec/training/combine.py), said
-            left[:] = [x for x in left if not x.startswith("persistence per tensor")]
-            left.append(f"{', '.join(dropped)} with offload_param: not measured, zerospec keeps "
-                        f"every offloaded fp16 chunk on the host (spec/combine.md)")
     return out
 
 

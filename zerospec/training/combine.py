@@ -126,10 +126,6 @@ REFUSED = {
     _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "
     "parameters the device holds; offloaded parameters are on the host, where that update writes "
     "them while FWD-BWD fetch them: there is no stale copy to train on",
-    _pair("ds3", "params"): "DeepSpeed's persistence threshold keeps small units whole on the "
-    "device and its reuse distance keeps gathered units from forward to backward, while "
-    "ZeRO-Infinity's parameter offload keeps every fp16 chunk on the host between uses: two "
-    "homes for the same parameters",
     _pair("meta", "checkpoints"): "checkpoint files hold values; meta tensors have none",
     _pair("meta", "loss_scale"): "loss scaling decides on values (an overflow skips the step); "
     "meta tensors have none",

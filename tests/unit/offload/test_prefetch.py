@@ -24,6 +24,9 @@ class Hops:
         self.comm = types.SimpleNamespace(copy_from_host=lambda dst, src: dst.copy_(src),
                                           all_gather=lambda full, c: full.copy_(c.repeat(N)))
 
+    def is_resident(self, i):        # the stage's hook: no unit persists here
+        return False
+
     def gather_unit(self, i, full, chunk):   # the stage's gather hook (zero/hooks.py)
         return self.comm.all_gather(full, chunk)
 

@@ -50,15 +50,16 @@ def test_bad_offload_values_are_refused_naming_key_and_value(section, named):
 def test_offload_reaches_the_step_in_deepspeeds_mode():
     """offload_optimizer cpu → ZeRO-Offload in DeepSpeed's mode (fp32 gradients down),
     offload_param → parameter offload; DeepSpeed's bucket, contiguous-gradient and stage-3
-    settings pass with it (ZeRO-Offload combines with them), none dropped."""
+    settings pass with it, the persistence threshold and reuse distance too (ZeRO-Offload and
+    ZeRO-Infinity combine with them), none dropped."""
     ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
         "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})
     kw, left = config_kwargs(ds, 4)
     assert kw["offload_optimizer"] == "cpu" and kw["offload_mode"] == "deepspeed"
     assert kw["offload_params"] == "cpu" and kw["contiguous_gradients"] is True
-    assert kw["bucket_elements"] and "stage3_persistence_threshold" not in kw
-    assert any(n.startswith("stage3_param_persistence_threshold, stage3_max_reuse_distance with "
-                            "offload_param: not measured") for n in left)
+    assert kw["bucket_elements"] and kw["stage3_persistence_threshold"] == 100_000
+    assert kw["stage3_max_reuse_distance"] == 1_000_000_000
+    assert not any("offload_param: not measured" in n for n in left)
 
 
 @pytest.mark.parametrize("zero,named", [
@@ -205,9 +206,12 @@ def preset_model(name):
 
 
 def test_parameter_offload_to_nvme_is_stepped_with_its_pinned_buffers(capsys, tmp_path):
-    """offload_param on NVMe: the step keeps its parameters in NVMe files (no model state on the
-    device), and buffer_count × buffer_size bf16 elements of pinned buffers count as host."""
+    """offload_param on NVMe, nothing persistent or reused: the step keeps its parameters in NVMe
+    files (no model state on the device), and buffer_count × buffer_size bf16 elements of pinned
+    buffers count as host."""
     t = _explain(capsys, tmp_path, {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                    "stage3_param_persistence_threshold": 0,
+                                    "stage3_max_reuse_distance": 0,
                                     "offload_param": {**NVME, "buffer_count": 2,
                                                       "buffer_size": 20_000}})["offload_bytes"]
     rows = _rows(t)
@@ -216,3 +220,19 @@ def test_parameter_offload_to_nvme_is_stepped_with_its_pinned_buffers(capsys, tm
     units = TrainConfig(stage=3, n_d=4, model=_model(tmp_path)).units()
     assert rows["NVMe: swap files"] == 2 * sum(u.chunk for u in units)     # fp16 chunks
     assert rows["per step: NVMe read (NVMe → host)"] == 2 * rows["NVMe: swap files"]
+
+
+def test_with_a_persistence_threshold_the_persistent_units_stay_on_the_device(capsys, tmp_path):
+    """offload_param with stage3_param_persistence_threshold (1,000 elements: the tiny model's
+    final LayerNorm): the units at most that large stay whole on the device (DeepSpeed's
+    ``_partition_param`` allocates a persistent partition on the local device), the others'
+    chunks go to the NVMe files."""
+    t = _explain(capsys, tmp_path, {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                    "stage3_param_persistence_threshold": 1000,
+                                    "offload_param": NVME})["offload_bytes"]
+    rows = _rows(t)
+    units = TrainConfig(stage=3, n_d=4, model=_model(tmp_path)).units()
+    kept = [u for u in units if u.numel <= 1000]
+    assert kept and len(kept) < len(units)
+    assert rows["device: model states after setup"] == 2 * sum(u.padded for u in kept)
+    assert rows["NVMe: swap files"] == 2 * sum(u.chunk for u in units if u not in kept)
