@@ -126,3 +126,44 @@ def test_a_persistent_unit_stays_on_the_device_and_the_rest_on_the_host():
                         if x.op == "all_gather"] == [("all_gather", u.padded) for u in persistent]
         assert not [x for x in r.comm.records(k, step=2, phase="backward")
                     if x.op in ("from_host", "all_gather")]
+
+
+# hpZ with ZeRO-Infinity's parameter offload: the secondary shards on the host
+HPZ = {"hpz": 2, "gpus_per_node": 2}
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["fetch-on-use", "prefetch"])
+@pytest.mark.claim("D6")
+def test_hpz_with_offloaded_parameters_trains_as_hpz_without_offload(prefetch):
+    """Backward gathers each unit from the secondary shards forward copied to the host: the bits
+    forward gathered, so every loss and master weight equals hpZ's without offload bit for bit."""
+    assert_same_training(run(3, steps=3, offload_optimizer="cpu", offload_params="cpu",
+                             offload_prefetch=prefetch, **HPZ), run(3, steps=3, **HPZ))
+
+
+@pytest.mark.claim("D6")
+def test_hpzs_secondary_shards_live_on_the_host_with_offloaded_parameters():
+    """DeepSpeed allocates ds_secondary_tensor on the offload device (``_partition_param_sec``:
+    ``device=self.remote_device``) and moves it to the GPU for the gather: the host holds the
+    2Ψ/h of secondary shards, the device one unit's shard at a time; forward copies each unit's
+    1/h down once, backward copies it up before each gather inside the node, and nothing
+    crosses nodes in backward."""
+    r, h = run(3, offload_optimizer="cpu", offload_params="cpu", **HPZ), HPZ["hpz"]
+    for k in range(N):
+        assert r.host[k].peak["secondary16"] == 2 * r.psi_padded // h
+        assert r.memory[k].peak["secondary16"] == 2 * max(u.padded for u in r.units) // h
+        down = [x.bytes_sent for x in r.comm.records(k, step=2, phase="forward")
+                if x.op == "to_host"]
+        assert down == [2 * u.padded // h for u in r.units]
+        back = r.comm.records(k, step=2, phase="backward")
+        gathers = [x.numel for x in back if x.op == "all_gather"]
+        assert gathers and [x.bytes_recv for x in back if x.op == "from_host"] == [
+            2 * n // h for n in gathers]
+    assert all(r.comm.crossing_bytes(node, phase="backward", op="all_gather") == 0
+               for node in range(N // HPZ["gpus_per_node"]))
+
+
+def test_hpz_with_parameters_on_nvme_is_one_clear_error():
+    """DeepSpeed has no NVMe home for the secondary partition: the value is named."""
+    with pytest.raises(ValueError, match="hpz=2 with offload_params='nvme'"):
+        cfg(3, offload_optimizer="cpu", offload_params="nvme", **HPZ)

@@ -19,7 +19,7 @@ GPU and traffic per step in the same ledgers every test reads:
 * ``offload_optimizer`` (device cpu or nvme) → ZeRO-Offload in DeepSpeed's mode (its fp32
   gradients cross PCIe, spec/offload.md), ``offload_param`` → ZeRO-Infinity's parameter offload;
   with device nvme, DeepSpeed's pinned swap buffers (``buffer_count`` × ``buffer_size``) count as
-  host memory (zerospec/plan/offload.py); settings offload is not combined with are dropped, said;
+  host memory (zerospec/plan/offload.py); every stage-3 setting passes with them;
 * everything else (prefetch, live-parameter bound, overlap, allgather buckets, gradient
   accumulation, and every key ds_config does not read) is listed under "Not modelled", with why.
 """

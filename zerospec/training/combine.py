@@ -118,9 +118,6 @@ REFUSED = {
     _pair("mics", "hpz"): "hpZ's secondary partition and MiCS's partition group are two splits of "
     "the same ranks for the same gathers: MiCS gathers inside its group already, there is no "
     "second layout to hold",
-    _pair("params", "hpz"): "ZeRO-Infinity's parameter offload keeps no fp16 parameter on the "
-    "device between uses, and hpZ's point is a 2Ψ/h fp16 copy kept on the device from forward "
-    "to backward: the two layouts contradict",
     _pair("dpu", "loss_scale"): "an overflow found one step late would skip an update whose "
     "parameters the device has already used: the delayed update cannot be undone",
     _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "

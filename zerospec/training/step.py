@@ -198,8 +198,6 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
         cls = with_zeropp(cls)
         kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
                       gpus_per_node=cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m)   # DP ranks
-    if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
-        cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
     if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
         cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
@@ -209,6 +207,10 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                           offload_partition=cfg.offload_partition,
                           offload_buffer_elements=cfg.offload_buffer_elements,
                           offload_prefetch=cfg.offload_prefetch)
+    if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py), in
+        # front of ZeRO-Infinity's fetch, whose forward gathers it keeps shards of (on the host)
+        cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
+        kwargs["hpz_on_host"] = cfg.offload_params == "cpu"
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
         cls = with_mics(cls)
     return cls, kwargs

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 # innermost first: each wraps the class built so far (a later one's hooks run first)
-COMPOSITION = ("exact sums", "DeepSpeed's ZeRO-3 knobs", "qwZ/qgZ", "hpZ", "ZeRO-Offload",
+COMPOSITION = ("exact sums", "DeepSpeed's ZeRO-3 knobs", "qwZ/qgZ", "ZeRO-Offload", "hpZ",
                "MiCS")
 
 

@@ -13,6 +13,16 @@ Memory (D6): the secondary shards of every unit, 2Ψ/h bytes (padded), live from
 end of backward, then are freed: +2Ψ/h per GPU at the peak between forward and backward, none
 after the step.
 
+**With ZeRO-Infinity's parameter offload** (``offload_params="cpu"``) the secondary shards live
+in host memory, as DeepSpeed keeps them: ``Init._partition_param_sec``
+(deepspeed/runtime/zero/partition_parameters.py) allocates ``ds_secondary_tensor`` on
+``remote_device``, which ``offload_param.device`` sets (pinned on the host), and its coalesced
+gather moves it to the device (``p.ds_secondary_tensor.to(...)``) before the all-gather inside
+the secondary group. So forward copies each 1/h shard down (device → host, booked ``to_host``)
+and backward copies it up (``from_host``) and gathers it over the h ranks: +2Ψ/h on the host, not
+on the device. ``offload_params="nvme"`` has no home for it: DeepSpeed passes the same
+``remote_device`` to ``torch.empty``, and "nvme" is no torch device (:func:`check` says so).
+
 No arithmetic: a secondary shard holds the bits forward gathered, so backward's gather returns
 the bits stage 3's would, and hpZ trains bit-identically to stage 3 on every path (checkpointing,
 accumulation, clipping, checkpoints). Rank r's secondary partition is in DP index space.
@@ -24,6 +34,7 @@ import functools
 import torch
 
 from ..comm.groups import Nodes, divisors, hpz_group, hpz_groups, make_within, within
+from ..runtime.observe import off_device
 
 
 def check(cfg) -> None:
@@ -44,14 +55,19 @@ def check(cfg) -> None:
     if cfg.stage != 3:
         raise ValueError(f"hpz={h} is a ZeRO-3 setting over the data-parallel ranks: it needs "
                          f"stage 3, got stage={cfg.stage}")
+    if cfg.offload_params == "nvme":
+        raise ValueError(f"hpz={h} with offload_params='nvme': DeepSpeed keeps hpZ's secondary "
+                         f"partition on the parameters' offload device (_partition_param_sec: "
+                         f"torch.empty(..., device=remote_device)), and NVMe is no device a "
+                         f"tensor lives on; accepted: offload_params 'cpu' or None")
 
 
 class SecondaryPartition:
     """hpZ in front of a stage-3 class (see the module doc): forward keeps a 1/h secondary shard
     of each unit it gathers; backward gathers from those shards over the h-rank partition."""
 
-    def __init__(self, ctx, *args, hpz: int, **kwargs):
-        self.h = hpz
+    def __init__(self, ctx, *args, hpz: int, hpz_on_host: bool = False, **kwargs):
+        self.h, self.on_host = hpz, hpz_on_host   # on_host: with offloaded parameters (doc)
         make_within(ctx, lambda n: hpz_groups(n, hpz))   # in DP index space (with MP: its group)
         self.hpz_comm = ctx.comm.subgroup(within(ctx.comm.group, hpz_group(ctx.rank, hpz)))
         self.secondary: dict[int, torch.Tensor] = {}
@@ -66,8 +82,14 @@ class SecondaryPartition:
         if i not in self.secondary:
             c = self.units[i].padded // self.h
             j = self.hpz_comm.rank
-            sec = self.memory.alloc("secondary16", (c,), self.dtype, zero=False)   # 2·padded/h B
-            self.secondary[i] = sec.copy_(full[j * c:(j + 1) * c])
+            piece = full[j * c:(j + 1) * c]
+            if self.on_host:   # DeepSpeed's ds_secondary_tensor on the offload device (doc)
+                with off_device():
+                    sec = self.ctx.host.alloc("secondary16", (c,), self.dtype, zero=False)
+                self.secondary[i] = self.comm.copy_to_host(sec, piece)
+            else:
+                sec = self.memory.alloc("secondary16", (c,), self.dtype, zero=False)   # 2·padded/h B
+                self.secondary[i] = sec.copy_(piece)
         return full
 
     def _from_secondary(self, i: int) -> torch.Tensor:
@@ -76,12 +98,18 @@ class SecondaryPartition:
             raise RuntimeError(f"hpZ: unit {self.units[i].name!r} is gathered in backward but "
                                f"forward kept no secondary shard of it")
         full = self.memory.alloc("gathered", (self.units[i].padded,), self.dtype, zero=False)
-        return self.hpz_comm.all_gather(full, sec)   # inside the node
+        if not self.on_host:
+            return self.hpz_comm.all_gather(full, sec)   # inside the node
+        up = self.memory.alloc("secondary16", (sec.numel(),), self.dtype, zero=False)
+        self.comm.copy_from_host(up, sec)   # host → device, then inside the node
+        self.hpz_comm.all_gather(full, up)
+        self.memory.free(up)
+        return full
 
     def end_backward(self) -> None:
         """Backward is over: the secondary shards go (the next forward makes new ones)."""
         for sec in self.secondary.values():
-            self.memory.free(sec)
+            (self.ctx.host if self.on_host else self.memory).free(sec)
         self.secondary.clear()
 
 
