@@ -48,7 +48,7 @@ def test_the_table_names_known_features_and_a_reason_for_each_refusal():
     """Every refused pair is two features of the table with its reason; a pair refused through
     a feature one of them needs (the prefetcher needs offloaded parameters) says which."""
     assert all(len(p) == 2 and p <= set(NAMES) and r for p, r in combine.REFUSED.items())
-    assert combine.refusal("prefetch", "hpz").startswith("offloaded parameters with hpZ: ")
+    assert combine.refusal("prefetch", "dpu").startswith("offloaded parameters with DPU: ")
     assert combine.refusal("pa", "mp") is None
 
 

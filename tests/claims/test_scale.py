@@ -16,12 +16,17 @@ Two comparisons per memory cell (C16):
 from __future__ import annotations
 
 import functools
+import math
 from decimal import Decimal
 from fractions import Fraction
 
 import pytest
 
+from tests.support.runs import stage_id
+from zerospec.model.gpt import ODD
+from zerospec.optim.loss_scale import LossScale
 from zerospec.paper import theory
+from zerospec.training.run import train
 from zerospec.evaluation.runs import memoised
 from zerospec.model.presets import TABLE4, gpt, preset
 from zerospec.training.fit import max_layers
@@ -425,3 +430,23 @@ def test_table4_model_sizes_match_12_l_hd2_plus_embeddings(name, claim_values):
                    + 13 * L * hd                      # their biases and two LayerNorms per block
                    + (V + s) * hd + 2 * hd)           # token + position embeddings, final LN
     assert abs(psi / p.label - 1) < 0.05, f"{name}: measured {psi:,}, label {p.label:g}"
+
+
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=[pytest.mark.slow] * (s < 3), id=stage_id(s))
+                                   for s in range(4)])
+def test_loss_scaling_and_clipping_on_meta_book_what_a_real_step_books(stage):
+    """A meta step with dynamic loss scaling and clipping, as train() and as measure() run it:
+    every rank's collectives equal a real run's (the overflow vote's all-reduce, the norm bins'
+    all-reduce from stage 1 on), and neither feature adds a byte to the memory ledger, on meta as
+    on the real run. The meta step is the no-overflow step (none skipped) and its norm has no
+    value (nan)."""
+    base = TrainConfig.of(stage=stage, n_d=4, model=ODD, steps=1)
+    both = base.replace(loss_scale=LossScale(), clip_grad_norm=0.5)
+    real, meta, scaled = train(both), train(both.replace(device="meta")), measure(both)
+    real0, meta0 = train(base), train(base.replace(device="meta"))
+    assert len(real.comm.records(0)) == len(real0.comm.records(0)) + 1 + (stage > 0)
+    for r in range(4):
+        assert meta.comm.records(r) == real.comm.records(r) == scaled.comm_ledger().records(r)
+        assert meta.memory[r].snapshots == meta0.memory[r].snapshots
+        assert real.memory[r].snapshots == real0.memory[r].snapshots
+    assert meta.skipped == [False] and math.isnan(meta.grad_norms[0])

@@ -27,6 +27,11 @@ So the norm is the same number in every stage, at every N, on every backend, and
 correctly rounded unsharded norm (test: ``math.fsum`` of the squares gives the same bits). Padding
 is excluded because only real elements are binned; each element is binned by exactly one rank.
 The coefficient is torch's ``clip_grad_norm_``: ``max_norm / (norm + 1e-6)``, applied below 1.
+
+On meta tensors (which measure bytes, not values) the same kernels run on the same shapes, every
+element taken as finite (the shape of the no-overflow step), the bins' all-reduce is booked as a
+real run books it, and Adam's one multiply by the coefficient is the same operation whatever its
+value: a meta step makes clipping's bytes as a real one does, and its norm is nan (no value).
 """
 from __future__ import annotations
 
@@ -43,10 +48,11 @@ LOW = 2 ** 24
 def square_bins(grad: torch.Tensor) -> torch.Tensor:
     """int64 [hi bins, lo bins, non-finite count]: Σ g² of ``grad`` (cast to fp32), exactly."""
     g = grad.reshape(-1).to(torch.float32)
-    out = torch.zeros(2 * N_BINS + 1, dtype=torch.int64)
+    out = torch.zeros(2 * N_BINS + 1, dtype=torch.int64, device=g.device)
     finite = torch.isfinite(g)
-    out[-1] = int((~finite).sum())
-    g = g[finite]
+    out[-1] = (~finite).sum()
+    # the finite elements: all of them on meta, which has no values (module doc)
+    g = g.clone() if g.device.type == "meta" else g[finite]
     mant, exp = torch.frexp(g)
     m = (mant.abs() * LOW).to(torch.int64)          # exact: at most 24 significant bits
     sq = m * m                                      # < 2^48: exact in int64
@@ -60,7 +66,7 @@ def owned_bins(stage, counts=None) -> torch.Tensor:
     """This rank's bins over the real elements of the gradient it owns (all of it in stage 0);
     ``counts(unit, param)``, if given, says which parameters this rank bins (model parallelism:
     a parameter replicated across the MP group is binned by one of its ranks only)."""
-    total = torch.zeros(2 * N_BINS + 1, dtype=torch.int64)
+    total = torch.zeros(2 * N_BINS + 1, dtype=torch.int64, device=stage.ctx.device)
     for i, u in enumerate(stage.units):
         own = stage.owned_slice(u)
         real = max(0, min(own.stop, u.numel) - own.start)   # padding is never binned
@@ -100,8 +106,8 @@ def global_norm(stage, over="stage", counts=None) -> float:
         over = stage.comm if stage.stage > 0 else None
     bins = owned_bins(stage, counts)
     if over is not None:
-        bins = over.all_reduce(bins.to(stage.ctx.device), "sum").cpu()
-    return norm_from_bins(bins)
+        bins = over.all_reduce(bins.to(stage.ctx.device), "sum")
+    return math.nan if bins.device.type == "meta" else norm_from_bins(bins.cpu())
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:

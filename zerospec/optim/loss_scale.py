@@ -15,6 +15,11 @@ the reduced gradient, so an inf produced on rank 0 may land in rank 3's shard al
 checks what it owns and the flags are combined with an all-reduce ``max`` (one element, booked in
 the comm ledger like every collective), so all ranks skip the same steps. Stages 0 and 1 pay the
 same collective: one algorithm, four layouts.
+
+On meta tensors (which measure memory and traffic, not values) every rank makes the same checks
+and the same vote, and the step is taken as the no-overflow step: it does every allocation and
+collective a skipped step does, then the update, so what it measures bounds the skipped step
+(spec/loss_scaling.md).
 """
 from __future__ import annotations
 
@@ -83,6 +88,12 @@ def found_overflow(stage, comm=None) -> bool:
     over ``comm`` — the stage's DP group by default; with model parallelism every rank of the
     N_d × N_m grid (an inf in one MP rank's slice must stop its peers too, or the replica's
     slices would step apart)."""
+    if stage.ctx.device.type == "meta":   # no values: the same checks and vote, no overflow
+        for i in range(len(stage.units)):
+            torch.isfinite(stage.grad_for_step(i)).all()
+        flag = torch.zeros(1, device=stage.ctx.device)
+        (stage.comm if comm is None else comm).all_reduce(flag, "max")
+        return False
     bad = any(not bool(torch.isfinite(stage.grad_for_step(i)).all()) for i in range(len(stage.units)))
     flag = torch.tensor([1.0 if bad else 0.0], device=stage.ctx.device)
     (stage.comm if comm is None else comm).all_reduce(flag, "max")

@@ -124,10 +124,6 @@ REFUSED = {
     "parameters the device holds; offloaded parameters are on the host, where that update writes "
     "them while FWD-BWD fetch them: there is no stale copy to train on",
     _pair("meta", "checkpoints"): "checkpoint files hold values; meta tensors have none",
-    _pair("meta", "loss_scale"): "loss scaling decides on values (an overflow skips the step); "
-    "meta tensors have none",
-    _pair("meta", "clip"): "clipping scales by the gradient's norm, a value; meta tensors have "
-    "none",
     _pair("meta", "torch"): "real processes run real tensors; meta tensors have no values to "
     "send",
 }

@@ -46,3 +46,34 @@ def test_the_coefficient_is_torchs_clip_grad_norm_coefficient():
         theirs = float(p.grad[-1] / g[-1])
         ours = clip_coefficient(norm_from_bins(square_bins(g)), max_norm)
         assert abs(ours - theirs) <= 2.0 ** -23 * theirs
+
+
+class _Kernels(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every kernel run, with its outputs' shapes and dtypes (not their values or devices)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        self.seen.append((str(func), tuple((tuple(o.shape), o.dtype) for o in outs
+                                           if isinstance(o, torch.Tensor))))
+        return out
+
+
+def test_on_meta_the_binned_norm_runs_the_real_kernels_on_the_real_shapes():
+    """A meta gradient has no values: square_bins runs the kernels a finite real gradient of the
+    same shape runs, making tensors of the same shapes and dtypes (what a meta step measures),
+    and nothing asks a value of it; the one kernel apart is the selection of the finite elements
+    (all of them: a copy of the same size on meta)."""
+    real = torch.linspace(-3.0, 5.0, 1000).to(torch.float16)
+    meta = torch.empty_like(real, device="meta")
+    with _Kernels() as a:
+        square_bins(real)
+    with _Kernels() as b:
+        square_bins(meta)
+    assert a.seen and [out for _, out in a.seen] == [out for _, out in b.seen]
+    assert [(x, y) for (x, _), (y, _) in zip(a.seen, b.seen) if x != y] == [
+        ("aten.index.Tensor", "aten.clone.default")]

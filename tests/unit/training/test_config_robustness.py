@@ -32,9 +32,9 @@ from zerospec.training.run import train
     pytest.param({"n_d": 4096, "grad_accum_steps": 4},
                  r"n_d × grad_accum_steps = 16384 exceeds 8192, the most fp16 gradients fp64 sums exactly",
                  id="too-many-terms"),
-    pytest.param({"clip_grad_norm": 1.0, "device": "meta"}, r"gradient clipping with meta tensors is refused: clipping scales by the "
-                 r"gradient's norm, a value; meta tensors have none \(spec/combine.md\)",
-                 id="meta"),
+    pytest.param({"stage": 3, "grad_accum_steps": 2, "qgz": True},
+                 r"gradient accumulation, exact sums with qgZ is refused: qgZ's int4 all-to-all "
+                 r"rounds every partial sum", id="refused-pair"),
 ])
 def test_bad_robustness_settings_are_refused(kwargs, match):
     """Each invalid setting raises ValueError naming the value and the accepted range."""
