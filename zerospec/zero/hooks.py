@@ -1,13 +1,15 @@
 """The hooks a feature may override on a stage, named once: the seam between the paper's stages
 (zero/stage*.py) and the features composed in front of them (exact sums, DeepSpeed's ZeRO-3 knobs,
-qwZ/qgZ, hpZ, ZeRO-Offload and ZeRO-Infinity, MiCS), in the order training/step.py's
+qwZ/qgZ, ZeRO-Offload and ZeRO-Infinity, hpZ, MiCS), in the order training/step.py's
 ``_stage_class`` puts them together, innermost first: ``COMPOSITION``.
 
 A feature overrides only these (tests/unit/zero/test_hooks.py checks every mixin), so one
 feature reaches another through the hook, never through its private method: qgZ's all-to-all is
 ``reduce_unit``, which ZeRO-Offload calls before a shard goes down; qwZ's int8 gather is
 ``gather_unit``, which ZeRO-Infinity calls with the chunk it brought up; MiCS's replicas reduce a
-shard in ``shard_ready`` before ZeRO-Offload copies it down.
+shard in ``shard_ready`` before ZeRO-Offload copies it down; hpZ's ``acquire`` stands in front
+of ZeRO-Infinity's, whose forward gathers are what it keeps secondary shards of; a unit the stage
+``is_resident`` (DeepSpeed's persistent one) is passed through by ZeRO-Infinity's fetch.
 """
 from __future__ import annotations
 

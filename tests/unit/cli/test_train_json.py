@@ -53,6 +53,18 @@ def test_the_issues_commands_print_the_same_losses_and_digest_with_and_without_o
                    _json(capsys, "--ranks", "4", *argv))
 
 
+@pytest.mark.parametrize("feature", [
+    ("--stage3-persistence-threshold", "100", "--stage3-max-reuse-distance", "1000000"),
+    ("--gpus-per-node", "2", "--hpz", "2")], ids=["deepspeed-knobs", "hpz"])
+def test_parameter_offload_with_a_feature_prints_the_feature_alones_losses_and_digest(capsys,
+                                                                                       feature):
+    """Pairs spec/combine.md composes through ZeRO-Infinity's parameter offload: the same exact
+    losses and master digest as the feature without offload."""
+    off = ("--offload-optimizer", "cpu", "--offload-params", "cpu", "--offload-prefetch")
+    _same_training(_json(capsys, *TINY, "--stage", "3", *feature, *off),
+                   _json(capsys, *TINY, "--stage", "3", *feature))
+
+
 def test_the_losses_are_exact_floats_of_the_run_the_table_rounds(capsys):
     """Each loss is float.hex of the run's fp64 mean loss, every bit (train() on the same
     config), which the table prints rounded to 6 decimals."""
