@@ -24,7 +24,8 @@ def hpz_check(ds: DeepSpeedConfig, n_d: int, gpus_per_node: int | None) -> None:
                          f"--gpus-per-node G or --machine NAME (h must divide G)")
     from types import SimpleNamespace
     from ..zero.hpz import check
-    check(SimpleNamespace(n_ranks=n_d, gpus_per_node=gpus_per_node, hpz=h, stage=3, n_m=1))
+    check(SimpleNamespace(n_ranks=n_d, gpus_per_node=gpus_per_node, hpz=h, stage=3, n_m=1,
+                          offload_params=ds.offload_param and ds.offload_param.device))
 
 
 def zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[str],

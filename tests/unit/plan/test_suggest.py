@@ -135,16 +135,34 @@ def test_changes_tried_with_checkpointing_carry_its_flag(case):
         assert _peak(model, stage, n_d, **kw) == s.peak, s
 
 
-def test_a_change_the_stages_refuse_is_not_suggested():
-    """At stage 3 with hpZ, offloading the optimizer alone does not fit and the parameters'
-    offload is refused beside hpZ (spec/combine.md), so no offload is suggested, and the others
-    still are."""
+def _hpz_offload_kinds() -> tuple[set, list]:
+    """At stage 3 with hpZ, a GPU one byte short of the optimizer offload's peak: the kinds
+    suggested, and the offload suggestions."""
     hpz = {"hpz": 2, "gpus_per_node": 2}
     off = _peak(TINY, 3, GPUS, micro_batch=MICRO, offload_optimizer="cpu", **hpz)
     ex = explain("tiny", 3, GPUS, off - 1, "--gpu-mem", micro_batch=MICRO, model=TINY,
                  settings=hpz)
-    kinds = {s.kind for s in suggestions(ex)}
-    assert "offload" not in kinds and {"checkpointing", "sequence"} <= kinds
+    found = suggestions(ex)
+    return {s.kind for s in found}, [s for s in found if s.kind == "offload"]
+
+
+def test_with_hpz_the_parameters_offload_is_suggested_at_its_measured_peak():
+    """Offloading the optimizer alone does not fit beside hpZ; the parameters' offload composes
+    with hpZ (spec/combine.md), so ZeRO-Infinity is suggested, at the peak measure() gives it."""
+    kinds, off = _hpz_offload_kinds()
+    assert [s.flags for s in off] == [("--offload-optimizer", "cpu", "--offload-params", "cpu")]
+    assert off[0].peak == _peak(TINY, 3, GPUS, micro_batch=MICRO, offload_optimizer="cpu",
+                                offload_params="cpu", hpz=2, gpus_per_node=2)
+    assert {"checkpointing", "sequence"} <= kinds
+
+
+def test_a_change_the_stages_refuse_is_not_suggested(monkeypatch):
+    """Were the parameters' offload refused beside hpZ (the table's entry put back for this
+    test), no offload would be suggested, and the others still would."""
+    from zerospec.training import combine
+    monkeypatch.setitem(combine.REFUSED, combine._pair("params", "hpz"), "refused for a test")
+    kinds, off = _hpz_offload_kinds()
+    assert not off and {"checkpointing", "sequence"} <= kinds
 
 
 def test_with_checkpointing_a_longer_sequence_fits_and_comes_first():
