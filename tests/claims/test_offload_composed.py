@@ -91,11 +91,12 @@ def test_dpu_with_accumulation_equals_its_stale_reference():
 
 # DeepSpeed's stage-3 knobs with ZeRO-Infinity's parameter offload: ln_f (30 elements) persists
 DS3 = {"stage3_persistence_threshold": 100, "stage3_max_reuse_distance": 10 ** 6}
-PARAMS = [{"offload_params": "cpu"}, {"offload_params": "cpu", "offload_prefetch": True},
-          {"offload_params": "nvme"}, {"offload_params": "cpu", "offload_partition": "owner"}]
+PARAMS = [{"offload_params": "cpu"}, {"offload_params": "cpu", "offload_prefetch": True}] + [
+    pytest.param(kw, marks=pytest.mark.slow) for kw in (
+        {"offload_params": "nvme"}, {"offload_params": "cpu", "offload_partition": "owner"})]
 
 
-@pytest.mark.parametrize("where", PARAMS, ids=lambda kw: "-".join(map(str, kw.values())))
+@pytest.mark.parametrize("where", PARAMS, ids=["cpu", "cpu-prefetch", "nvme", "owner"])
 @pytest.mark.claim("C-I8")
 def test_deepspeeds_stage3_knobs_with_offloaded_parameters_train_as_without_offload(where):
     """A persistent unit stays whole on the device and a kept unit is not fetched again in

@@ -156,6 +156,7 @@ def test_with_hpz_the_parameters_offload_is_suggested_at_its_measured_peak():
     assert {"checkpointing", "sequence"} <= kinds
 
 
+@pytest.mark.slow
 def test_a_change_the_stages_refuse_is_not_suggested(monkeypatch):
     """Were the parameters' offload refused beside hpZ (the table's entry put back for this
     test), no offload would be suggested, and the others still would."""
