@@ -26,7 +26,10 @@ LABELS = {"param16": "parameters (fp16)", "grad16": "gradients (fp16)",
           "activations": "activations", "checkpoints": "checkpoints",
           "recomputed": "recomputed activations", "buffer": "buffers", "bucket": "buckets",
           "secondary16": "hpZ secondary shards (fp16)",
-          "grad32": "gradients cast to fp32 (DeepSpeed's ZeRO-Offload)"}
+          "grad32": "gradients cast to fp32 (DeepSpeed's ZeRO-Offload)",
+          "param32": "parameters, fp32 shards Adam updates (FSDP2)",
+          "shard_grad32": "gradients, fp32 shards (FSDP2)",
+          "ag_buffer": "all-gather buffers (FSDP2)", "rs_buffer": "reduce-scatter input, fp32 (FSDP2)"}
 
 
 @dataclasses.dataclass(frozen=True)
