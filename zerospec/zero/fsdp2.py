@@ -115,39 +115,52 @@ class FSDP2Parameters(Parameters):
                 self._free_ag_prev()
             return self._held[i]
         if i in self.root:   # one unshard of the whole root group, kept to its post-backward
-            for j in sorted(self.root):
-                self._held[j] = self._unshard(j)
+            group = sorted(self.root)
+            self._held.update(zip(group, self._unshard(group)))
             return self._held[i]
-        full = self._unshard(i)
+        full, = self._unshard([i])
         if self.ctx.phase_name == "backward" and i - 1 >= 0 and i - 1 not in self.root \
                 and i - 1 not in self.keep and i - 1 not in self._prefetched:
-            self._prefetched[i - 1] = self._all_gather(i - 1)   # _backward_prefetch: one ahead
+            self._prefetched[i - 1] = self._all_gather([i - 1])   # _backward_prefetch: one ahead
         return full
 
-    def _all_gather(self, i: int) -> torch.Tensor:
-        """The flat all-gather output of unit i: the copy-in cast, then the collective."""
-        u = self.units[i]
-        copy_in = self.memory.alloc("ag_buffer", (u.chunk,), self.dtype, zero=False)
-        copy_in.copy_(self.param32[i])                                      # fp32 -> param_dtype
-        out = self.memory.alloc("ag_buffer", (u.padded,), self.dtype, zero=False)
-        self.gather_unit(i, out, copy_in)
+    def _all_gather(self, group: list[int]) -> torch.Tensor:
+        """The group's flat all-gather output: the copy-in cast of its shards (1/N), then one
+        output of the whole padded group, each unit gathered into its part."""
+        units = [self.units[j] for j in group]
+        copy_in = self.memory.alloc("ag_buffer", (sum(u.chunk for u in units),), self.dtype,
+                                    zero=False)
+        out = self.memory.alloc("ag_buffer", (sum(u.padded for u in units),), self.dtype,
+                                zero=False)
+        a = b = 0
+        for j, u in zip(group, units):
+            chunk = copy_in[a:a + u.chunk]
+            chunk.copy_(self.param32[j])                                     # fp32 -> param_dtype
+            self.gather_unit(j, out[b:b + u.padded], chunk)
+            a, b = a + u.chunk, b + u.padded
         self.memory.free(copy_in)
         return out
 
-    def _unshard(self, i: int) -> torch.Tensor:
-        u = self.units[i]
-        flat = self._prefetched.pop(i, None)
+    def _unshard(self, group: list[int]) -> list[torch.Tensor]:
+        """unshard + wait_for_unshard: each unit's unsharded tensor, copied out of the flat
+        output (prefetched, or gathered now)."""
+        flat = self._prefetched.pop(group[0], None) if len(group) == 1 else None
         if flat is None:
-            flat = self._all_gather(i)
+            flat = self._all_gather(group)
         if self._ag_prev is not None:   # wait_for_unshard frees the previous group's output
             self._free_ag_prev()
-        full = self.memory.alloc("gathered", (u.numel,), self.dtype, zero=False)
-        full.copy_(flat[:u.numel])                                           # copy-out
+        fulls, b = [], 0
+        for j in group:
+            u = self.units[j]
+            full = self.memory.alloc("gathered", (u.numel,), self.dtype, zero=False)
+            full.copy_(flat[b:b + u.numel])                                  # copy-out
+            fulls.append(full)
+            b += u.padded
         if self.ctx.phase_name == "forward":
             self._ag_prev = flat
         else:
             self.memory.free(flat)
-        return full
+        return fulls
 
     def _free_ag_prev(self) -> None:
         self.memory.free(self._ag_prev)
