@@ -208,7 +208,7 @@ class FSDP2Parameters(Parameters):
             for s in slots:
                 self.memory.free(s)
         for j, u, part in zip(group, units, parts):
-            out = self.memory.alloc("shard_grad32", (u.chunk,), torch.float32, zero=False)
+            out = self.memory.alloc("shard_grad32", (u.chunk,), rs_in.dtype, zero=False)
             self.reduce_unit(j, out, part)
             self.grad32[j] = out
             self.shard_ready(j, out, "mean")
