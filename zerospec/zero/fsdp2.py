@@ -56,14 +56,14 @@ def groups(cfg, tiles: int = 1) -> tuple[frozenset[int], frozenset[int]]:
 class FSDP2Parameters(Parameters):
     """P_os+g+p with FSDP2's states, buffers and resharding as torchtitan sets them (module)."""
 
-    label = "P_os+g+p (FSDP2)"
     master_apart = False       # the fp32 sharded parameters are what Adam updates
 
     def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None, *,
                  root: frozenset = frozenset(), keep: frozenset = frozenset()):
-        if buckets is not None:
+        if buckets is not None or grad_buffer is not None:   # refused by training/combine.py
             raise ValueError("the FSDP2 flavour reduce-scatters each group's gradients through "
-                             "its own fp32 buffer: C_B's buckets do not apply (spec/combine.md)")
+                             "its own fp32 buffer: C_B's buckets and M_D's gradient slot do not "
+                             "apply (spec/combine.md)")
         self.root, self.keep = root, keep
         self._held: dict[int, torch.Tensor] = {}      # the root's unsharded units
         self._ag_prev: torch.Tensor | None = None     # forward: the last group's flat AG output
@@ -82,6 +82,12 @@ class FSDP2Parameters(Parameters):
 
     def _param_chunk(self, i: int) -> torch.Tensor:
         return self.param32[i]
+
+    @property
+    def param16(self) -> list[torch.Tensor]:
+        """The working parameters a checkpoint saves and restores (its ``param16`` kind, as under
+        the fp32 policy): here the fp32 shards themselves."""
+        return self.param32
 
     def _allocate_gradients(self) -> None:
         self.grad32: list[torch.Tensor | None] = [None] * len(self.units)  # by each reduce-scatter
@@ -172,8 +178,6 @@ class FSDP2Parameters(Parameters):
 
     # -- gradients out ---------------------------------------------------------------------------
     def grad_slot(self, i: int) -> torch.Tensor:
-        if self.grad_buffer is not None:
-            return self.grad_buffer.slot(i)
         # autograd's unsharded gradients: the parameters' own sizes, no padding
         return self.memory.alloc("grad16", (self.units[i].numel,), self.dtype, zero=False)
 
@@ -204,9 +208,8 @@ class FSDP2Parameters(Parameters):
             part[u.numel:].zero_()
             parts.append(part)
             at += u.padded
-        if self.grad_buffer is None:
-            for s in slots:
-                self.memory.free(s)
+        for s in slots:
+            self.memory.free(s)
         for j, u, part in zip(group, units, parts):
             out = self.memory.alloc("shard_grad32", (u.chunk,), rs_in.dtype, zero=False)
             self.reduce_unit(j, out, part)
