@@ -180,6 +180,8 @@ def _setting(ex: Explanation) -> str:
         extra = run_label(cfg).partition(", ")[2]
         grid += (f" ({cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                  + (f", {extra}" if extra else "") + ")")
+    if cfg.flavour == "fsdp2":            # stage 3 as FSDP2 runs it (zerospec/zero/fsdp2.py)
+        prec += ", FSDP2 flavour"
     if cfg.offload_optimizer:             # ZeRO-Offload / Infinity (zerospec/plan/offload.py)
         from .offload import run_label as offload_label
         prec += ", " + offload_label(cfg).partition(", ")[2]
