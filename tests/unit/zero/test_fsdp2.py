@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import GPTConfig
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
@@ -34,9 +35,11 @@ SHARDS = sum(chunk(n) for n in UNITS)                    # elements each rank ho
 
 @pytest.fixture(scope="module")
 def run():
-    """One step of the flavour in bf16."""
+    """One step of the flavour in bf16, rank 0's ledger traced."""
+    cluster = VirtualCluster(N)
+    cluster.memory[0].record_trace()
     return train(TrainConfig.of(stage=3, n_d=N, model=M, steps=1, precision="bf16",
-                                flavour="fsdp2"))
+                                flavour="fsdp2"), cluster=cluster)
 
 
 def at(run, label: str) -> dict[str, int]:
@@ -93,3 +96,36 @@ def test_the_flavour_needs_stage_3():
     with pytest.raises(ValueError, match="flavour='fsdp2'.*needs stage 3, got stage=2"):
         TrainConfig.of(stage=2, n_d=N, model=M, flavour="fsdp2")
 
+
+
+def test_backward_prefetches_the_next_blocks_all_gather(run):
+    """_backward_prefetch: while block k's gradient is written, block k−1's flat output is
+    already gathered — for every block re-gathered in backward (the last block, kept from
+    forward, has no unshard of its own to prefetch from; block 0 has nothing before it)."""
+    held, live, seen = 0, {}, []
+    for e in run.memory[0].trace:
+        if e.op == "alloc":
+            live[e.key] = e
+            held += e.nbytes if e.category == "ag_buffer" else 0
+            if e.category == "grad16" and e.nbytes == 2 * BLOCK:
+                seen.append(held)
+        elif e.op == "free":
+            held -= live.pop(e.key).nbytes if live[e.key].category == "ag_buffer" else 0
+            live.pop(e.key, None)
+    assert seen == [0] + [2 * padded(BLOCK)] * (L - 2) + [0]
+
+
+@pytest.mark.slow
+def test_the_observer_sees_the_ledger_and_the_returned_bf16_losses_only():
+    """At every phase entry of 3 steps, on every rank, every storage the dispatch observer sees
+    is the ledger's, or a loss the run returns: in bf16, 2 bytes where fp16 runs' fp32 losses
+    take 4 (tests/support/observed.py counts those; stage 3 keeps no compute copy)."""
+    from tests.support.observed import observed, persistent_extras
+    r, obs = observed(3, "odd", 3, precision="bf16", flavour="fsdp2")
+    for rank, o in enumerate(obs):
+        assert len(o.entries) >= 4 * 3          # the phases of 3 steps
+        for label, entry in o.entries.items():
+            counted = sum(s.nbytes for s in entry.live if s.category is not None)
+            assert counted == entry.ledger_bytes, f"rank {rank}: {entry.describe()}"
+            assert entry.bytes == entry.ledger_bytes + persistent_extras(r, label) // 2, \
+                f"rank {rank}: unexplained bytes at the entry of {entry.describe()}"
