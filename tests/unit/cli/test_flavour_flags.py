@@ -29,6 +29,7 @@ def test_train_runs_the_flavour_in_bf16(capsys):
     assert code == 0 and f"model states on rank 0: {12 * padded // 2:,} B" in out
 
 
+@pytest.mark.slow   # one traced meta step with its suggestions: ~2 s
 def test_plan_explain_names_the_flavour_and_its_ledger(capsys, tmp_path):
     """`plan --explain --stage 3 --flavour fsdp2 --precision bf16 --format json`: the summary
     and the phase table's title say the flavour and precision; the buffers are FSDP2's fp32 shards, none of fp16 or master."""
