@@ -58,6 +58,7 @@ class FSDP2Parameters(Parameters):
     """P_os+g+p with FSDP2's states, buffers and resharding as torchtitan sets them (module)."""
 
     master_apart = False       # the fp32 sharded parameters are what Adam updates
+    computes_on_gathered = True   # autograd uses the unsharded parameters themselves
 
     def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None, *,
                  root: frozenset = frozenset(), keep: frozenset = frozenset()):
@@ -71,6 +72,7 @@ class FSDP2Parameters(Parameters):
         self._prefetched: dict[int, torch.Tensor] = {}   # backward: flat AG outputs ahead of use
         self._rs_prev: torch.Tensor | None = None     # the reduce-scatter input kept in flight
         self._root_grads: dict[int, torch.Tensor] = {}
+        self._in_backward: dict[int, list[torch.Tensor]] = {}   # unsharded until post-backward
         super().__init__(ctx, units, init, adam, precision, buckets=buckets, grad_buffer=grad_buffer)
 
     # -- states ----------------------------------------------------------------------------------
@@ -174,8 +176,19 @@ class FSDP2Parameters(Parameters):
         self._ag_prev = None
 
     def release(self, i: int, full16: torch.Tensor) -> None:
-        if i not in self._held:
-            self.memory.free(full16)
+        """A use is over. Forward: post_forward reshards (``free_storage``: the storage resized
+        to 0, which autograd's view of it no longer holds). Backward: the unit stays unsharded
+        until its post-backward, once its gradient is complete (:meth:`grad_ready`)."""
+        if i in self._held:
+            return
+        if self.ctx.phase_name == "backward":
+            self._in_backward.setdefault(i, []).append(full16)
+        else:
+            self._reshard(full16)
+
+    def _reshard(self, full16: torch.Tensor) -> None:
+        self.memory.free(full16)
+        full16.untyped_storage().resize_(0)      # _fsdp_param.py: free_storage
 
     # -- gradients out ---------------------------------------------------------------------------
     def grad_slot(self, i: int) -> torch.Tensor:
@@ -184,12 +197,14 @@ class FSDP2Parameters(Parameters):
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         if i not in self.root:
+            for full in self._in_backward.pop(i, ()):   # post_backward reshards first
+                self._reshard(full)
             self._reduce([i], [slot])
             return
         self._root_grads[i] = slot
         if len(self._root_grads) == len(self.root):   # the root's post-backward: all at once
             for j in sorted(self.root):
-                self.memory.free(self._held.pop(j))      # reshard before the reduce
+                self._reshard(self._held.pop(j))         # reshard before the reduce
             group = sorted(self._root_grads)
             self._reduce(group, [self._root_grads.pop(j) for j in group])
 
@@ -229,7 +244,8 @@ class FSDP2Parameters(Parameters):
         self._prefetched.clear()
         if self._ag_prev is not None:
             self._free_ag_prev()
-        for full in self._held.values():
-            self.memory.free(full)
+        for full in [*self._held.values(), *(f for fs in self._in_backward.values() for f in fs)]:
+            self._reshard(full)
         self._held.clear()
+        self._in_backward.clear()
         super().end_backward()

@@ -40,7 +40,7 @@ import functools
 import torch
 
 from ..model import gpt
-from ..zero.saved import unit_cast
+from ..zero.saved import compute_values
 
 
 def segments(k: int, n_layer: int) -> list[range]:
@@ -98,7 +98,7 @@ class _Run:
         """Unit i for the no-autograd forward: the stage's fp16 vector, cast as the fetcher casts."""
         stage, unit = self.fetcher.stage, self.fetcher.units[i]
         full16 = stage.acquire(i)
-        flat = unit_cast(full16, unit.numel, self.fetcher.compute_dtype)
+        flat = compute_values(stage, full16, unit.numel, self.fetcher.compute_dtype)
         try:
             yield unit.views(flat)
         finally:   # the cast dies with the use, as the fetcher's does in stage 3
