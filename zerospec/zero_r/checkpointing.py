@@ -101,8 +101,10 @@ class _Run:
         flat = compute_values(stage, full16, unit.numel, self.fetcher.compute_dtype)
         try:
             yield unit.views(flat)
-        finally:   # the cast dies with the use, as the fetcher's does in stage 3
-            flat.untyped_storage().resize_(0)
+        finally:   # the cast dies with the use, as the fetcher's does in stage 3 (a view of the
+            #        gathered vector itself is the stage's to let go: FSDP2's flavour)
+            if flat.untyped_storage()._cdata != full16.untyped_storage()._cdata:
+                flat.untyped_storage().resize_(0)
             stage.release(i, full16)
 
     def refetch(self, i: int):

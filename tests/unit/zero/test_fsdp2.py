@@ -160,3 +160,14 @@ def test_compute_reads_the_unsharded_parameters_with_no_copy():
         return sum(e.op == "alloc" and not e.category and e.nbytes in {2 * n for n in UNITS}
                    for e in trace)
     assert copies(flavour="fsdp2") == 0 < copies()
+
+
+@pytest.mark.parametrize("k", [0, L], ids=["no checkpoints", "one segment of every block"])
+def test_backward_gathers_each_block_it_needs_once(k):
+    """Backward all-gathers every block but the last, which stays unsharded from forward (with a
+    checkpointed segment of every block too: the recompute reads it), each once: a prefetch never
+    gathers a block again that is already unsharded."""
+    r = train(TrainConfig.of(stage=3, n_d=N, model=M, steps=1, precision="bf16", flavour="fsdp2",
+                             checkpoint_activations=k))
+    assert all(r.comm.count(rank, phase="backward", op="all_gather") == L - 1
+               for rank in range(N))
