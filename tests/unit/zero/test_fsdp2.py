@@ -171,3 +171,16 @@ def test_backward_gathers_each_block_it_needs_once(k):
                              checkpoint_activations=k))
     assert all(r.comm.count(rank, phase="backward", op="all_gather") == L - 1
                for rank in range(N))
+
+
+def test_one_step_moves_fsdp2s_collectives_in_their_dtypes(run):
+    """Forward gathers the root group, then each block, in bf16; backward re-gathers every block
+    but the last and reduce-scatters each block's gradient in fp32 as it completes, the root's
+    last: 3Ψ less the root and the last block's backward gathers."""
+    got = [(x.phase, x.op, str(x.dtype).split(".")[1], x.numel) for x in run.comm.records(0)]
+    root = [padded(n) for n in ROOT]                          # embeddings, final norm
+    assert got == [*(("forward", "all_gather", "bfloat16", n) for n in root + [padded(BLOCK)] * L),
+                   ("backward", "reduce_scatter", "float32", padded(BLOCK)),        # the last block
+                   *[("backward", "all_gather", "bfloat16", padded(BLOCK))] * (L - 1),  # prefetched
+                   *[("backward", "reduce_scatter", "float32", padded(BLOCK))] * (L - 1),
+                   *(("backward", "reduce_scatter", "float32", n) for n in root)]
