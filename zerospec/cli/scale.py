@@ -22,8 +22,8 @@ HELP = ("measure per-GPU model states and traffic of a paper-size model on meta 
 # without overflow (spec/loss_scaling.md)
 OPTIONS = ("loss_scale", "clip_grad_norm", "n_m", "checkpoint_activations", "partition_activations", "cpu_checkpointing",
            "zero1_comm", "gpus_per_node", "hpz", "shard_group", "qwz", "qgz", "quant_group_size",
-           "offload_optimizer", "offload_mode", "offload_params")
-STAGE3_ONLY = ("hpz", "qwz", "qgz", "quant_group_size")
+           "offload_optimizer", "offload_mode", "offload_params", "flavour")
+STAGE3_ONLY = ("hpz", "qwz", "qgz", "quant_group_size", "flavour")
 OFFLOAD = ("offload_optimizer", "offload_mode", "offload_params")
 
 
