@@ -115,10 +115,8 @@ class TrainState:
                 for kind, dst in (("master", stage.master), ("exp_avg", stage.exp_avg),
                                   ("exp_avg_sq", stage.exp_avg_sq)):
                     dst[i].copy_(self.padded(kind, first + i, u)[own])
-        for i, u in enumerate(stage.units):
-            own = stage.owned_slice(u)
-            p16 = self.padded("param16", first + i, u)
-            stage.param16[i].copy_(p16 if stage.param16[i].numel() == u.padded else p16[own])
+        for i, u in enumerate(stage.units):   # where the stage keeps them (host, NVMe, owner)
+            stage.restore_param16(i, self.padded("param16", first + i, u))
 
 
 @dataclasses.dataclass
@@ -156,14 +154,13 @@ def rank_pieces(stage, prefix: str = "") -> dict[str, dict]:
 def _rank_pieces(stage, prefix: str) -> dict[str, dict]:
     out = {}
     for i, u in enumerate(stage.units):
+        p16 = stage.saved_param16(i)       # every unit: the owner layout broadcasts it
         own = stage.owned_slice(u)
         start, stop = own.start, min(own.stop, u.numel)
         if stop <= start:
             continue                       # this rank owns only padding of this unit
         n = stop - start                   # owned tensors start at own.start: their [:n] is real
-        full = stage.param16[i].numel() == u.padded  # stages 0-2 replicate the fp16 parameters
-        p16 = stage.param16[i][start:stop] if full else stage.param16[i][:n]
-        out[prefix + u.name] = {"start": start, "stop": stop, "param16": p16.detach().clone(),
+        out[prefix + u.name] = {"start": start, "stop": stop, "param16": p16[:n].detach().clone(),
                        **{k: t[i][:n].detach().clone() for k, t in
                           (("master", stage.master), ("exp_avg", stage.exp_avg),
                            ("exp_avg_sq", stage.exp_avg_sq))}}
