@@ -1,6 +1,6 @@
 """The hooks a feature may override on a stage, named once: the seam between the paper's stages
 (zero/stage*.py) and the features composed in front of them (exact sums, DeepSpeed's ZeRO-3 knobs,
-qwZ/qgZ, hpZ, ZeRO-Offload and ZeRO-Infinity, MiCS), in the order training/step.py's
+qwZ/qgZ, hpZ, ZeRO-Offload and ZeRO-Infinity, MiCS), in the order training/compose.py's
 ``_stage_class`` puts them together, innermost first: ``COMPOSITION``.
 
 A feature overrides only these (tests/unit/zero/test_hooks.py checks every mixin), so one

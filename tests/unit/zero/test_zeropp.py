@@ -112,7 +112,7 @@ def test_qgz_training_and_qwz_training_diverge_from_stage3_measurably_and_stay_f
 def test_off_by_default_and_off_is_stage3_itself():
     """qwz and qgz default to False, and then the stage is stage 3's own class: nothing changes
     (every snapshot of the default suite holds)."""
-    from zerospec.training.step import _stage_class
+    from zerospec.training.compose import _stage_class
     cfg = TrainConfig(stage=3, n_d=4, model=ODD, mesh=MeshOptions(gpus_per_node=2))
     assert (cfg.qwz, cfg.qgz, cfg.quant_group_size) == (False, False, None)
     cls, kwargs = _stage_class(cfg, cfg.units())
