@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..comm.groups import Group, make_within, mics_groups, replica_group, shard_group, within
 from ..comm.mesh import Mesh
 from ..model import gpt, megatron
 from ..model.megatron import TensorParallel
@@ -55,6 +54,7 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
     dp_ctx, mp, init = _groups(ctx, cfg, mesh, init)
     keep = _checkpoint_keeper(ctx, cfg, mp)
     cls, kwargs = _stage_class(cfg, units)
+    kwargs.update(_feature_groups(cfg, mesh, ctx.rank))
     kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
     with ctx.phase("setup"):
         if cfg.contiguous_gradients:   # M_D for gradients: one slot for every unit's gradient
@@ -64,7 +64,7 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
             resume.restore(stage, mp.index if mp is not None else 0)   # this MP index's slices
     meta = resume.meta if resume is not None else {}
     scaler = cfg.loss_scale and LossScaler(cfg.loss_scale, **(meta.get("scaler") or {}))
-    reach = mp and Reach.model_parallel(stage, _one_copy(ctx, cfg), mp.comm, mp.index,
+    reach = mp and Reach.model_parallel(stage, _one_copy(ctx, mesh), mp.comm, mp.index,
                                         megatron.replicated)
     updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0), reach)
     master, model_states = stage.owned_master(), ctx.memory.model_states()
@@ -76,42 +76,35 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
 
 def _groups(ctx, cfg: TrainConfig, mesh: Mesh, init):
     """The context the stage sees (its DP group's view with N_m > 1; MiCS: its partition group's
-    inside that), the MP group (None without MP) and this rank's initial weights (its MP index's);
-    see :func:`rank_main`."""
+    inside that, with its replication group's interconnect), the MP group (None without MP) and
+    this rank's initial weights (its MP index's); every group the mesh's (see :func:`rank_main`)."""
     dp, mp = ctx, None
     if cfg.n_m > 1:
         grid = mesh.grid
         dp_comm, mp_comm = ctx.comm.split(grid)
         dp, mp, init = GroupView(ctx, dp_comm), TensorParallel(mp_comm), init[grid.mp_index(ctx.rank)]
-        dp.siblings = [grid.dp_group(j) for j in range(cfg.n_m)]   # every MP index's DP group
     if cfg.shard_group is not None:   # MiCS: the stage sees its partition group (zero/mics.py)
-        dp = _mics_view(ctx, dp, cfg.shard_group)
+        dp = GroupView(ctx, ctx.comm.subgroup(mesh.group("shard", ctx.rank)))
+        dp.replicas = ctx.comm.subgroup(mesh.group("replica", ctx.rank))
     return dp, mp, init
 
 
-def _mics_view(ctx, dp, p: int) -> GroupView:
-    """The rank seen through its partition group inside ``dp`` (its DP group's view, or the
-    rank itself), with its replication group's interconnect."""
-    make_within(dp, lambda n: mics_groups(n, p))
-    parent = dp.comm.group
-    view = GroupView(ctx, dp.comm.subgroup(within(parent, shard_group(dp.rank, p))))
-    view.replicas = dp.comm.subgroup(within(parent, replica_group(dp.rank, p, dp.n_ranks)))
-    view.siblings = [within(s, shard_group(r, p)) for s in getattr(dp, "siblings", [None])
-                     for r in range(0, dp.n_ranks, p)]
-    return view
-
-
-def _one_copy(ctx, cfg: TrainConfig):
+def _one_copy(ctx, mesh: Mesh):
     """The ranks that hold one copy of the model states between them (norms and overflow votes
     sum over them): every rank, or with MiCS the p·N_m GPUs of the rank's partition groups."""
-    if cfg.shard_group is None:
-        return ctx.comm
-    k = cfg.shard_group * cfg.n_m
-    first = ctx.rank // k * k
-    make = getattr(ctx.comm.backend, "new_groups", None)
-    if make is not None:   # torch.distributed: every process makes every group, in order
-        make([Group("shard", tuple(range(b, b + k))) for b in range(0, cfg.n_ranks, k)])
-    return ctx.comm.subgroup(Group("shard", tuple(range(first, first + k))))
+    group = mesh.one_copy(ctx.rank)
+    return ctx.comm if group is None else ctx.comm.subgroup(group)
+
+
+def _feature_groups(cfg: TrainConfig, mesh: Mesh, rank: int) -> dict:
+    """The stage's keyword arguments that are groups, the mesh's for ``rank``: hpZ's secondary
+    partition, qgZ's local and global all-to-all groups."""
+    kw = {}
+    if cfg.hpz > 1:
+        kw["hpz_group"] = mesh.group("hpz", rank)
+    if cfg.qgz:
+        kw["qgz_groups"] = (mesh.group("local", rank), mesh.group("global", rank))
+    return kw
 
 
 def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
@@ -144,7 +137,7 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
         kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
                       gpus_per_node=cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m)   # DP ranks
     if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py)
-        cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
+        cls = with_hpz(cls)   # its group: the mesh's (_feature_groups)
     if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
         cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, divisors, hpz_group, hpz_groups, make_within, within
+from ..comm.groups import Nodes, divisors
 
 
 def check(cfg) -> None:
@@ -50,10 +50,11 @@ class SecondaryPartition:
     """hpZ in front of a stage-3 class (see the module doc): forward keeps a 1/h secondary shard
     of each unit it gathers; backward gathers from those shards over the h-rank partition."""
 
-    def __init__(self, ctx, *args, hpz: int, **kwargs):
-        self.h = hpz
-        make_within(ctx, lambda n: hpz_groups(n, hpz))   # in DP index space (with MP: its group)
-        self.hpz_comm = ctx.comm.subgroup(within(ctx.comm.group, hpz_group(ctx.rank, hpz)))
+    def __init__(self, ctx, *args, hpz_group, **kwargs):
+        """``hpz_group``: this rank's secondary partition, the run's mesh's (comm/mesh.py: h
+        consecutive ranks of its DP group)."""
+        self.h = hpz_group.size
+        self.hpz_comm = ctx.comm.subgroup(hpz_group)
         self.secondary: dict[int, torch.Tensor] = {}
         super().__init__(ctx, *args, **kwargs)
 
