@@ -71,15 +71,8 @@ def test_every_pair_builds_or_raises_the_tables_message(pair, tmp_path):
                             if {a, b} <= inner and combine.refusal(a, b) in combine.REFUSED.values()]
 
 
-# an open finding, not a tolerance: P_a + qwZ trains the same losses as MP + checkpointing + qwZ,
-# but step 2's masters differ (without qwZ, P_a is bit-identical over every step)
-OPEN = {("pa", "qwz"): "P_a + qwZ: step 2's masters differ from its reference; not yet explained"}
-
-
 def _walked():
-    return [pytest.param(p, marks=[pytest.mark.slow] + ([pytest.mark.xfail(
-        strict=True, reason=OPEN[p])] if p in OPEN else [])) for p in PAIRS
-        if combine.refusal(*p) is None]
+    return [pytest.param(p, marks=pytest.mark.slow) for p in PAIRS if combine.refusal(*p) is None]
 
 
 @pytest.mark.parametrize("pair", _walked(), ids=lambda p: "+".join(p))

@@ -62,8 +62,9 @@ def hf_config(path: str):
 
 
 def out_dir(text: str) -> str:
-    """``--out DIR``: a directory the figures can be written into, made (with its parents) if
-    missing; checked before any work, so a bad one costs no step."""
+    """``--out DIR``: a directory the figures can be written into, or one that can be made there
+    (its nearest existing parent takes a file); checked before any work, so a bad one costs no
+    step, and made only when a figure is written, so a refused command leaves nothing behind."""
     import os
     import pathlib
     import tempfile
@@ -72,9 +73,12 @@ def out_dir(text: str) -> str:
         raise argparse.ArgumentTypeError("--out is empty: give a directory for the figures")
     if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a file, not a directory")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=p, prefix=".zerospec-probe-")
+    there = next(a for a in (p.absolute(), *p.absolute().parents) if a.exists())
+    if not there.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write a figure there ({str(there)!r} "
+                                         f"is a file, not a directory)")
+    try:      # write access tried, not read from the mode bits (a superuser ignores them)
+        fd, probe = tempfile.mkstemp(dir=there, prefix=".zerospec-probe-")
     except OSError as e:
         raise argparse.ArgumentTypeError(f"{text!r}: cannot write a figure there "
                                          f"({e.strerror})") from None

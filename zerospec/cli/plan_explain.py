@@ -59,10 +59,6 @@ def explain_run(args, machine) -> tuple[list, dict]:
     if (args.preset is None) == (args.hf_config is None):
         raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
                          "them) or --hf-config CONFIG.JSON, with one --gpus and one --stage")
-    other = [f for f, v in (("--table1", args.table1), ("--table2", args.table2),
-                            ("--max-model", args.max_model), ("--params", args.params)) if v]
-    if other:
-        raise ValueError(f"--explain runs one step of its model; it does not take {', '.join(other)}")
     ds, ckpt = args.deepspeed_config, args.checkpoint_activations or 0
     not_modelled = {}
     gpus, n_m = _one(args.gpus, "--gpus", 64), _one(args.mp, "--mp", 1)

@@ -155,15 +155,6 @@ def within(parent: Group | None, group: Group) -> Group:
     return Group(group.name, tuple(parent.ranks[r] for r in group.ranks))
 
 
-def make_within(ctx, groups_of) -> None:
-    """torch.distributed: every process makes every group, in order — ``groups_of(n)`` (positions
-    in a parent of n ranks) inside each of the stage's sibling parents (``ctx.siblings``: every
-    DP or partition group, the rank's own among them; the world without any)."""
-    make = getattr(ctx.comm.backend, "new_groups", None)
-    if make is not None:
-        make([within(p, g) for p in getattr(ctx, "siblings", [None]) for g in groups_of(ctx.n_ranks)])
-
-
 def hpz_group(rank: int, h: int) -> Group:
     """hpZ's secondary partition of ``rank``: the h consecutive ranks around it, ``rank // h``'s
     block. With h dividing the GPUs per node, the block lies inside ``rank``'s node."""

@@ -29,7 +29,8 @@ from ..runtime.trace import OOMPoint, replay
 from ..training.config import TrainConfig
 from ..training.scale import measure
 from ..training.sections import ZeroROptions
-from .configs import CONFIGS, FIG6, ZeroConfig, boundary
+from ..training.fit import largest
+from .configs import CONFIGS, FIG6, ZeroConfig
 from .runs import memoised
 
 
@@ -102,7 +103,7 @@ def max_layers_replayed(config: ZeroConfig, capacity: int, probes=(8, 16),
             seen[L] = step_memory(config, L, capacity, **shape)
         return seen[L]
 
-    L = boundary(lambda L: at(L).allocated, capacity, probes)   # L_a, the most the step holds
+    L = largest(lambda L: at(L).allocated, capacity, probes=probes).value or 0   # L_a: held
     if L == 0:
         return 0
     while at(L).oom is not None:             # down past every L that fragmentation stops

@@ -22,6 +22,7 @@ import dataclasses
 
 from ..model.presets import gpt
 from ..training.config import TrainConfig
+from ..training.fit import largest
 from ..training.scale import measure
 
 BUCKET_ELEMENTS = 500_000_000          # DeepSpeed's reduce/allgather bucket default (C_B)
@@ -77,44 +78,12 @@ def peak_bytes(config: ZeroConfig, layers: int, *, gpus: int, n_m: int, micro_ba
     return max(c.memory.peak_total for c in r.classes)
 
 
-def boundary(peak, capacity: int, probes=(8, 16)) -> int:
-    """The most layers L with ``peak(L) <= capacity`` (0 if none), for a peak that grows with L.
-
-    A secant search: each guess lies on the line through the last two measured peaks, kept
-    strictly inside the bracket found so far (the most L measured to fit, the fewest measured not
-    to), so every measurement narrows it; it ends with L measured to fit and L + 1 not to, so the
-    answer rests on those two measurements, not on a line. The peak is not one line (the phase that
-    peaks changes with L): the line through the two latest points follows the piece the boundary
-    lies on, where a single guess from the probes, walked one layer at a time, took up to a dozen
-    steps with the vocabulary-parallel head."""
-    pts: list[tuple[int, int]] = []
-    lo, hi = 0, None
-
-    def measure_at(L: int) -> None:
-        nonlocal lo, hi
-        p = peak(L)
-        pts.append((L, p))
-        if p <= capacity:
-            lo = max(lo, L)
-        else:
-            hi = L if hi is None else min(hi, L)
-
-    for L in probes:
-        measure_at(L)
-    while hi is None or hi - lo > 1:
-        (x1, y1), (x2, y2) = pts[-2], pts[-1]
-        slope = (y2 - y1) / (x2 - x1)
-        g = x2 + int((capacity - y2) // slope) if slope > 0 else lo + 1
-        g = max(g, lo + 1) if hi is None else min(max(g, lo + 1), hi - 1)
-        measure_at(g)
-    return lo
-
-
 def max_layers(config: ZeroConfig, capacity: int, probes=(8, 16), seen: dict | None = None,
                **shape) -> tuple[int, int]:
-    """(the most layers whose step peaks within ``capacity`` bytes, meta steps measured), by
-    :func:`boundary`'s search. ``seen``, if given, receives every measured peak by L (the
-    evidence, without measuring it again)."""
+    """(the most layers whose step peaks within ``capacity`` bytes, meta steps measured), by the
+    one fit search (zerospec/training/fit.py), its first guess the line through ``probes``.
+    ``seen``, if given, receives every measured peak by L (the evidence, without measuring it
+    again)."""
     shape = {**FIG6, **shape}
     seen = {} if seen is None else seen
 
@@ -123,4 +92,4 @@ def max_layers(config: ZeroConfig, capacity: int, probes=(8, 16), seen: dict | N
             seen[L] = peak_bytes(config, L, **shape)
         return seen[L]
 
-    return boundary(peak, capacity, probes), len(seen)
+    return largest(peak, capacity, probes=probes).value or 0, len(seen)

@@ -154,11 +154,11 @@ def dp_limit(how: str, hd: int, heads: int, batch: int, gpus: int = 128,
     every rank: ``how`` "zero" (C3) or "baseline" (stage 0)."""
     stage, kw = (CONFIGS["C3"].stage, CONFIGS["C3"].kwargs(1)) if how == "zero" else (0, BASELINE_KW)
 
-    def fits(L: int) -> bool:
+    def step(L: int) -> int:
         r = measure(TrainConfig.of(model=gpt(L, hd, heads), stage=stage, n_d=gpus, **kw),
                     micro_batch=batch)
-        return highest_peak(r) <= capacity
-    return DPLimit(how, hd, heads, batch, largest(fits))
+        return highest_peak(r)
+    return DPLimit(how, hd, heads, batch, largest(step, capacity).value or 0)
 
 
 def figure4_limits() -> list[DPLimit]:

@@ -79,18 +79,11 @@ def check(cfg) -> None:
                          f"stage 2 or 3, got stage={cfg.stage}")
 
 def check_checkpointable(cfg, save, resume) -> None:
-    """ValueError when a checkpoint is asked of a run whose fp16 chunks are not in host memory
-    (ZeRO-Infinity's parameters on NVMe, or whole on their owners: zerospec/offload/params.py),
-    or at or after the step a delayed update is pending from (DPU)."""
+    """ValueError when a checkpoint is asked at or after the step a delayed update is pending
+    from (DPU): the pending gradient is in no checkpoint."""
     if save and cfg.dpu and max(save) >= cfg.dpu:
         raise ValueError(f"save={sorted(save)}: a checkpoint at or after step dpu={cfg.dpu} would "
                          f"miss the gradient whose update is still pending (spec/offload.md)")
-    if (save or resume is not None) and cfg.offload_params and (
-            cfg.offload_params == "nvme" or cfg.offload_partition == "owner"):
-        raise ValueError(f"checkpoints with offload_params={cfg.offload_params!r}, "
-                         f"offload_partition={cfg.offload_partition!r} are not built: the fp16 "
-                         f"chunks are not in this rank's host memory (offload_params='cpu' with "
-                         f"the bandwidth partition is)")
 
 
 __all__ = ["TIERS", "MODES", "PARTITIONS", "check_checkpointable", "check", "HostOptimizer", "with_offload", "SwapDir", "NvmeError",

@@ -178,3 +178,27 @@ class HostParams:
             self.memory.free(full)
         self.host.free(up)
         self.param_up[i] = None
+
+    # -- checkpoints: the fp16 chunk read from where it lives, and written back -----------------------
+    def saved_param16(self, i: int) -> torch.Tensor:
+        """This rank's fp16 chunk of unit i for a checkpoint: read from its host buffer or swap
+        file (NVMe → host, booked as a fetch's first hop); in the owner layout only the owner
+        holds it, so the unit comes up and is broadcast as a fetch does, each rank keeping its
+        chunk."""
+        if self.partition == "bandwidth":
+            h = self._to_host(i)
+            with off_device():
+                out = h.clone()       # the staging buffer is the next read's
+            self._done_host(h)
+            return out
+        full = self.acquire(i)
+        out = full[self.owned_slice(self.units[i])].clone()
+        self.release(i, full)
+        return out
+
+    def restore_param16(self, i: int, padded: torch.Tensor) -> None:
+        """A checkpoint's unit i written where this rank's bytes of it live (host buffer or swap
+        file): its chunk (bandwidth), the whole unit on its owner, nothing elsewhere (owner)."""
+        if self._holds(i):
+            self._store(i, padded[self.units[i].shard(self.ctx.rank)]
+                        if self.partition == "bandwidth" else padded)

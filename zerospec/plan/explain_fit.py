@@ -1,79 +1,15 @@
 """The largest micro-batch and sequence length that fit (``plan --explain --fit``), by meta steps.
 
 The step's peak grows with both (activations are linear in the micro-batch, and linear or
-quadratic in the sequence), so "fits" is monotone and a search finds its edge. :func:`largest`
-alternates an interpolation step (the secant through the bracket: exact in one step where the
-peak is linear) with a bisection step (so at most about 2·log2 of the range), and returns an
-answer only once it has measured both it fitting and the next value not fitting (or the bound).
+quadratic in the sequence), so "fits" is monotone and the one fit search
+(zerospec/training/fit.py: :func:`largest`) finds its edge, having measured the answer fitting and
+the next value not fitting (or the bound).
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
-MAX_MICRO_BATCH = 1 << 16     # the micro-batch search's bound (a model with no activations)
-
-
-@dataclasses.dataclass(frozen=True)
-class Edge:
-    """The largest fitting value (None: not even the smallest) and every value measured."""
-
-    value: int | None
-    bound: int                       # the search's upper bound: ``value == bound`` means all fit
-    peaks: dict[int, int]            # value → the step's peak, each one meta step
-
-    @property
-    def steps(self) -> int:
-        return len(self.peaks)
-
-
-def largest(peak: Callable[[int], int], capacity: int, lo: int = 1, hi: int | None = None) -> Edge:
-    """The largest x in [lo, hi] with peak(x) <= capacity, for a non-decreasing ``peak``
-    (hi None: :data:`MAX_MICRO_BATCH`, searched by extrapolation)."""
-    bound = MAX_MICRO_BATCH if hi is None else hi
-    seen: dict[int, int] = {}
-
-    def p(x: int) -> int:
-        if x not in seen:
-            seen[x] = peak(x)
-        return seen[x]
-
-    if p(lo) > capacity:
-        return Edge(None, bound, seen)
-    good, bad = lo, None
-    if hi is not None:
-        if p(hi) <= capacity:
-            return Edge(hi, bound, seen)
-        bad = hi
-    while bad is None:          # no bracket yet: extrapolate the line through the last two fits
-        prev = max((x for x in seen if x < good), default=None)
-        if prev is None or seen[good] == seen[prev]:
-            guess = 2 * good
-        else:
-            slope = (seen[good] - seen[prev]) / (good - prev)
-            guess = good + int((capacity - seen[good]) // slope) + 1
-        x = min(max(guess, good + 1), bound)
-        if p(x) <= capacity:
-            if x == bound:
-                return Edge(bound, bound, seen)
-            good = x
-        else:
-            bad = x
-    mode, last_fit = "secant", True
-    while bad - good > 1:
-        if mode == "secant" and seen[bad] > seen[good]:
-            x = good + int((capacity - seen[good]) * (bad - good) // (seen[bad] - seen[good]))
-            x, mode = min(max(x, good + 1), bad - 1), "confirm"
-        elif mode == "confirm":      # the secant's neighbour: exact where the peak is linear
-            x, mode = (good + 1 if last_fit else bad - 1), "bisect"
-        else:
-            x, mode = (good + bad) // 2, "secant"
-        last_fit = p(x) <= capacity
-        if last_fit:
-            good = x
-        else:
-            bad = x
-    return Edge(good, bound, seen)
+from ..training.fit import BOUND, largest
 
 
 def step_peak(ex, micro_batch: int | None = None, seq: int | None = None,
@@ -123,5 +59,5 @@ def fit_table(ex, units: str = "GB"):
               "—" if v is None else f"{e.peaks[v]:,}", nxt, e.steps - (mine in e.peaks))
     t.notes.append("Fits: the ledger's step peak <= the GPU's memory (the allocator model's "
                    "fragmentation comes on top). Sequence length up to the model's context "
-                   f"{ex.model.block_size:,}; micro-batch up to {MAX_MICRO_BATCH:,}.")
+                   f"{ex.model.block_size:,}; micro-batch up to {BOUND:,}.")
     return t

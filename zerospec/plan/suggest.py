@@ -124,13 +124,13 @@ def _singles(ex, base: dict, config_given: bool) -> list[Suggestion]:
         n_d, p = g
         add("gpus", f"{n_d * ex.n_m:,} GPUs (N_d = {n_d:,})", ("--gpus", str(n_d * ex.n_m)), p)
     if ex.micro_batch > 1 and not config_given:
-        from .explain_fit import largest
+        from ..training.fit import largest
         e = largest(lambda m: step_peak(ex, micro_batch=m, **base), cap, lo=1,
                     hi=ex.micro_batch - 1)
         v = e.value or 1
         add("micro-batch", f"micro-batch {v}", ("--micro-batch", str(v)), e.peaks[v], v)
     if ex.seq > 1:
-        from .explain_fit import largest
+        from ..training.fit import largest
         e = largest(lambda t: step_peak(ex, seq=t, **base), cap, lo=1, hi=ex.seq - 1)
         v = e.value or 1
         add("sequence", f"sequence length {v:,}", ("--seq", str(v)), e.peaks[v], v)

@@ -15,7 +15,8 @@ import dataclasses
 from ..cluster.threads import VirtualCluster
 from ..training.result import build_result
 from ..training.run import initial_weights, make_batches
-from ..training.step import PHASES, RankOutput, build_rank, train_step
+from ..training.compose import build_rank
+from ..training.step import PHASES, RankOutput, train_step
 
 
 def _stale_rank(ctx, cfg, units, init, batches, warmup: int, on_step) -> RankOutput:

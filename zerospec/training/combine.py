@@ -169,8 +169,12 @@ def needed(name: str) -> list[str]:
 
 
 # pairs where a neutral feature changes values after all: DeepSpeed's persistent units are never
-# gathered, so qwZ quantizes fewer gathers; qgZ's all-to-alls follow the nodes
-NOT_NEUTRAL = {_pair("ds3", "qwz"), _pair("ds3", "qgz"), _pair("nodes", "qgz")}
+# gathered, so qwZ quantizes fewer gathers; qgZ's all-to-alls follow the nodes; under MP qwZ
+# quantizes each MP index's copy of a replicated parameter (a row-parallel bias) in a group shared
+# with that index's own slice, so the copies dequantize differently and the activations the MP
+# ranks hold alike drift apart, and P_a's all-gather of the checkpoint assembles one MP rank's
+# slice with the others' (tests/unit/zero/test_zeropp.py)
+NOT_NEUTRAL = {_pair("ds3", "qwz"), _pair("ds3", "qgz"), _pair("nodes", "qgz"), _pair("pa", "qwz")}
 
 
 def refusal(a: str, b: str) -> str | None:

@@ -10,7 +10,7 @@ continue the original run's bits (unshard/shard could reslice the state; refused
 """
 from __future__ import annotations
 
-from .checkpoint import unit_spec
+from .state import unit_spec
 
 
 def meta(cfg, step: int, updater) -> dict:

@@ -1,6 +1,6 @@
 """The hooks a feature may override on a stage, named once: the seam between the paper's stages
 (zero/stage*.py) and the features composed in front of them (exact sums, DeepSpeed's ZeRO-3 knobs,
-qwZ/qgZ, ZeRO-Offload and ZeRO-Infinity, hpZ, MiCS), in the order training/step.py's
+qwZ/qgZ, ZeRO-Offload and ZeRO-Infinity, hpZ, MiCS), in the order training/compose.py's
 ``_stage_class`` puts them together, innermost first: ``COMPOSITION``.
 
 A feature overrides only these (tests/unit/zero/test_hooks.py checks every mixin), so one
@@ -61,6 +61,10 @@ class StageHooks(Protocol):
     def sync_params(self) -> None: ...
     def _param_up(self, i: int) -> None: ...
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]: ...
+
+    # checkpoints: the fp16 parameters wherever they live (ZeRO-Infinity: host, NVMe, owner)
+    def saved_param16(self, i: int) -> torch.Tensor: ...
+    def restore_param16(self, i: int, padded: torch.Tensor) -> None: ...
 
 
 HOOKS = frozenset(n for n in vars(StageHooks) if not n.startswith("__")) | frozenset(

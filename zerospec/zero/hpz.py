@@ -33,7 +33,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, divisors, hpz_group, hpz_groups, make_within, within
+from ..comm.groups import Nodes, divisors
 from ..runtime.observe import off_device
 
 
@@ -66,10 +66,11 @@ class SecondaryPartition:
     """hpZ in front of a stage-3 class (see the module doc): forward keeps a 1/h secondary shard
     of each unit it gathers; backward gathers from those shards over the h-rank partition."""
 
-    def __init__(self, ctx, *args, hpz: int, hpz_on_host: bool = False, **kwargs):
-        self.h, self.on_host = hpz, hpz_on_host   # on_host: with offloaded parameters (doc)
-        make_within(ctx, lambda n: hpz_groups(n, hpz))   # in DP index space (with MP: its group)
-        self.hpz_comm = ctx.comm.subgroup(within(ctx.comm.group, hpz_group(ctx.rank, hpz)))
+    def __init__(self, ctx, *args, hpz_group, hpz_on_host: bool = False, **kwargs):
+        """``hpz_group``: this rank's secondary partition, the run's mesh's (comm/mesh.py: h
+        consecutive ranks of its DP group); ``hpz_on_host``: with offloaded parameters (doc)."""
+        self.h, self.on_host = hpz_group.size, hpz_on_host
+        self.hpz_comm = ctx.comm.subgroup(hpz_group)
         self.secondary: dict[int, torch.Tensor] = {}
         super().__init__(ctx, *args, **kwargs)
 

@@ -157,3 +157,15 @@ class DataParallel:
     def owned_master(self) -> list[tuple[slice, torch.Tensor]]:
         """(slice of the padded unit, fp32 master) for each unit this rank owns."""
         return [(self.owned_slice(u), m) for u, m in zip(self.units, self.master)]
+
+    # -- checkpoints (zerospec/training/checkpoint.py) ---------------------------------------------
+    def saved_param16(self, i: int) -> torch.Tensor:
+        """This rank's fp16 parameters over unit i's owned slice, for a checkpoint to copy; every
+        rank calls it for every unit, in order (ZeRO-Infinity's owner layout gathers there)."""
+        u, p = self.units[i], self.param16[i]
+        return p[self.owned_slice(u)] if p.numel() == u.padded else p
+
+    def restore_param16(self, i: int, padded: torch.Tensor) -> None:
+        """Unit i's fp16 parameters from a checkpoint's whole (padded) unit: what this rank holds."""
+        u, p = self.units[i], self.param16[i]
+        p.copy_(padded if p.numel() == u.padded else padded[self.owned_slice(u)])

@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from ..comm.groups import Nodes, global_group, local_group, make_within, qgz_groups, within
+from ..comm.groups import Nodes
 from ..comm.quantize import dequantize, group_size, quantize
 
 
@@ -74,15 +74,15 @@ class Quantized:
     """qwZ and/or qgZ in front of a stage-3 class (see the module doc)."""
 
     def __init__(self, ctx, *args, qwz: bool, qgz: bool, quant_group_size: int | None,
-                 gpus_per_node: int | None, **kwargs):
+                 gpus_per_node: int | None, qgz_groups=None, **kwargs):
+        """``qgz_groups``: with qgZ, this rank's (local, global) all-to-all groups, the run's
+        mesh's (comm/mesh.py: the nodes of the ranks the stage sees, its DP or MiCS partition
+        group)."""
         self.qwz, self.qgz = qwz, qgz
         self.nodes = Nodes(ctx.n_ranks, gpus_per_node)
-        g = self.nodes.per_node
-        if qgz:   # the nodes of the ranks the stage sees (its DP or MiCS partition group)
-            n, parent = ctx.n_ranks, ctx.comm.group
-            make_within(ctx, lambda n: qgz_groups(n, g))
-            self.local_comm = ctx.comm.subgroup(within(parent, local_group(ctx.rank, g)))
-            self.global_comm = ctx.comm.subgroup(within(parent, global_group(ctx.rank, g, n)))
+        if qgz:
+            local, across = qgz_groups
+            self.local_comm, self.global_comm = ctx.comm.subgroup(local), ctx.comm.subgroup(across)
         super().__init__(ctx, *args, **kwargs)
         self.qgz_fallback = [u.name for u in self.units if qgz and falls_back(u, ctx.n_ranks)]
         self.quant_group = [group_size(u.chunk, quant_group_size) if qwz or not falls_back(

@@ -26,7 +26,7 @@ without P_a the slot is copied out (``clone``), and with P_a the all-gather's ou
 anyway. Copies move values, never change them: M_D changes no bit of the run.
 
 With P_a+cpu the device keeps no checkpoint, so there is nothing on it to arrange: the
-partitioned keeper is used unchanged (zerospec/training/step.py).
+partitioned keeper is used unchanged (zerospec/training/compose.py).
 """
 from __future__ import annotations
 

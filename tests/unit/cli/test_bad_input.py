@@ -40,6 +40,13 @@ def test_out_at_a_folder_that_cannot_be_made(capsys, tmp_path):
                        named=f"'{f / 'sub'}': cannot write a figure there")
 
 
+def test_a_refused_command_makes_no_out_folder(capsys, tmp_path, monkeypatch):
+    """--out names a folder to make, but a command refused for another reason makes nothing."""
+    monkeypatch.chdir(tmp_path)
+    assert_usage_error(capsys, "plan", "--out", "x/y", named="add --explain")
+    assert list(tmp_path.iterdir()) == []
+
+
 TRAIN = ("train", "--stage", "3", "--ranks", "2", "--offload-optimizer", "nvme", "--steps", "1")
 
 

@@ -82,4 +82,6 @@ def test_plan_explain_takes_the_machines_gpus_per_node_when_the_step_spans_nodes
 def test_plan_node_flags_without_a_step_exit_2(capsys):
     """--hpz and --gpus-per-node set the step measured: without --explain, exit 2 naming them."""
     assert_usage_error(capsys, "plan", "--gpus", "8", "--gpus-per-node", "4", "--hpz", "2",
-                       named="--gpus-per-node, --hpz set(s) the step measured; add --explain")
+                       named="does not take --gpus-per-node, --hpz, options of `zerospec plan "
+                             "--deepspeed-config` and `zerospec plan --explain`: add "
+                             "--deepspeed-config DS.JSON or add --explain")

@@ -11,9 +11,12 @@ from zerospec.training.sections import SECTIONS
 
 
 def _actions(command: str) -> dict:
+    """The command's options; plan's, of its three modes together."""
     parser = build_parser(command)
     sub = next(a for a in parser._actions if a.dest == "command").choices[command]
-    return {s: a for a in sub._actions for s in a.option_strings}
+    modes = [a for a in sub._actions if a.dest == "mode"]
+    parsers = list(modes[0].choices.values()) if modes else [sub]
+    return {s: a for p in parsers for a in p._actions for s in a.option_strings}
 
 
 FIELDS = {f.metadata["flag"]: f for t in SECTIONS.values() for f in dataclasses.fields(t)

@@ -98,6 +98,16 @@ WITHOUT_TORCH = [["plan", "--params", "7.5B", "--gpus", "64"], [], ["report", "-
                  *([c, "--help"] for c in ("plan", "report", "scale", "train", "paper", "demo"))]
 
 
+def test_a_mode_named_is_the_mode_its_flag_selects(capsys):
+    """`zerospec plan tables …` prints what `zerospec plan …` prints: the tables mode is the
+    default, named or not; its parser alone takes --table1 (another mode's option is refused by
+    the mode's parser, naming the mode that takes it)."""
+    assert run_cli(capsys, "plan", "tables", "--table1") == run_cli(capsys, "plan", "--table1")
+    assert_usage_error(capsys, "plan", "explain", "--table1",
+                       named="`zerospec plan --explain` does not take --table1, an option of "
+                             "`zerospec plan` without a mode flag: drop --explain")
+
+
 def test_plan_help_and_refusals_answer_without_importing_torch():
     """`zerospec plan`, `zerospec` with no command, each subcommand's --help and a wrong option of
     `report`, `train` or `paper` answer in one process without importing torch (tenths of a second,

@@ -222,7 +222,7 @@ def test_the_same_step_is_faster_on_an_h200_node():
     assert h.compute_s["backward"] < v.compute_s["backward"] and h.step_s < v.step_s
 
 
-# -- the fit search of Figure 6 (report/configs.py) -----------------------------------------------------
+# -- the fit search of Figure 6 (evaluation/configs.py, by training/fit.py) ---------------------------
 @pytest.mark.parametrize("bump,answer", [(50, 25), (-50, 35)], ids=["guess-too-high", "guess-too-low"])
 def test_the_fit_search_ends_on_a_measured_boundary_from_a_wrong_linear_guess(monkeypatch, bump,
                                                                               answer):
@@ -245,10 +245,12 @@ def test_the_fit_search_ends_on_a_measured_boundary_from_a_wrong_linear_guess(mo
     ([L for L in range(300)], 250, 250),                              # far beyond the probes
 ])
 def test_the_boundary_search_returns_the_last_l_that_fits(peaks, capacity, answer):
-    """For peaks that grow with L, :func:`configs.boundary` returns the most L that fits, having
-    measured L + 1 not to (or 1 not to, for 0), never measuring an L twice."""
+    """For peaks that grow with L, the fit search from Figure 6's probes (training/fit.py)
+    returns the most L that fits, having measured L + 1 not to (or 1 not to, for 0), never
+    measuring an L twice."""
+    from zerospec.training.fit import largest
     measured = []
-    L = configs.boundary(lambda L: measured.append(L) or peaks[L], capacity)
+    L = largest(lambda L: measured.append(L) or peaks[L], capacity, probes=(8, 16)).value or 0
     assert L == answer and answer + 1 in measured and len(measured) == len(set(measured))
 
 

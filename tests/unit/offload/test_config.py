@@ -89,17 +89,3 @@ def test_the_cli_flags_reach_the_run_and_its_table(capsys):
     assert rows[0][-1].rstrip(" |") == "6,560"
     loss = [line.split(" | ")[1] for line in plain.splitlines() if line.startswith("| ")][1:]
     assert loss == [line.split(" | ")[1] for line in off.splitlines() if line.startswith("| ")][1:]
-
-
-@pytest.mark.parametrize("params,partition", [("nvme", "bandwidth"), ("cpu", "owner")])
-def test_a_checkpoint_of_parameters_not_in_host_memory_is_refused_naming_the_settings(
-        tmp_path, params, partition):
-    """Parameters on NVMe, or whole on their owners: saving a checkpoint is one error naming both
-    settings (the checkpoint code reads each rank's fp16 chunk from host memory)."""
-    from zerospec.training.run import train
-    c = TrainConfig(stage=3, n_d=2, model=ODD, steps=1,
-                    offload=OffloadOptions(offload_optimizer="cpu", offload_params=params,
-                                           offload_partition=partition))
-    with pytest.raises(ValueError, match=f"checkpoints with offload_params='{params}', "
-                                         f"offload_partition='{partition}' are not built"):
-        train(c, save={1: str(tmp_path)})

@@ -37,6 +37,18 @@ def on_host(c: TrainConfig) -> TrainConfig:
     return c.replace(offload_optimizer="cpu", nvme_path=None)
 
 
+def test_an_empty_path_is_refused_before_a_swap_file_lands_in_the_working_directory(
+        tmp_path, monkeypatch):
+    """An empty nvme_path would be pathlib's "." (the working directory): refused, by the
+    configuration and by the tier itself, and no rank directory is made."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="nvme_path '' is empty"):
+        cfg("")
+    with pytest.raises(ValueError, match="nvme_path '' is empty"):
+        SwapDir("", 0)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_tensor_written_is_read_back_bit_for_bit(tmp_path):
     """A shard goes to a file of exactly its bytes and comes back equal; before the commit only a
     .partial file exists, which nothing reads."""

@@ -1,12 +1,15 @@
-"""ZeRO-Infinity's parameter fetches through one host staging buffer (zerospec/offload/params.py)."""
+"""ZeRO-Infinity's parameters (zerospec/offload/params.py): fetches through one host staging
+buffer; checkpoints of parameters on NVMe or on their owners."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.support.runs import assert_same_training
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import ODD
 from zerospec.runtime.observe import Observer
+from zerospec.training import checkpoint
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import initial_weights, make_batches, train
 from zerospec.training.step import rank_main
@@ -48,3 +51,30 @@ def test_nvme_parameter_reads_land_in_one_staging_buffer_of_the_largest_unit():
     p = train(plain)
     assert all(r.comm.link_bytes(k, step=2, link="nvme") == p.comm.link_bytes(k, step=2, link="nvme")
                for k in range(N))
+
+
+@pytest.mark.parametrize("params, partition, buffer", [
+    ("nvme", "owner", False),
+    pytest.param("nvme", "bandwidth", False, marks=pytest.mark.slow),
+    pytest.param("nvme", "bandwidth", True, marks=pytest.mark.slow),
+    pytest.param("cpu", "owner", False, marks=pytest.mark.slow)],
+    ids=["nvme-owner", "nvme-bandwidth", "nvme-staged", "cpu-owner"])
+def test_a_checkpoint_of_offloaded_parameters_resumes_bit_identically(tmp_path, params, partition,
+                                                                       buffer):
+    """Parameters in swap files or whole on their owners: step 1's checkpoint holds what stage
+    3's holds, tensor for tensor, and resuming from it gives the uninterrupted run's losses and
+    masters bit for bit (save reads the fp16 chunks where they live, resume writes them back)."""
+    kw = dict(stage=3, n_d=N, model=ODD, steps=3, offload_optimizer="cpu", offload_params=params,
+              offload_partition=partition)
+    if buffer:
+        kw["offload_buffer_elements"] = max(u.chunk for u in TrainConfig.of(**kw).units())
+    c = TrainConfig.of(**kw)
+    whole = train(c)
+    train(c, save={1: tmp_path / "ck"})
+    train(TrainConfig(stage=3, n_d=N, model=ODD, steps=1), save={1: tmp_path / "ref"})
+    got, ref = (checkpoint.load(tmp_path / d) for d in ("ck", "ref"))
+    assert all(torch.equal(a, b) for k in checkpoint.KINDS
+               for a, b in zip(got.tensors[k], ref.tensors[k]))
+    resumed = train(c, resume=checkpoint.load(tmp_path / "ck", n_ranks=N))
+    assert resumed.losses == whole.losses[1:]
+    assert all(torch.equal(resumed.master[k], whole.master[k]) for k in whole.master)

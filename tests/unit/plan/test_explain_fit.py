@@ -1,11 +1,12 @@
-"""plan/explain_fit.py: the largest micro-batch and sequence length that fit, searched with few steps."""
+"""The one fit search (training/fit.py) as plan/explain_fit.py uses it: the largest micro-batch and
+sequence length that fit, searched with few steps."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from zerospec.plan.explain_fit import MAX_MICRO_BATCH, largest
+from zerospec.training.fit import BOUND, largest
 
 CURVES = {"linear": lambda x: 1000 + 37 * x, "quadratic": lambda x: 500 + 3 * x + x * x,
           "steps": lambda x: 100 * (x // 7), "flat-then-steep": lambda x: 10 if x < 300 else 10 * x}
@@ -17,7 +18,7 @@ def test_largest_is_the_last_value_that_fits(curve, hi):
     """For every capacity: the answer fits, the next value does not (or is past the bound), it
     measured both, and it took at most 2·log2(range) + 6 steps."""
     f = CURVES[curve]
-    bound = MAX_MICRO_BATCH if hi is None else hi
+    bound = BOUND if hi is None else hi
     for cap in sorted({f(1) - 1, f(1), f(2), f(50) + 1, f(299), f(300), f(1000) - 1, f(4095),
                        f(4096), f(5000)}):
         e = largest(f, cap, hi=hi)

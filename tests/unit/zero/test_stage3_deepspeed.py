@@ -93,7 +93,9 @@ def test_plan_measures_a_deepspeed_zero3_config_on_meta_before_anyone_launches_i
 
 def test_plan_preset_without_a_deepspeed_config_is_refused_in_one_line(capsys):
     from tests.support.cli import assert_usage_error
-    assert_usage_error(capsys, "plan", "--preset", "1.5B", named="--preset is used with --deepspeed-config or --explain")
+    assert_usage_error(capsys, "plan", "--preset", "1.5B",
+                       named="does not take --preset, an option of `zerospec plan "
+                             "--deepspeed-config` and `zerospec plan --explain`")
 
 
 @pytest.mark.slow   # one meta step of GPT-2 1.5B: ~2 s

@@ -112,7 +112,7 @@ def test_qgz_training_and_qwz_training_diverge_from_stage3_measurably_and_stay_f
 def test_off_by_default_and_off_is_stage3_itself():
     """qwz and qgz default to False, and then the stage is stage 3's own class: nothing changes
     (every snapshot of the default suite holds)."""
-    from zerospec.training.step import _stage_class
+    from zerospec.training.compose import _stage_class
     cfg = TrainConfig(stage=3, n_d=4, model=ODD, mesh=MeshOptions(gpus_per_node=2))
     assert (cfg.qwz, cfg.qgz, cfg.quant_group_size) == (False, False, None)
     cls, kwargs = _stage_class(cfg, cfg.units())
@@ -153,3 +153,44 @@ def test_the_time_model_refuses_a_qgz_step_it_cannot_time():
                             quant=QuantOptions(qgz=True)))
     with pytest.raises(ValueError, match="cannot time qgZ's all-to-alls"):
         step_time(r, next(iter(MACHINES.values())))
+
+
+def _mp_copies_of_a_replicated_bias(monkeypatch, **kw):
+    """Step 2's first gathered h.0 on MP ranks 0 and 1 (one DP group's two MP indices), as
+    mlp.c_proj.bias's views: a row-parallel bias, replicated over the MP group."""
+    import zerospec.zero.zeropp as zp
+    from zerospec.model.gpt import GPTConfig
+    cfg = TrainConfig.of(stage=3, n_d=2, n_m=2, steps=2, qwz=True, checkpoint_activations=1,
+                         model=GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4,
+                                         n_embd=16), **kw)
+    h0 = next(u for u in cfg.units() if u.name == "h.0")
+    seen, real = {}, zp.quantized_all_gather
+
+    def record(full, chunk, comm, g, memory):
+        out = real(full, chunk, comm, g, memory)
+        if comm.ctx.step == 2 and out.numel() == h0.padded:
+            seen.setdefault(comm.ctx.rank, out.float().clone())
+        return out
+    monkeypatch.setattr(zp, "quantized_all_gather", record)
+    r = train(cfg)
+    return [h0.views(seen[k])["mlp.c_proj.bias"] for k in (0, 1)], r
+
+
+def test_under_mp_qwz_dequantizes_the_mp_copies_of_a_replicated_parameter_apart(monkeypatch):
+    """Under MP, qwZ quantizes each MP index's copy of a replicated parameter in a group shared
+    with that index's own slice: after a step the copies differ, so the activations the MP ranks
+    hold alike drift apart and P_a's gathered checkpoint mixes them (why P_a is not neutral
+    with qwZ: training/combine.NOT_NEUTRAL)."""
+    (a, b), _ = _mp_copies_of_a_replicated_bias(monkeypatch)
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_with_one_element_groups_the_mp_copies_agree_and_p_a_is_neutral_with_qwz(monkeypatch):
+    """Groups of one element share nothing with a slice: the MP copies of the replicated bias
+    agree, and P_a with qwZ trains bit-identically to the run without P_a."""
+    (a, b), pa = _mp_copies_of_a_replicated_bias(monkeypatch, quant_group_size=1,
+                                                 partition_activations=True)
+    ref = train(pa.config.replace(partition_activations=False))
+    assert torch.equal(a, b) and pa.losses == ref.losses
+    assert all(torch.equal(pa.master[k], ref.master[k]) for k in pa.master)
