@@ -6,7 +6,13 @@ fp32 reduce, zerospec's Adam arithmetic → equal bits.** Both sides compute in 
 kernels on the same bf16 parameters (each the round-to-nearest cast of the same fp32 shard);
 each gradient is cast exactly to fp32, and a two-term fp32 sum has one order; dividing by 2
 before or after it is exact; Adam is elementwise on the same fp32 shards. Nothing may differ.
-Marked ``slow``: two gloo processes cost ~10 s.
+The same holds **with G = 2 micro-steps** (each micro-step's two-term sum, then one fp32 addition
+into the sharded gradient on both sides, in micro-step order; the loss divided by G = 2, exact)
+**and with hpZ** (N = 4, h = 2: reshard_after_forward = 2 on the blocks), where the sums have
+four terms, zerospec's in rank order and gloo's in its own: losses to 1e-6 relative, weights to
+lr/10 after every step, the bounds of tests/engine/test_peers.py, unless the sums agree bit
+for bit (asserted where they do).
+Marked ``slow``: gloo processes cost ~10 s a run.
 """
 from __future__ import annotations
 
@@ -26,8 +32,8 @@ CFG = TrainConfig.of(stage=3, n_d=2, model=ODD, steps=3, timeout=120, precision=
 
 
 @functools.lru_cache(maxsize=None)
-def _row() -> dict:
-    return compare(CFG)
+def _row(**kw) -> dict:
+    return compare(CFG.replace(**kw))
 
 
 def test_the_flavour_trains_as_fully_shard_with_bf16_params_and_fp32_reduce_bit_for_bit():
@@ -43,3 +49,17 @@ def test_the_comparison_is_not_vacuous():
     assert len(w) == CFG.steps and all(any((a[k] != b[k]).any() for k in a)
                                        for a, b in zip(w, w[1:]))
     assert len(set(row["zerospec"]["losses"])) == CFG.steps
+
+
+def test_with_two_micro_steps_it_trains_as_fully_shard_accumulating_in_fp32_bit_for_bit():
+    """G = 2: FSDP2 reduce-scatters every micro-step and adds into the fp32 sharded gradient;
+    losses and weights after every step equal its (module docstring)."""
+    row = _row(grad_accum_steps=2)
+    assert_equal_every_step(row["zerospec"], row["peer"])
+
+
+def test_with_hpz_it_trains_as_fully_shard_with_reshard_after_forward_h():
+    """hpZ, h = 2 on N = 4: the blocks' integer reshard_after_forward = 2 (the last block and
+    the root unsharded, as torchtitan sets them); losses and weights after every step."""
+    row = _row(n_d=4, gpus_per_node=4, hpz=2)
+    assert_equal_every_step(row["zerospec"], row["peer"])

@@ -196,7 +196,8 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                   if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.flavour == "fsdp2":   # FSDP2 as torchtitan runs it (zero/fsdp2.py)
         root, keep = fsdp2.groups(cfg.model, cfg.tiles)
-        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep}
+        # hpZ: its integer reshard_after_forward on the blocks it reshards (zero/fsdp2.py)
+        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep, "hpz": cfg.hpz}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
     if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
@@ -212,7 +213,7 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                           offload_partition=cfg.offload_partition,
                           offload_buffer_elements=cfg.offload_buffer_elements,
                           offload_prefetch=cfg.offload_prefetch)
-    if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py), in
+    if cfg.hpz > 1 and cfg.flavour != "fsdp2":   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py), in
         # front of ZeRO-Infinity's fetch, whose forward gathers it keeps shards of (on the host)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
         kwargs["hpz_on_host"] = cfg.offload_params == "cpu"
@@ -279,7 +280,9 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
             fetcher.end_forward()
         flops["forward"] += oc.flops if oc is not None else 0
         with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as oc:
-            loss.backward()
+            # rounded accumulation (the FSDP2 flavour's) averages through the loss, as torchtitan
+            # does (rescale_accumulated_loss); exact sums divide by N·G once, at the end
+            (loss / G if G > 1 and not cfg.exact else loss).backward()
             fetcher.check_complete()
         flops["backward"] += oc.flops if oc is not None else 0
         micro.append(loss.detach())
