@@ -32,19 +32,12 @@ What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2'
   while torchtitan passes True), and its gradients are reduce-scattered together, once the last of them (the
   embedding's) is complete. torchtitan keeps the last block gathered from forward to backward
   (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``).
-* **hpZ** (``hpz`` = h): FSDP2's integer ``reshard_after_forward = h`` on the blocks torchtitan
-  reshards (the last block and the root stay as above). Post-forward
-  (``_fsdp_param.py::to_sharded_post_forward``) keeps a clone of this rank's 1/h of the padded
-  all-gather output, in param_dtype (``secondary16``), over the h consecutive ranks of the
-  post-forward mesh (``_fsdp_init.py::_get_post_forward_mesh_info``); backward's unshard
-  all-gathers it over those ranks (``_fsdp_param_group.py::_all_gather_process_group``) and
-  frees it after the copy-out (``to_unsharded``). h = N is that mesh itself: a plain reshard.
-* **Gradient accumulation** (G micro-steps): every micro-step reduce-scatters in fp32, and
-  foreach_reduce adds its output into the existing fp32 sharded gradient
-  (``sharded_param.grad._local_tensor += new_sharded_grad``), the output freed after; torchtitan
-  divides each micro-step's loss by G (``components/loss.py::rescale_accumulated_loss``,
-  8570415: its gradient accumulation, which 9dec370 had not yet) and never calls
-  ``set_requires_gradient_sync``. Rounded fp32 sums, not the exact fp64 sum of zero/exact.py.
+* **hpZ** (``hpz`` = h): ``reshard_after_forward = h`` on the blocks torchtitan reshards: a 1/h
+  clone of the padded unit in param_dtype (``secondary16``) from post-forward to the backward
+  unshard that gathers from it over h ranks (``_fsdp_param.py::to_sharded_post_forward``).
+* **Gradient accumulation**: every micro-step reduce-scatters in fp32 and adds into the fp32
+  sharded gradient (``foreach_reduce``); torchtitan divides each loss by G
+  (``rescale_accumulated_loss``). Rounded sums, not zero/exact.py's (spec/fsdp2.md).
 
 Compute runs in param_dtype on every device (FSDP2 computes in it on a CPU too), so a CPU run is
 bit-comparable with ``fully_shard`` on gloo (tests/engine/test_fsdp2_flavour.py).
