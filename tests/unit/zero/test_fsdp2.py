@@ -254,3 +254,11 @@ def test_with_hpz_a_post_forward_shard_goes_at_its_blocks_unshard(hpz):
             gone = live.pop(e.key)
             held -= gone.nbytes if gone.category == "secondary16" else 0
     assert seen == [L - 1, *range(L - 2, -1, -1)]
+
+
+def test_exact_sums_are_refused_with_the_flavour():
+    """exact_grads asks for zero/exact.py's fp64 sums; the flavour sums in fp32 as FSDP2 does:
+    refused, naming the value, before any rank starts."""
+    with pytest.raises(ValueError, match="exact_grads=True .* flavour='fsdp2'"):
+        TrainConfig.of(stage=3, n_d=N, model=M, precision="bf16", flavour="fsdp2",
+                       exact_grads=True)
