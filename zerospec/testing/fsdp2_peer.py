@@ -35,7 +35,8 @@ def build(cfg):
     model = GPT.from_init(cfg.model, cfg.seed)
     last, h = len(model.h) - 1, cfg.hpz if cfg.hpz > 1 else True
     for i, blk in enumerate(model.h):
-        fully_shard(blk, mesh=mesh, mp_policy=policy, reshard_after_forward=h if i < last else False)
+        fully_shard(blk, mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=h if i < last else False)
     # torchtitan passes True for the root; the benchmark's torch (1963fc8) kept the root unsharded
     # after forward whatever it was given, torch 2.13 only for the default (None, _fsdp_state.py
     # l.205): None runs the benchmark's rule here

@@ -213,8 +213,9 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                           offload_partition=cfg.offload_partition,
                           offload_buffer_elements=cfg.offload_buffer_elements,
                           offload_prefetch=cfg.offload_prefetch)
-    if cfg.hpz > 1 and cfg.flavour != "fsdp2":   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py), in
-        # front of ZeRO-Infinity's fetch, whose forward gathers it keeps shards of (on the host)
+    if cfg.hpz > 1 and cfg.flavour != "fsdp2":   # ZeRO++'s hpZ: backward gathers inside the
+        # node (zero/hpz.py), in front of ZeRO-Infinity's fetch, whose forward gathers it keeps
+        # shards of (on the host); the FSDP2 flavour takes h itself (above)
         cls, kwargs["hpz"] = with_hpz(cls), cfg.hpz
         kwargs["hpz_on_host"] = cfg.offload_params == "cpu"
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)

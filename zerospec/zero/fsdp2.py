@@ -74,7 +74,8 @@ class FSDP2Parameters(Parameters):
                              "its own fp32 buffer: C_B's buckets and M_D's gradient slot do not "
                              "apply (spec/combine.md)")
         self.root, self.keep = root, keep
-        # reshard_after_forward = h: h = N is FSDP2's own mesh (_use_post_forward_mesh False)
+        # reshard_after_forward = h; h = N is FSDP2's True, its own mesh
+        # (_fsdp_init.py::_get_post_forward_mesh_info)
         self.h = hpz if 1 < hpz < ctx.n_ranks else 1
         if self.h > 1:   # the post-forward mesh: h consecutive ranks (comm/groups.py hpz_group)
             make_within(ctx, lambda n: hpz_groups(n, hpz))
