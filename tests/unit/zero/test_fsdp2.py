@@ -132,12 +132,14 @@ def test_a_block_stays_unsharded_until_its_gradient_is_complete(run):
 
 
 @pytest.mark.slow
-def test_the_observer_sees_the_ledger_and_the_returned_bf16_losses_only():
+@pytest.mark.parametrize("kw", [{}, {"grad_accum_steps": 2}, {"gpus_per_node": 4, "hpz": 2}],
+                         ids=["G=1", "G=2", "hpZ h=2"])
+def test_the_observer_sees_the_ledger_and_the_returned_bf16_losses_only(kw):
     """At every phase entry of 3 steps, on every rank, every storage the dispatch observer sees
     is the ledger's, or a loss the run returns: in bf16, 2 bytes where fp16 runs' fp32 losses
     take 4 (tests/support/observed.py counts those; stage 3 keeps no compute copy)."""
     from tests.support.observed import observed, persistent_extras
-    r, obs = observed(3, "odd", 3, precision="bf16", flavour="fsdp2")
+    r, obs = observed(3, "odd", 3, precision="bf16", flavour="fsdp2", **kw)
     for rank, o in enumerate(obs):
         assert len(o.entries) >= 4 * 3          # the phases of 3 steps
         for label, entry in o.entries.items():
