@@ -264,3 +264,13 @@ def test_exact_sums_are_refused_with_the_flavour():
     with pytest.raises(ValueError, match="exact_grads=True .* flavour='fsdp2'"):
         TrainConfig.of(stage=3, n_d=N, model=M, precision="bf16", flavour="fsdp2",
                        exact_grads=True)
+
+
+def test_hpz_over_every_rank_is_a_plain_reshard():
+    """h = N: _get_post_forward_mesh_info turns reshard_after_forward = N into True, FSDP2's own
+    mesh: no post-forward shard is kept and backward gathers over all N ranks."""
+    r = train(TrainConfig.of(stage=3, n_d=2, model=M, steps=1, precision="bf16", flavour="fsdp2",
+                             gpus_per_node=2, hpz=2))
+    assert r.memory[0].peak.get("secondary16", 0) == 0
+    assert {x.group for x in r.comm.records(0) if x.phase == "backward"
+            and x.op == "all_gather"} == {"world"}
