@@ -18,7 +18,7 @@ N = 4
 @functools.lru_cache(maxsize=None)
 def observed(stage: int, model: str = "odd", steps: int = 2, **kw):
     """One observed run: (Result, per-rank Observation)."""
-    cluster = VirtualCluster(N, observe=True)
+    cluster = VirtualCluster(N, observe=True, gpus_per_node=kw.get("gpus_per_node"))
     r = train(TrainConfig.of(stage=stage, n_d=N, model=MODELS[model], steps=steps, **kw), cluster=cluster)
     return r, cluster.observed
 

@@ -8,6 +8,11 @@ whole model (the root: embeddings, final norm, LM head), all with
 :mod:`zerospec.testing.oracles`; its Adam is zerospec's arithmetic (:class:`oracles.ZerospecAdam`)
 on FSDP2's fp32 sharded parameters, so the comparison isolates the engine: what is gathered in
 which dtype, how gradients are cast and averaged.
+
+``cfg.hpz`` = h > 1: the blocks torchtitan reshards get the integer ``reshard_after_forward = h``
+(hpZ). ``cfg.grad_accum_steps`` = G: G forward-backwards per step, each loss divided by G
+(torchtitan's ``rescale_accumulated_loss``, with no ``set_requires_gradient_sync``), micro-step k
+of rank r on zerospec's rows (global micro-batch k·N + r, training/step.py).
 """
 from __future__ import annotations
 
@@ -28,9 +33,10 @@ def build(cfg):
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=cfg.policy.dtype, reduce_dtype=torch.float32)
     model = GPT.from_init(cfg.model, cfg.seed)
-    last = len(model.h) - 1
+    last, h = len(model.h) - 1, cfg.hpz if cfg.hpz > 1 else True
     for i, blk in enumerate(model.h):
-        fully_shard(blk, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
+        fully_shard(blk, mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=h if i < last else False)
     # torchtitan passes True for the root; the benchmark's torch (1963fc8) kept the root unsharded
     # after forward whatever it was given, torch 2.13 only for the default (None, _fsdp_state.py
     # l.205): None runs the benchmark's rule here
@@ -44,15 +50,20 @@ def peer_run(cfg) -> dict:
     model, opt = build(cfg)
     data = BigramData(cfg.model.vocab_size, cfg.model.block_size, cfg.seed)
     out = {"losses": [], "weights": []}
+    g = cfg.grad_accum_steps
     for step in range(cfg.steps):
         opt.zero_grad(set_to_none=True)        # torchtitan's order: at the start of the step
         idx, tgt = data.batch(step, cfg.batch)
-        loss = model(BigramData.shard(idx, rank, n), BigramData.shard(tgt, rank, n))
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Full backward hook is firing")
-            loss.backward()
+        mb, micro = idx.shape[0] // (n * g), []
+        for k in range(g):
+            rows = slice((k * n + rank) * mb, (k * n + rank + 1) * mb)
+            loss = model(idx[rows], tgt[rows])
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Full backward hook is firing")
+                (loss / g if g > 1 else loss).backward()
+            micro.append(loss.detach())
         opt.step()
-        out["losses"].append(loss.detach())
+        out["losses"].append(micro[0] if g == 1 else torch.stack(micro).mean())
         out["weights"].append(full_weights(model))
     return out
 

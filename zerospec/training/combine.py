@@ -68,7 +68,8 @@ OFFLOAD = ("offload_optimizer", "cpu")
 PARAMS = ("offload_params", "cpu")
 
 FEATURES = (
-    _f("accum", "gradient accumulation, exact sums", flag="exact", grad_accum_steps=2),
+    _f("accum", "gradient accumulation (exact sums on the paper's stages)", flag="accumulates",
+       grad_accum_steps=2),
     _f("loss_scale", "dynamic loss scaling", loss_scale=LossScale(init_scale=2.0 ** 10)),
     _f("clip", "gradient clipping", clip_grad_norm=0.5),
     _f("ac", "activation checkpointing", neutral=True, checkpoint_activations=1),
@@ -125,9 +126,6 @@ REFUSED = {
     _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "
     "parameters the device holds; offloaded parameters are on the host, where that update writes "
     "them while FWD-BWD fetch them: there is no stale copy to train on",
-    _pair("fsdp2", "accum"): "accumulation's claim is the exact fp64 sum of fp16 micro-batch "
-    "gradients (spec/accumulation.md); the FSDP2 flavour's gradients are param_dtype values "
-    "summed in its fp32 reduce-scatter, which no fp64 sum reproduces",
     _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket; FSDP2's unit of "
     "fusion is its parameter group, reduce-scattered through the group's own fp32 buffer "
     "(foreach_reduce): a bucket across groups is another engine",
@@ -138,9 +136,6 @@ REFUSED = {
     _pair("fsdp2", "ds3"): "DeepSpeed's persistence threshold and reuse distance decide which "
     "units stay gathered; in the FSDP2 flavour reshard_after_forward, as torchtitan sets it, "
     "decides the same: two rules for one choice",
-    _pair("fsdp2", "hpz"): "hpZ is FSDP2's reshard_after_forward = h (zerospec/testing/"
-    "hsdp_peer.py); the flavour sets that knob as torchtitan does (True, the last block False): "
-    "two values for one setting",
     _pair("fsdp2", "qwz"): "the FSDP2 flavour is its MixedPrecisionPolicy: parameters "
     "all-gathered in param_dtype; qwZ's int8 gather replaces exactly that collective",
     _pair("fsdp2", "qgz"): "the FSDP2 flavour is its MixedPrecisionPolicy: gradients "

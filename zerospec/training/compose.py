@@ -134,7 +134,8 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                   if cfg.stage3_max_reuse_distance else frozenset()}
     if cfg.flavour == "fsdp2":   # FSDP2 as torchtitan runs it (zero/fsdp2.py)
         root, keep = fsdp2.groups(cfg.model, cfg.tiles)
-        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep}
+        # hpZ: its integer reshard_after_forward on the blocks it reshards (zero/fsdp2.py)
+        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep, "hpz": cfg.hpz}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
     if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
@@ -150,9 +151,10 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                           offload_partition=cfg.offload_partition,
                           offload_buffer_elements=cfg.offload_buffer_elements,
                           offload_prefetch=cfg.offload_prefetch)
-    if cfg.hpz > 1:   # ZeRO++'s hpZ: backward gathers inside the node (zero/hpz.py), in front of
-        # ZeRO-Infinity's fetch, whose forward gathers it keeps shards of (on the host); its
-        # group: the mesh's (_feature_groups)
+    if cfg.hpz > 1 and cfg.flavour != "fsdp2":   # ZeRO++'s hpZ: backward gathers inside the
+        # node (zero/hpz.py), in front of ZeRO-Infinity's fetch, whose forward gathers it keeps
+        # shards of (on the host); its group: the mesh's (_feature_groups); the FSDP2 flavour
+        # takes h itself (above)
         cls, kwargs["hpz_on_host"] = with_hpz(cls), cfg.offload_params == "cpu"
     if cfg.shard_group is not None:   # MiCS: a replicated partition group (zero/mics.py)
         cls = with_mics(cls)

@@ -113,7 +113,14 @@ class TrainConfig:
 
     @property
     def exact(self) -> bool:
-        """Gradients are summed exactly in fp64 (zerospec/zero/exact.py)."""
+        """Gradients are summed exactly in fp64 (zerospec/zero/exact.py): asked for, or to
+        accumulate micro-batches on the paper's stages (the FSDP2 flavour adds its fp32
+        reduce-scatter outputs instead, zero/fsdp2.py)."""
+        return self.exact_grads or (self.grad_accum_steps > 1 and self.flavour != "fsdp2")
+
+    @property
+    def accumulates(self) -> bool:
+        """Micro-batch gradients are summed over a step, or exact sums asked for with G = 1."""
         return self.exact_grads or self.grad_accum_steps > 1
 
     @property
@@ -159,6 +166,10 @@ def check_config(cfg) -> None:
     c = cfg.clip_grad_norm
     if c is not None and not (isinstance(c, (int, float)) and 0 < c < float("inf")):
         raise ValueError(f"clip_grad_norm must be a finite number > 0 or None, got {c!r}")
+    if cfg.exact_grads and cfg.flavour == "fsdp2":
+        raise ValueError("exact_grads=True sums gradients exactly in fp64 (zerospec/zero/exact.py); "
+                         "flavour='fsdp2' reduce-scatters them in fp32 as FSDP2 does: it takes "
+                         "exact_grads=False")
     if cfg.exact and cfg.precision != "fp16":
         raise ValueError(f"exact gradient sums (grad_accum_steps > 1 or exact_grads) need "
                          f"precision='fp16', got {cfg.precision!r}: only fp16 values add "

@@ -96,7 +96,8 @@ class BatchOptions(Section):
     """The global batch, its micro-batches and exact sums (zerospec/zero/exact.py)."""
     global_batch: int | None = None    # default: 2 sequences per rank per micro-step
     grad_accum_steps: int = option(1, "--grad-accum", "micro-batches per optimizer step, summed "
-                                   "exactly (default 1)", parse="positive_int", metavar="G",
+                                   "exactly in fp64 (the FSDP2 flavour: added in fp32, as FSDP2 "
+                                   "does; default 1)", parse="positive_int", metavar="G",
                                    low=1)
     exact_grads: bool = False          # exact fp64 gradient sums also when G = 1
 

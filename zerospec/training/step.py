@@ -131,7 +131,9 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
             fetcher.end_forward()
         flops["forward"] += oc.flops if oc is not None else 0
         with phase("backward"), _flops(cfg.count_flops, ops["backward"]) as oc:
-            loss.backward()
+            # rounded accumulation (the FSDP2 flavour's) averages through the loss, as torchtitan
+            # does (rescale_accumulated_loss); exact sums divide by N·G once, at the end
+            (loss / G if G > 1 and not cfg.exact else loss).backward()
             fetcher.check_complete()
         flops["backward"] += oc.flops if oc is not None else 0
         micro.append(loss.detach())

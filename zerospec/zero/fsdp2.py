@@ -32,6 +32,12 @@ What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2'
   while torchtitan passes True), and its gradients are reduce-scattered together, once the last of them (the
   embedding's) is complete. torchtitan keeps the last block gathered from forward to backward
   (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``).
+* **hpZ** (``hpz`` = h): ``reshard_after_forward = h`` on the blocks torchtitan reshards: a 1/h
+  clone of the padded unit in param_dtype (``secondary16``) from post-forward to the backward
+  unshard that gathers from it over h ranks (``_fsdp_param.py::to_sharded_post_forward``).
+* **Gradient accumulation**: every micro-step reduce-scatters in fp32 and adds into the fp32
+  sharded gradient (``foreach_reduce``); torchtitan divides each loss by G
+  (``rescale_accumulated_loss``). Rounded sums, not zero/exact.py's (spec/fsdp2.md).
 
 Compute runs in param_dtype on every device (FSDP2 computes in it on a CPU too), so a CPU run is
 bit-comparable with ``fully_shard`` on gloo (tests/engine/test_fsdp2_flavour.py).
@@ -61,12 +67,19 @@ class FSDP2Parameters(Parameters):
     computes_on_gathered = True   # autograd uses the unsharded parameters themselves
 
     def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None, *,
-                 root: frozenset = frozenset(), keep: frozenset = frozenset()):
+                 root: frozenset = frozenset(), keep: frozenset = frozenset(), hpz: int = 1,
+                 hpz_group=None):
         if buckets is not None or grad_buffer is not None:   # refused by training/combine.py
             raise ValueError("the FSDP2 flavour reduce-scatters each group's gradients through "
                              "its own fp32 buffer: C_B's buckets and M_D's gradient slot do not "
                              "apply (spec/combine.md)")
         self.root, self.keep = root, keep
+        # reshard_after_forward = h; h = N is FSDP2's True, its own mesh
+        # (_fsdp_init.py::_get_post_forward_mesh_info)
+        self.h = hpz if 1 < hpz < ctx.n_ranks else 1
+        if self.h > 1:   # the post-forward mesh: h consecutive ranks, the run's mesh's (comm/mesh.py)
+            self.hpz_comm = ctx.comm.subgroup(hpz_group)
+        self._post_forward: dict[int, torch.Tensor] = {}   # 1/h shards, forward to unshard
         self._held: dict[int, torch.Tensor] = {}      # the root's unsharded units
         self._kept: dict[int, torch.Tensor] = {}      # the last block's, forward to post-backward
         self._ag_prev: torch.Tensor | None = None     # forward: the last group's flat AG output
@@ -148,7 +161,10 @@ class FSDP2Parameters(Parameters):
 
     def _all_gather(self, group: list[int]) -> torch.Tensor:
         """The group's flat all-gather output: the copy-in cast of its shards (1/N), then one
-        output of the whole padded group, each unit gathered into its part."""
+        output of the whole padded group, each unit gathered into its part; a unit resharded
+        to 1/h after forward is gathered from that shard over the post-forward mesh."""
+        if len(group) == 1 and group[0] in self._post_forward:
+            return self._all_gather_post_forward(group[0])
         units = [self.units[j] for j in group]
         copy_in = self.memory.alloc("ag_buffer", (sum(u.chunk for u in units),), self.dtype,
                                     zero=False)
@@ -162,6 +178,28 @@ class FSDP2Parameters(Parameters):
             a, b = a + u.chunk, b + u.padded
         self.memory.free(copy_in)
         return out
+
+    def _all_gather_post_forward(self, i: int) -> torch.Tensor:
+        """foreach_all_gather from the post-forward shard: its copy-in (1/h, already
+        param_dtype), the padded unit's output, over the h ranks."""
+        sec = self._post_forward[i]
+        copy_in = self.memory.alloc("ag_buffer", (sec.numel(),), self.dtype, zero=False)
+        out = self.memory.alloc("ag_buffer", (self.units[i].padded,), self.dtype, zero=False)
+        self.hpz_comm.all_gather(out, copy_in.copy_(sec))
+        self.memory.free(copy_in)
+        return out
+
+    def _to_sharded_post_forward(self, i: int, full16: torch.Tensor) -> None:
+        """to_sharded_post_forward: a clone of this rank's 1/h of the padded unit (its padding
+        zero, as the sharded parameters' is), kept until backward's unshard."""
+        u = self.units[i]
+        c = u.padded // self.h
+        lo = self.hpz_comm.rank * c
+        n = max(0, min(c, u.numel - lo))
+        sec = self.memory.alloc("secondary16", (c,), self.dtype, zero=False)   # 2·padded/h B
+        sec[:n].copy_(full16[lo:lo + n])
+        sec[n:].zero_()
+        self._post_forward[i] = sec
 
     def _unshard(self, group: list[int]) -> list[torch.Tensor]:
         """unshard + wait_for_unshard: each unit's unsharded tensor, copied out of the flat
@@ -178,6 +216,8 @@ class FSDP2Parameters(Parameters):
             full.copy_(flat[b:b + u.numel])                                  # copy-out
             fulls.append(full)
             b += u.padded
+            if j in self._post_forward:   # to_unsharded frees the post-forward shard
+                self.memory.free(self._post_forward.pop(j))
         if self.ctx.phase_name == "forward":
             self._ag_prev = flat
         else:
@@ -197,6 +237,8 @@ class FSDP2Parameters(Parameters):
         if self.ctx.phase_name == "backward":
             self._in_backward.setdefault(i, []).append(full16)
         else:
+            if self.h > 1:   # reshard_after_forward = h
+                self._to_sharded_post_forward(i, full16)
             self._reshard(full16)
 
     def _reshard(self, full16: torch.Tensor) -> None:
@@ -242,11 +284,18 @@ class FSDP2Parameters(Parameters):
             at += u.padded
         for s in slots:
             self.memory.free(s)
+        added = []
         for j, u, part in zip(group, units, parts):
             out = self.memory.alloc("shard_grad32", (u.chunk,), rs_in.dtype, zero=False)
             self.reduce_unit(j, out, part)
-            self.grad32[j] = out
             self.shard_ready(j, out, "mean")
+            if self.grad32[j] is None:
+                self.grad32[j] = out
+            else:   # a later micro-step: added into the fp32 sharded gradient
+                self.grad32[j].add_(out)
+                added.append(out)
+        for out in added:   # the group's reduce output goes once every view is added
+            self.memory.free(out)
         self._rs_prev = rs_in
 
     def end_backward(self) -> None:
@@ -263,6 +312,9 @@ class FSDP2Parameters(Parameters):
         for full in [*self._held.values(), *self._kept.values(),
                      *(f for fs in self._in_backward.values() for f in fs)]:
             self._reshard(full)
+        for sec in self._post_forward.values():
+            self.memory.free(sec)
+        self._post_forward.clear()
         self._held.clear()
         self._kept.clear()
         self._in_backward.clear()

@@ -23,6 +23,10 @@ and backward copies it up (``from_host``) and gathers it over the h ranks: +2Ψ/
 on the device. ``offload_params="nvme"`` has no home for it: DeepSpeed passes the same
 ``remote_device`` to ``torch.empty``, and "nvme" is no torch device (:func:`check` says so).
 
+**With the FSDP2 flavour** (zero/fsdp2.py) hpZ is FSDP2's integer ``reshard_after_forward = h``,
+which that stage class runs itself: its post-forward shard is freed at the block's backward
+unshard, and the blocks it keeps unsharded keep none (training/step.py does not add this class).
+
 No arithmetic: a secondary shard holds the bits forward gathered, so backward's gather returns
 the bits stage 3's would, and hpZ trains bit-identically to stage 3 on every path (checkpointing,
 accumulation, clipping, checkpoints). Rank r's secondary partition is in DP index space.

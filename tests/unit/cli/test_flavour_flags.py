@@ -43,3 +43,12 @@ def test_plan_explain_names_the_flavour_and_its_ledger(capsys, tmp_path):
     assert ", bf16, FSDP2 flavour" in phases["title"]
     buffers = json.dumps([t for t in doc["tables"] if t["name"] == "explain_buffers"])
     assert "fp32 shards Adam updates (FSDP2)" in buffers and "fp32 master" not in buffers
+
+
+def test_train_takes_the_flavour_with_hpz_and_gradient_accumulation(capsys):
+    """`train --flavour fsdp2 --hpz 2 --grad-accum 2` on 4 ranks of one node: exit 0, the run
+    says hpZ's h and its 2 micro-batches per step (spec/combine.md: both pairs compose)."""
+    code, out, _ = run_cli(capsys, "train", "--stage", "3", "--ranks", "4", "--model", "odd",
+                           "--steps", "1", "--flavour", "fsdp2", "--precision", "bf16",
+                           "--gpus-per-node", "4", "--hpz", "2", "--grad-accum", "2")
+    assert code == 0 and "hpZ h = 2" in out and "2 micro-batches per step" in out

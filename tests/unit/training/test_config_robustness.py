@@ -33,7 +33,8 @@ from zerospec.training.run import train
                  r"n_d × grad_accum_steps = 16384 exceeds 8192, the most fp16 gradients fp64 sums exactly",
                  id="too-many-terms"),
     pytest.param({"stage": 3, "grad_accum_steps": 2, "qgz": True},
-                 r"gradient accumulation, exact sums with qgZ is refused: qgZ's int4 all-to-all "
+                 r"gradient accumulation \(exact sums on the paper.s stages\) with qgZ is refused: "
+                 r"qgZ's int4 all-to-all "
                  r"rounds every partial sum", id="refused-pair"),
 ])
 def test_bad_robustness_settings_are_refused(kwargs, match):

@@ -132,12 +132,14 @@ def test_a_block_stays_unsharded_until_its_gradient_is_complete(run):
 
 
 @pytest.mark.slow
-def test_the_observer_sees_the_ledger_and_the_returned_bf16_losses_only():
+@pytest.mark.parametrize("kw", [{}, {"grad_accum_steps": 2}, {"gpus_per_node": 4, "hpz": 2}],
+                         ids=["G=1", "G=2", "hpZ h=2"])
+def test_the_observer_sees_the_ledger_and_the_returned_bf16_losses_only(kw):
     """At every phase entry of 3 steps, on every rank, every storage the dispatch observer sees
     is the ledger's, or a loss the run returns: in bf16, 2 bytes where fp16 runs' fp32 losses
     take 4 (tests/support/observed.py counts those; stage 3 keeps no compute copy)."""
     from tests.support.observed import observed, persistent_extras
-    r, obs = observed(3, "odd", 3, precision="bf16", flavour="fsdp2")
+    r, obs = observed(3, "odd", 3, precision="bf16", flavour="fsdp2", **kw)
     for rank, o in enumerate(obs):
         assert len(o.entries) >= 4 * 3          # the phases of 3 steps
         for label, entry in o.entries.items():
@@ -184,3 +186,91 @@ def test_one_step_moves_fsdp2s_collectives_in_their_dtypes(run):
                    *[("backward", "all_gather", "bfloat16", padded(BLOCK))] * (L - 1),  # prefetched
                    *[("backward", "reduce_scatter", "float32", padded(BLOCK))] * (L - 1),
                    *(("backward", "reduce_scatter", "float32", n) for n in root)]
+
+
+@pytest.fixture(scope="module")
+def accum():
+    """One step of G = 2 micro-steps, rank 0's ledger traced."""
+    return train(TrainConfig.of(stage=3, n_d=N, model=M, steps=1, precision="bf16",
+                                flavour="fsdp2", grad_accum_steps=2))
+
+
+def test_micro_steps_add_into_one_fp32_sharded_gradient(accum):
+    """foreach_reduce adds each later micro-step's output into the fp32 sharded gradient: after
+    the second backward (4 + 4 + 8)·Ψ/N still, and at the peak one group's output beside it."""
+    held = {k: v for k, v in accum.memory[0].snapshots_by_label()["backward@1"][-1].current.items()
+            if v}
+    assert held == {"param32": 4 * SHARDS, "shard_grad32": 4 * SHARDS,
+                    "exp_avg": 4 * SHARDS, "exp_avg_sq": 4 * SHARDS}
+    group = max(chunk(EMBED) + chunk(LN_F), chunk(BLOCK))
+    assert accum.memory[0].peak["shard_grad32"] == 4 * (SHARDS + group)
+
+
+def test_every_micro_step_reduce_scatters(accum):
+    """No set_requires_gradient_sync(False) (torchtitan's accumulation): each of the G = 2
+    backwards reduce-scatters every block and the root's two units, in fp32."""
+    got = [str(x.dtype) for x in accum.comm.records(0) if x.op == "reduce_scatter"]
+    assert got == ["torch.float32"] * 2 * (L + 2)
+
+
+N4, H = 4, 2                                       # hpZ: h = 2 of N = 4 ranks, one node
+P4 = N4 * -(-BLOCK // N4)                          # a block's padded unit on 4 ranks
+
+
+@pytest.fixture(scope="module")
+def hpz():
+    """One step of the flavour with hpZ (h = 2, N = 4), rank 0's ledger traced."""
+    cluster = VirtualCluster(N4, gpus_per_node=N4)
+    cluster.memory[0].record_trace()
+    return train(TrainConfig.of(stage=3, n_d=N4, model=M, steps=1, precision="bf16",
+                                flavour="fsdp2", gpus_per_node=N4, hpz=H), cluster=cluster)
+
+
+def test_with_hpz_each_resharded_block_keeps_one_hth_of_itself_after_forward(hpz):
+    """reshard_after_forward = h: every block but the last keeps 1/h of its padded unit in bf16,
+    2·padded/h bytes; the root and the last block stay unsharded as without hpZ."""
+    assert at(hpz, "forward@1")["secondary16"] == (L - 1) * 2 * P4 // H
+    assert at(hpz, "forward@1")["gathered"] == 2 * (EMBED + LN_F + BLOCK)
+    assert at(hpz, "backward@1")["secondary16"] == 0
+
+
+def test_with_hpz_backward_gathers_each_block_inside_its_h_ranks(hpz):
+    """Backward's unshard all-gathers the post-forward shards over the h-rank mesh: one bf16
+    gather of the padded block per block but the last."""
+    got = [(x.group, str(x.dtype), x.numel) for x in hpz.comm.records(0)
+           if x.phase == "backward" and x.op == "all_gather"]
+    assert got == [("hpz", "torch.bfloat16", P4)] * (L - 1)
+
+
+def test_with_hpz_a_post_forward_shard_goes_at_its_blocks_unshard(hpz):
+    """to_unsharded frees the post-forward shard after the copy-out: when block k's bf16
+    gradient is written the shards of blocks below k are held, its own is gone."""
+    held, live, seen = 0, {}, []
+    for e in hpz.memory[0].trace:
+        if e.op == "alloc":
+            live[e.key] = e
+            held += e.nbytes if e.category == "secondary16" else 0
+            if e.category == "grad16" and e.nbytes == 2 * BLOCK:
+                seen.append(held // (2 * P4 // H))
+        elif e.op == "free":
+            gone = live.pop(e.key)
+            held -= gone.nbytes if gone.category == "secondary16" else 0
+    assert seen == [L - 1, *range(L - 2, -1, -1)]
+
+
+def test_exact_sums_are_refused_with_the_flavour():
+    """exact_grads asks for zero/exact.py's fp64 sums; the flavour sums in fp32 as FSDP2 does:
+    refused, naming the value, before any rank starts."""
+    with pytest.raises(ValueError, match="exact_grads=True .* flavour='fsdp2'"):
+        TrainConfig.of(stage=3, n_d=N, model=M, precision="bf16", flavour="fsdp2",
+                       exact_grads=True)
+
+
+def test_hpz_over_every_rank_is_a_plain_reshard():
+    """h = N: _get_post_forward_mesh_info turns reshard_after_forward = N into True, FSDP2's own
+    mesh: no post-forward shard is kept and backward gathers over all N ranks."""
+    r = train(TrainConfig.of(stage=3, n_d=2, model=M, steps=1, precision="bf16", flavour="fsdp2",
+                             gpus_per_node=2, hpz=2))
+    assert r.memory[0].peak.get("secondary16", 0) == 0
+    assert {x.group for x in r.comm.records(0) if x.phase == "backward"
+            and x.op == "all_gather"} == {"world"}

@@ -125,7 +125,8 @@ def test_off_by_default_and_off_is_stage3_itself():
     (dict(qgz=True, stage=2), r"qgz quantize ZeRO-3's .*need stage 3, got stage=2"),
     (dict(qwz=True, quant_group_size=400), r"quantization group size 400 cannot be used on the "
                                            r"shard of unit 'embed' of 184 elements.*1\.\.184"),
-    (dict(qgz=True, grad_accum_steps=2), r"gradient accumulation, exact sums with qgZ is refused: "
+    (dict(qgz=True, grad_accum_steps=2), r"gradient accumulation \(exact sums on the paper.s "
+                                         r"stages\) with qgZ is refused: "
                                          r"qgZ's int4 all-to-all rounds every partial sum"),
     (dict(qwz=1), r"qwz must be True or False, got 1"),
 ])
