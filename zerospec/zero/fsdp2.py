@@ -65,6 +65,9 @@ class FSDP2Parameters(Parameters):
 
     master_apart = False       # the fp32 sharded parameters are what Adam updates
     computes_on_gathered = True   # autograd uses the unsharded parameters themselves
+    # HSDP's replica all-reduce runs inside each reduce, every micro-step (foreach_reduce's
+    # all_reduce_group): MiCS's hop is shard_ready's, not a second one at the boundary
+    reduces_each_micro_step = True
 
     def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None, *,
                  root: frozenset = frozenset(), keep: frozenset = frozenset(), hpz: int = 1,

@@ -28,6 +28,7 @@ class StageHooks(Protocol):
 
     exact_sums: bool        # gradients summed exactly in fp64 (zero/exact.py)
     shards_leave: bool      # gradient shards leave the device inside backward (ZeRO-Offload)
+    reduces_each_micro_step: bool   # shard_ready sees each micro-step's shard (FSDP2 flavour)
     master_apart: bool      # fp32 masters apart from the parameters (sync_params refreshes)
     computes_on_gathered: bool   # compute reads the gathered vector itself, no copy (FSDP2)
 

@@ -62,7 +62,8 @@ class ReplicatedShards:
 
     def reduce_gradients(self) -> None:
         super().reduce_gradients()           # inside the partition group (exact: then _average)
-        if not self.exact_sums and not self.shards_leave:   # rounded means: the second hop's mean
+        if not (self.exact_sums or self.shards_leave or self.reduces_each_micro_step):
+            # rounded means: the second hop's mean (already done in shard_ready otherwise)
             self._across_replicas("mean")
 
     def _average(self) -> None:

@@ -274,3 +274,13 @@ def test_hpz_over_every_rank_is_a_plain_reshard():
     assert r.memory[0].peak.get("secondary16", 0) == 0
     assert {x.group for x in r.comm.records(0) if x.phase == "backward"
             and x.op == "all_gather"} == {"world"}
+
+
+def test_with_mics_each_gradient_crosses_the_replicas_once_per_micro_step():
+    """HSDP's replica all-reduce runs inside each reduce (foreach_reduce), every micro-step:
+    with a partition group of 2 of 4 ranks and G = 2, one all-reduce per reduce-scatter — none
+    added again at the step's boundary."""
+    r = train(TrainConfig.of(stage=3, n_d=4, model=M, steps=1, precision="bf16", flavour="fsdp2",
+                             shard_group=2, grad_accum_steps=2))
+    ops = [x.op for x in r.comm.records(0) if x.op in ("reduce_scatter", "all_reduce")]
+    assert ops.count("all_reduce") == ops.count("reduce_scatter") == 2 * (L + 2)
