@@ -11,8 +11,8 @@ from __future__ import annotations
 
 # the section options of plan's step: nodes, ZeRO++, MiCS, offload (flags declared in
 # zerospec/training/sections.py, added by zerospec/cli/plan.py)
-STEP_OPTIONS = ("gpus_per_node", "hpz", "qwz", "qgz", "shard_group", "quant_group_size",
-                "offload_optimizer", "offload_mode", "offload_params")
+STEP_OPTIONS = ("activation_checkpointing", "gpus_per_node", "hpz", "qwz", "qgz", "shard_group",
+                "quant_group_size", "offload_optimizer", "offload_mode", "offload_params")
 
 
 def node_settings(args, n_ranks: int, machine_key, machine) -> tuple[dict, list[str]]:
