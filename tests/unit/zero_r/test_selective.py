@@ -57,6 +57,26 @@ def test_selective_op_keeps_the_odd_matmuls_and_the_attention_kernel_of_a_llama_
     ]
 
 
+def test_what_a_selective_op_checkpoint_saves_reaches_the_saved_tensor_hooks(monkeypatch):
+    """Observed where autograd hands tensors to the ledger (zerospec/zero/saved.py's pack): each
+    block's checkpoint saves its input, then the kept outputs in the order they ran, and nothing
+    else; the dtypes are the kernels' (the log-sum-exp fp32)."""
+    from zerospec.zero.saved import SavedTensors
+    seen, pack = [], SavedTensors.pack
+
+    def spy(self, t):
+        if self.category == "checkpoints":
+            seen.append((tuple(t.shape), t.dtype))
+        return pack(self, t)
+    monkeypatch.setattr(SavedTensors, "pack", spy)
+    train(TrainConfig.of(stage=0, n_d=1, model=LLAMA, steps=1, global_batch=2,
+                         activation_checkpointing="selective-op"))
+    B, T, C, H, kv, hd, ff, f32 = 2, 16, 32, 4, 2, 8, 48, torch.float32
+    block = [((B, T, C), f32), ((B * T, C + 2 * kv * hd), f32), ((B, T, C), f32),
+             ((B, H, T), f32), ((B * T, ff), f32), ((B * T, C), f32)]
+    assert seen == block * LLAMA.n_layer
+
+
 def test_selective_op_keeps_no_addmm_and_no_eager_attention():
     """With biases every projection is an aten.addmm and eager attention runs bmm: none of them
     is on torchtitan's list, so a GPT-2 block keeps nothing but its input."""
