@@ -33,9 +33,11 @@ from .observe import tensors_in
 
 def _key(x):
     # every op of a meta step passes here (tens of thousands a step): no generator, no tuple()
-    # of the shape (a torch.Size is a tuple and hashes as one)
+    # of the shape (a torch.Size is a tuple and hashes as one); the device as True for a meta
+    # tensor, else the device itself (``x.device.type`` builds a device and a string: it was
+    # half the key's cost)
     if isinstance(x, torch.Tensor):
-        return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.device.type)
+        return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.is_meta or x.device)
     if isinstance(x, (list, tuple)):
         return (type(x), tuple([_key(y) for y in x]))
     return (type(x), x)                        # 1 and 1.0 promote differently: keep the type
