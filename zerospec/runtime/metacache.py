@@ -87,7 +87,9 @@ class MetaKernelCache(DispatchMode):
             return func(*args, **kwargs)       # views, set_, other writes: never answered
         try:
             # id(func): an OpOverload hashes in Python; the ops live as long as the process
-            key = (id(func), _key(args), tuple([(k, _key(v)) for k, v in kwargs.items()]))
+            # (the arguments are always a tuple: their own key without _key's type tag)
+            key = (id(func), tuple([_key(a) for a in args]),
+                   tuple([(k, _key(v)) for k, v in kwargs.items()]) if kwargs else ())
             hit = self.cache.get(key)
         except TypeError:                      # an unhashable argument: just run the kernel
             return func(*args, **kwargs)
