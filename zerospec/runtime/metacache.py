@@ -79,7 +79,7 @@ def _kind(func):
 
 
 KERNELS: dict = {}          # the process's table (module doc): key -> what its first call did
-LIMIT = 1 << 16             # keys kept at most (a few hundred bytes each)
+LIMIT = 1 << 14             # keys kept at most (about 2 KB each: some 32 MB)
 
 
 def shared() -> dict:
