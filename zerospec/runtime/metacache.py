@@ -18,6 +18,14 @@ remembers, per such key, what the kernel did, and answers repeats without runnin
   it is given, not only on metadata): run every time, so a view shares its input's storage as on
   a GPU.
 
+What a key's first call did depends on the key alone, so the answers hold for every meta step of
+the process, not only the one that found them: :func:`shared` is the table ``measure`` gives each
+step (zerospec/training/scale.py), so a step pays PyTorch's Python meta kernels only for the keys
+no earlier step met (a 120-layer step of Figure 6's shape has about 1,100 keys, and the next
+length of the same configuration adds about 20). It holds metadata only (shapes, strides, dtypes,
+the op), never a tensor; past :data:`LIMIT` keys it starts again empty. :func:`forget` empties it
+(a benchmark that times a step from cold).
+
 It is exact by construction and checked case by case (tests/unit/runtime/test_metacache.py) and against
 an uncached run (tests/unit/training/test_scale.py). Everything else that watches the ops (the memory
 observers, the op counter, FlopCounterMode) is entered after it, so sees every op before it answers.
@@ -33,9 +41,11 @@ from .observe import tensors_in
 
 def _key(x):
     # every op of a meta step passes here (tens of thousands a step): no generator, no tuple()
-    # of the shape (a torch.Size is a tuple and hashes as one)
+    # of the shape (a torch.Size is a tuple and hashes as one); the device as True for a meta
+    # tensor, else the device itself (``x.device.type`` builds a device and a string: it was
+    # half the key's cost)
     if isinstance(x, torch.Tensor):
-        return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.device.type)
+        return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.is_meta or x.device)
     if isinstance(x, (list, tuple)):
         return (type(x), tuple([_key(y) for y in x]))
     return (type(x), x)                        # 1 and 1.0 promote differently: keep the type
@@ -68,12 +78,29 @@ def _kind(func):
     return "run"
 
 
-class MetaKernelCache(DispatchMode):
-    """Answer repeated meta ops from what the first call of the same key did (module doc)."""
+KERNELS: dict = {}          # the process's table (module doc): key -> what its first call did
+LIMIT = 1 << 14             # keys kept at most (about 2 KB each: some 32 MB)
 
-    def __init__(self):
+
+def shared() -> dict:
+    """The process's table of answers, emptied first if it holds :data:`LIMIT` keys or more."""
+    if len(KERNELS) >= LIMIT:
+        KERNELS.clear()
+    return KERNELS
+
+
+def forget() -> None:
+    """Empty the process's table: the next meta step runs every kernel once again."""
+    KERNELS.clear()
+
+
+class MetaKernelCache(DispatchMode):
+    """Answer repeated meta ops from what the first call of the same key did (module doc).
+    ``cache``: the table to read and fill (:func:`shared`); a fresh one by default."""
+
+    def __init__(self, cache: dict | None = None):
         super().__init__()
-        self.cache: dict = {}
+        self.cache: dict = {} if cache is None else cache
         self.hits = self.misses = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -85,7 +112,9 @@ class MetaKernelCache(DispatchMode):
             return func(*args, **kwargs)       # views, set_, other writes: never answered
         try:
             # id(func): an OpOverload hashes in Python; the ops live as long as the process
-            key = (id(func), _key(args), tuple([(k, _key(v)) for k, v in kwargs.items()]))
+            # (the arguments are always a tuple: their own key without _key's type tag)
+            key = (id(func), tuple([_key(a) for a in args]),
+                   tuple([(k, _key(v)) for k, v in kwargs.items()]) if kwargs else ())
             hit = self.cache.get(key)
         except TypeError:                      # an unhashable argument: just run the kernel
             return func(*args, **kwargs)

@@ -20,7 +20,7 @@ import torch
 
 from .allocator import CachingAllocator, OutOfMemory
 from .memory import TraceEvent
-from .observe import Observer
+from .observe import Observer, _host, tensors_in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +138,35 @@ class StorageTrace(Observer):
         self._settle()
         return super().__exit__(*exc)
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        """The observer's dispatch less what a trace never reads (peaks, phase labels, written
+        counts): every op of a traced meta step passes here, tens of thousands a step. The same
+        events in the same order: inputs resized in place first, then the storages born."""
+        kwargs = kwargs or {}
+        if self._paused or getattr(_host, "depth", 0) > 0:
+            return func(*args, **kwargs)
+        self._settle()
+        out = func(*args, **kwargs)
+        live, seen = self._live, set()
+        for t in tensors_in(args, kwargs):
+            st = t.untyped_storage()
+            key = st._cdata
+            seen.add(key)
+            rec = live.get(key)
+            if rec is not None and rec.nbytes != st.nbytes():   # an aten-level resize
+                self._refresh(st)
+        for t in (out,) if isinstance(out, torch.Tensor) else tensors_in(out):
+            st = t.untyped_storage()
+            key = st._cdata
+            if key not in seen and key not in live:
+                self._born(st, func, t, None)
+        return out
+
     def _settle(self) -> None:
         """Before each op: the ledger's snapshots since the last event become phase markers, and
         storages it has counted since get its category (autograd saves a tensor after the op that
-        made it; a checkpoint only when its segment's forward returns)."""
-        super()._settle()
+        made it; a checkpoint only when its segment's forward returns). Without peaks the
+        observer has no pending peak to settle."""
         self._mark()
         ledger = self.ctx.memory
         if ledger.changes == self._changes:      # nothing counted since the last look (most ops)
@@ -155,6 +179,8 @@ class StorageTrace(Observer):
 
     def _mark(self) -> None:
         snapshots = self.ctx.memory.snapshots
+        if len(snapshots) == self._marked:       # no snapshot since the last event (most calls)
+            return
         for snap in snapshots[self._marked:]:
             self.trace.append(TraceEvent("phase", label=snap.label))
         self._marked = len(snapshots)

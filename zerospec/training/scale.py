@@ -26,7 +26,8 @@ and snapshot by snapshot) to running all N ranks as threads through
 **Speed.** PyTorch implements many meta kernels in Python (layer norm backward: ~2 ms a call),
 and a 1T model makes the same few hundred calls per layer with the same shapes: the step runs
 under :class:`~zerospec.runtime.metacache.MetaKernelCache`, which answers repeats of an op with the
-same argument metadata without running its kernel (exact by construction; see its module).
+same argument metadata without running its kernel (exact by construction; see its module), from
+a table shared by every step of the process (``metacache.shared()``).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
 from ..runtime.errors import RankError
 from ..runtime.memory import MemoryLedger
-from ..runtime.metacache import MetaKernelCache
+from ..runtime.metacache import MetaKernelCache, shared
 from ..runtime.trace import StorageTrace
 from ..model.gpt import GPTConfig
 from ..model.units import Sized, Unit
@@ -168,7 +169,8 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     MiCS the ranks of the first partition group stand for every replica.
     ``setup_only``: stop after the stages have allocated their model states (enough for C15's
     Table 1, whose cells are model states only; the step does not change them).
-    ``cache_kernels``: answer repeated meta kernels from :class:`MetaKernelCache`.
+    ``cache_kernels``: answer repeated meta kernels from :class:`MetaKernelCache`, with what the
+    process's earlier steps found (``metacache.shared()``).
     ``trace``: record each class's allocation trace for the caching allocator model
     (zerospec/runtime/trace.py; fragmentation, C30, C37): ``RankClass.allocations``, every
     storage (:class:`~zerospec.runtime.trace.StorageTrace`), and ``memory.trace``, the ledger's.
@@ -184,7 +186,7 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     ledger, backend = CommLedger(cfg.n_ranks, cfg.gpus_per_node), MetaBackend(cfg.n_ranks)
     t0 = time.perf_counter()
     classes = []
-    with MetaKernelCache() if cache_kernels else contextlib.nullcontext():
+    with MetaKernelCache(shared()) if cache_kernels else contextlib.nullcontext():
         for ranks in rank_classes(units, cfg.shard_size, partitioned=units[0].pad):
             r = ranks[0] * n_m                 # the DP index's MP rank 0
             make = _SetupOnlyContext if setup_only else RankContext

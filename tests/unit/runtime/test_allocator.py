@@ -296,6 +296,23 @@ def test_a_storage_resized_in_place_is_a_free_then_an_alloc():
                                                    ("alloc", 200), ("free", 200)]
 
 
+def test_an_aten_resize_and_an_out_of_another_size_are_each_a_free_then_an_alloc():
+    """Resizes through aten ops, which the trace sees among an op's arguments: ``Tensor.resize_``
+    of 100 fp32 to 150 (400 B → 600 B; back to 0 elements keeps the storage), then
+    ``torch.add(..., out=x)`` of 200 elements (600 B → 800 B): each time the old block freed and
+    a new one taken; then both tensors die."""
+    with StorageTrace(_Ctx()) as t:
+        x = torch.zeros(100)
+        x.resize_(150)
+        x.resize_(0)
+        y = torch.ones(200)
+        torch.add(y, y, out=x)
+        del x, y
+    assert [(e.op, e.nbytes) for e in t.trace] == [
+        ("alloc", 400), ("free", 400), ("alloc", 600), ("alloc", 800), ("free", 600),
+        ("alloc", 800), ("free", 800), ("free", 800)]
+
+
 def test_a_counted_storage_resized_back_up_keeps_its_category():
     """The ledger counts a buffer as "gathered"; resized to 0 and back with no other count or
     free in between, its new block is still named "gathered" (the trace skips its rescan of

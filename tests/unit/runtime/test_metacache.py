@@ -102,3 +102,21 @@ def test_the_kernel_cache_runs_a_write_that_returns_nothing_every_time():
             torch._foreach_add_([y], 1.0)
             torch._foreach_add_([m], 1.0)
     assert y.tolist() == [2.0, 2.0, 2.0] and cache.hits == 0
+
+
+def test_a_second_cache_on_the_shared_table_answers_what_the_first_learnt(monkeypatch):
+    """Two caches on one table: the second answers the first's key without running the kernel;
+    the process's table starts again empty once it holds LIMIT keys."""
+    from zerospec.runtime import metacache
+    table, x = {}, torch.empty(4, 6, dtype=torch.float16, device="meta")
+    with MetaKernelCache(table):
+        torch.nn.functional.gelu(x)
+    with MetaKernelCache(table) as second:
+        y = torch.nn.functional.gelu(x)
+    assert (second.misses, second.hits) == (0, 1) and (y.shape, y.dtype) == ((4, 6), torch.float16)
+    monkeypatch.setattr(metacache, "LIMIT", 2)
+    metacache.forget()
+    metacache.KERNELS.update({1: None})
+    assert metacache.shared() is metacache.KERNELS and len(metacache.KERNELS) == 1
+    metacache.KERNELS.update({2: None})
+    assert len(metacache.shared()) == 0

@@ -141,6 +141,37 @@ def test_the_kernel_cache_changes_no_ledger():
         assert a.memory.snapshots == b.memory.snapshots and a.memory.peak == b.memory.peak
 
 
+def _events(allocations) -> list[tuple]:
+    """A storage trace with each storage key (an address, reused once freed) replaced by the
+    number of its alloc event."""
+    live, out, births = {}, [], 0
+    for e in allocations:
+        if e.op == "alloc":
+            live[e.key], births = births, births + 1
+        n = live.pop(e.key) if e.op == "free" else live.get(e.key) if e.op == "alloc" else None
+        out.append((e.op, n, e.nbytes, e.category, e.label))
+    return out
+
+
+def test_a_step_answered_from_earlier_steps_kernels_equals_one_from_an_empty_table():
+    """The process's shared table of meta kernels: a step measured after steps of other
+    precisions, stages and shapes (the same shapes in fp32 first) has the ledgers, collectives
+    and storage trace of the same step measured from an empty table."""
+    from zerospec.runtime import metacache
+    cfg = TrainConfig(stage=3, n_d=8, model=ODD)
+    metacache.forget()
+    cold = measure(cfg, trace=True)
+    metacache.forget()
+    measure(cfg.replace(precision="fp32"), trace=True)
+    for stage in range(3):                   # other stages, another micro-batch: other keys
+        measure(cfg.replace(stage=stage), micro_batch=2, trace=True)
+    warm = measure(cfg, trace=True)
+    for a, b in zip(cold.classes, warm.classes, strict=True):
+        assert a.ranks == b.ranks and a.trace == b.trace
+        assert a.memory.snapshots == b.memory.snapshots and a.memory.peak == b.memory.peak
+        assert _events(a.allocations) == _events(b.allocations)
+
+
 def test_setup_only_holds_the_same_model_states_as_the_full_step():
     for stage in range(4):
         cfg = TrainConfig(stage=stage, n_d=8, model=ODD)
