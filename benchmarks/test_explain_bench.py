@@ -23,6 +23,7 @@ import time
 import pytest
 
 from zerospec.model.presets import preset
+from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure
 
 STEP_BUDGET, EXPLAIN_BUDGET, SUGGEST_BUDGET = 30.0, 10.0, 30.0
@@ -33,8 +34,8 @@ EXPLAIN = ["plan", "--preset", "llama-3-70b", "--gpus", "64", "--machine", "dgx-
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_405b_on_16384_gpus_one_meta_step(benchmark, capsys, stage):
     m = preset("llama-3.1-405b").model
-    r = benchmark.pedantic(measure, args=(m, stage, 2048), kwargs={"n_m": 8}, rounds=1,
-                           iterations=1)
+    cfg = TrainConfig.of(stage=stage, n_d=2048, model=m, n_m=8)
+    r = benchmark.pedantic(measure, args=(cfg,), rounds=1, iterations=1)
     seconds = benchmark.stats.stats.max
     benchmark.extra_info.update(seconds=seconds, target=STEP_BUDGET, step_s=round(r.seconds, 3),
                                 ranks_run=[c.rep for c in r.classes])
