@@ -80,6 +80,7 @@ class Explanation:
     settings: dict = dataclasses.field(default_factory=dict)   # scale.measure's other keywords
     seq_given: bool = True           # False: seq is the model's context, no --seq given
     not_modelled: dict = dataclasses.field(default_factory=dict)   # file → ["key: why", ...]
+    allocated: int = 0               # the allocator model's allocated peak (512-B-rounded blocks)
 
     @property
     def attention(self) -> str:
@@ -140,7 +141,8 @@ def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq:
     phases = [dataclasses.replace(ph, reserved=reserved.get(ph.phase)) for ph in phases]
     return Explanation(name, stage, gpus // n_m, n_m, seq, micro_batch, checkpoint_activations,
                        capacity, where, r, cls.rep * n_m, phases, rep.peak_reserved,
-                       settings.get("precision", "fp16"), tuple(notes), full, settings, seq_given)
+                       settings.get("precision", "fp16"), tuple(notes), full, settings, seq_given,
+                       allocated=rep.peak_allocated)
 
 
 # -- tables -----------------------------------------------------------------------------------------

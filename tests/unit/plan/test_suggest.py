@@ -99,6 +99,21 @@ def test_the_json_summary_carries_what_a_script_needs(capsys, tmp_path):
                                     s["suggestions"])
 
 
+def test_the_json_summary_has_the_allocators_allocated_and_reserved_peaks(capsys, tmp_path):
+    """`plan --explain --format json` prints ``peak_allocated_bytes`` and ``peak_reserved_bytes``:
+    the step's storage trace (temporaries included, 512-B blocks) through the allocator model; the
+    ledger's peak (counted tensors, unrounded) is at most the allocated peak, which is at most
+    the reserved one, and the allocated peak is whole blocks."""
+    from tests.support.cli import tiny_hf_config
+    rc, out, _ = run_cli(capsys, "plan", "--hf-config", tiny_hf_config(tmp_path), "--gpus", "4",
+                         "--stage", "3", "--micro-batch", "8", "--explain", "--format", "json")
+    s = json.loads(out)["summary"]
+    assert rc == 0
+    assert s["peak_bytes"] < s["peak_allocated_bytes"] <= s["peak_reserved_bytes"]
+    assert s["peak_allocated_bytes"] % 512 == 0 and s["peak_reserved_bytes"] % (2 << 20) == 0
+    assert s["peak_reserved_bytes"] == s["reserved_bytes"]
+
+
 @pytest.mark.slow   # four meta steps of Llama-3-70B and the searches: ~20 s
 def test_the_issues_command_names_a_change_that_fits_and_that_change_fits(capsys):
     """Issue 55's command: its JSON names a change that fits; the command with that change's
