@@ -63,6 +63,10 @@ def add_parser(sub) -> None:
                         "Qwen2, GPT-2) instead of --preset")
     p.add_argument("--out", type=T.out_dir, default=None, metavar="DIR",
                    help="with --explain: write DIR/explain_memory.svg, the memory over the step")
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="with --explain: replay the step's allocations as PyTorch's caching "
+                        "allocator does under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                        "(one growing segment per stream and pool; default off, as PyTorch's)")
     p.add_argument("--fit", action="store_true",
                    help="with --explain: also the largest micro-batch and sequence length that fit "
                         "(a search of meta steps)")
@@ -108,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
                                 ("--checkpoint-activations", args.checkpoint_activations),
                                 ("--attention", args.attention),
                                 ("--hf-config", args.hf_config), ("--out", args.out),
-                                ("--fit", args.fit)) if v]
+                                ("--fit", args.fit),
+                                ("--expandable-segments", args.expandable_segments)) if v]
     from .plan_explain import STEP_OPTIONS, node_settings
     from .options import flag
     flags = [flag(k) for k in STEP_OPTIONS if getattr(args, k) is not None]

@@ -176,3 +176,20 @@ def test_with_checkpointing_a_longer_sequence_fits_and_comes_first():
         kw["model"] = dataclasses.replace(TINY, block_size=s.kept + 1)
         model, stage, n_d = kw.pop("model"), kw.pop("stage"), kw.pop("n_d")
         assert _peak(model, stage, n_d, **kw) > ex.capacity
+
+
+def test_expandable_segments_replays_the_same_allocations_under_the_other_setting(capsys, tmp_path):
+    """`--expandable-segments` changes only how the allocator model reserves: the allocated peak
+    (the same storages, the same 512-B blocks) is identical, the reserved one differs (20 MiB
+    pages of one growing segment instead of cudaMalloc'd segments); without --explain the flag
+    is refused, naming it."""
+    from tests.support.cli import tiny_hf_config
+    cfg = tiny_hf_config(tmp_path)
+    argv = ("plan", "--hf-config", cfg, "--gpus", "4", "--stage", "3", "--micro-batch", "2048",
+            "--explain", "--format", "json")
+    plain = json.loads(run_cli(capsys, *argv)[1])["summary"]
+    exp = json.loads(run_cli(capsys, *argv, "--expandable-segments")[1])["summary"]
+    assert exp["peak_allocated_bytes"] == plain["peak_allocated_bytes"]
+    assert exp["peak_reserved_bytes"] != plain["peak_reserved_bytes"]
+    rc, _, err = run_cli(capsys, "plan", "--params", "1e9", "--gpus", "8", "--expandable-segments")
+    assert rc == 2 and "--expandable-segments" in err

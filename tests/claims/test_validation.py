@@ -1,0 +1,51 @@
+"""spec/validation.md: zerospec's predictions beside measurements published from real GPUs
+(zerospec/evaluation/validation.py, zerospec/paper/measurements.py).
+
+The table needs paper-scale meta steps (torchtitan's two FSDP runs, ZeRO-Offload's search and
+Figure 6's allocator search, minutes): slow. The default run checks the rows' arithmetic on
+hand-made predictions and the published values against their sources' units.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from zerospec.evaluation import validation as v
+from zerospec.paper import measurements as pm
+
+PAGE = "spec/validation.md"
+
+
+def test_published_readings_are_gib_of_two_to_the_thirty_bytes():
+    """torchtitan prints GiB = 2^30 B to one decimal (torchtitan/metrics.py, _to_gib): 82.4 GiB is
+    82.4 · 2^30 B = 88,476,194,406.4 B, about 88.5 GB; a model size has no bytes."""
+    tt8 = next(m for m in pm.ALL if m.key == "torchtitan-8gpu")
+    assert tt8.bytes == Fraction(824, 10) * 1024**3 and 88.4e9 < tt8.bytes < 88.5e9
+    assert all(m.kind == "published measurement" for m in pm.ALL)
+    with pytest.raises(ValueError, match="model size"):
+        pm.ZERO_OFFLOAD[0].bytes
+
+
+def test_a_row_is_within_10_percent_up_to_the_boundary_and_names_its_residual_past_it():
+    """reserved / published to 2 decimals; the last whole byte at or below 1.1× the published
+    bytes is within 10%, the next is not and the row names its residual; a size row reads
+    parameters."""
+    tt8 = pm.TORCHTITAN[0]
+    edge = tt8.bytes * Fraction(11, 10)                  # not a whole number of bytes
+    assert edge.denominator > 1
+    at = v.row(tt8, v.Prediction(0, edge.numerator // edge.denominator, "bytes"))
+    past = v.row(tt8, v.Prediction(0, edge.numerator // edge.denominator + 1, "bytes"))
+    assert at[-3:] == ["1.10", "yes", ""] and past[-3:-1] == ["1.10", "no"]
+    assert past[-1] == v.RESIDUALS["torchtitan"] != ""
+    c1 = pm.ZERO_FIGURE6[0]
+    row = v.row(c1, v.Prediction(44 * 10**9, 42 * 10**9, "parameters"))
+    assert row[4:9] == ["40B", "44.00B", "42.00B", "1.05", "yes"]
+
+
+@pytest.mark.slow   # torchtitan's two runs, ZeRO-Offload's search, Figure 6's allocator search
+def test_validation_table(md_snapshot):
+    """spec/validation.md's table: each published measurement beside zerospec's allocated and
+    reserved prediction, the ratio to 2 decimals, within 10% or the residual named."""
+    from zerospec.evaluation.tables import bare
+    assert md_snapshot == bare(v.validation_table())
