@@ -49,3 +49,27 @@ def test_validation_table(md_snapshot):
     reserved prediction, the ratio to 2 decimals, within 10% or the residual named."""
     from zerospec.evaluation.tables import bare
     assert md_snapshot == bare(v.validation_table())
+
+
+@pytest.mark.slow   # torchtitan's two runs (cached with the table's)
+def test_validation_residual_table(md_snapshot):
+    """spec/validation.md's parts of torchtitan's reserved reading: the allocated peak, the
+    reserved peak on one stream and with the owners' streams, and what is left to the reading."""
+    from zerospec.evaluation.tables import bare
+    assert md_snapshot == bare(v.residual_table())
+
+
+@pytest.mark.slow   # one meta step of Llama 3 8B at N = 8
+def test_the_pages_command_prints_the_tables_torchtitan_cells(capsys):
+    """spec/validation.md's `plan --explain ... --expandable-segments --format json` prints the
+    8-GPU row's allocated and reserved peaks, to the byte."""
+    import json
+    from tests.support.cli import run_cli
+    rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8",
+                         "--machine", "grand-teton-h100", "--stage", "3", "--seq", "8192",
+                         "--micro-batch", "2", "--checkpoint-activations", "1",
+                         "--expandable-segments", "--format", "json")
+    s = json.loads(out)["summary"]
+    p = v.torchtitan_step(8)
+    assert rc == 0 and (s["peak_allocated_bytes"], s["peak_reserved_bytes"]) == (p.allocated,
+                                                                                  p.reserved)
