@@ -82,8 +82,9 @@ def test_a_step_that_fits_has_no_suggestions(case):
 
 
 def test_the_json_summary_carries_what_a_script_needs(capsys, tmp_path):
-    """`plan --explain --format json`: psi, attention, peak_bytes, fits, not_modelled and
-    suggestions (flags, peak_bytes, fits) beside the tables."""
+    """`plan --explain --format json`: psi, attention, peak_bytes, fits, not_modelled,
+    suggestions (flags, peak_bytes, fits), and the allocator model's peak_allocated_bytes and
+    peak_reserved_bytes beside the tables."""
     from tests.support.cli import tiny_hf_config
     rc, out, _ = run_cli(capsys, "plan", "--hf-config", tiny_hf_config(tmp_path), "--gpus", "4",
                          "--stage", "1", "--micro-batch", "64", "--gpu-mem", "1MB",
@@ -97,18 +98,8 @@ def test_the_json_summary_carries_what_a_script_needs(capsys, tmp_path):
     assert isinstance(s["not_modelled"], dict) and s["seq_from"] == "the model's context"
     assert s["suggestions"] and all({"flags", "peak_bytes", "fits"} <= set(x) for x in
                                     s["suggestions"])
-
-
-def test_the_json_summary_has_the_allocators_allocated_and_reserved_peaks(capsys, tmp_path):
-    """`plan --explain --format json` prints ``peak_allocated_bytes`` and ``peak_reserved_bytes``:
-    the step's storage trace (temporaries included, 512-B blocks) through the allocator model; the
-    ledger's peak (counted tensors, unrounded) is at most the allocated peak, which is at most
-    the reserved one, and the allocated peak is whole blocks."""
-    from tests.support.cli import tiny_hf_config
-    rc, out, _ = run_cli(capsys, "plan", "--hf-config", tiny_hf_config(tmp_path), "--gpus", "4",
-                         "--stage", "3", "--micro-batch", "8", "--explain", "--format", "json")
-    s = json.loads(out)["summary"]
-    assert rc == 0
+    # the step's storage trace (temporaries included, 512-B blocks) through the allocator model:
+    # the ledger's peak (counted tensors, unrounded) <= allocated <= reserved, in whole blocks
     assert s["peak_bytes"] < s["peak_allocated_bytes"] <= s["peak_reserved_bytes"]
     assert s["peak_allocated_bytes"] % 512 == 0 and s["peak_reserved_bytes"] % (2 << 20) == 0
     assert s["peak_reserved_bytes"] == s["reserved_bytes"]
