@@ -133,6 +133,7 @@ CONFIG_JSON = {   # name: (HF class, hidden, intermediate, layers, heads, kv hea
     "llama-2-70b": ("llama", 8192, 28672, 80, 64, 8, 32000),
     "llama-3-8b": ("llama", 4096, 14336, 32, 32, 8, 128256),
     "llama-3-70b": ("llama", 8192, 28672, 80, 64, 8, 128256),
+    "llama-3.1-8b": ("llama", 4096, 14336, 32, 32, 8, 128256),
     "llama-3.1-405b": ("llama", 16384, 53248, 126, 128, 8, 128256),
     "mistral-7b-v0.1": ("mistral", 4096, 14336, 32, 32, 8, 32000),
     "qwen2.5-7b": ("qwen2", 3584, 18944, 28, 28, 4, 152064),

@@ -26,7 +26,7 @@ HELP = ("train one ZeRO stage on the simulator or on real processes (torch.distr
 
 
 # the section options `zerospec train` takes, by group (flags: zerospec/training/sections.py)
-GROUPS = {None: ("n_m", "precision", "zero1_comm"),
+GROUPS = {None: ("n_m", "precision", "zero1_comm", "flavour"),
           "nodes and ZeRO++'s hpZ (spec/nodes.md)": (
               "gpus_per_node", "hpz", "shard_group", "qwz", "qgz", "quant_group_size"),
           "surviving real conditions (spec/loss_scaling.md, clipping.md, accumulation.md)": (

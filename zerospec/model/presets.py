@@ -38,6 +38,7 @@ llama-2-13b      40      5120   40     40   13824  32000    13,015,864,320
 llama-2-70b      80      8192   64     8    28672  32000    68,976,648,192
 llama-3-8b       32      4096   32     8    14336  128256   8,030,261,248
 llama-3-70b      80      8192   64     8    28672  128256   70,553,706,496
+llama-3.1-8b     32      4096   32     8    14336  128256   8,030,261,248
 llama-3.1-405b   126     16384  128    8    53248  128256   405,853,388,800
 mistral-7b-v0.1  32      4096   32     8    14336  32000    7,241,732,096
 qwen2.5-7b       28      3584   28     4    18944  152064   7,615,616,512
@@ -154,6 +155,9 @@ PUBLISHED = {p.name: p for p in (
            _hf("meta-llama/Meta-Llama-3-8B")),
     Preset("llama-3-70b", 70e9, llama(80, 8192, 64, 8, 28672, 128256, 8192, 5e5),
            _hf("meta-llama/Meta-Llama-3-70B")),
+    Preset("llama-3.1-8b", 8e9, llama(32, 4096, 32, 8, 14336, 128256, 131072, 5e5),
+           _hf("meta-llama/Llama-3.1-8B", "; rope_scaling (llama3) not modelled: no parameters; "
+               "Llama 3 8B's shapes, context 131072")),
     Preset("llama-3.1-405b", 405e9, llama(126, 16384, 128, 8, 53248, 128256, 131072, 5e5),
            _hf("meta-llama/Llama-3.1-405B", "; rope_scaling (llama3) not modelled: no parameters")),
     Preset("mistral-7b-v0.1", 7.3e9, llama(32, 4096, 32, 8, 14336, 32000, 32768, 1e4),

@@ -26,7 +26,10 @@ LABELS = {"param16": "parameters (fp16)", "grad16": "gradients (fp16)",
           "activations": "activations", "checkpoints": "checkpoints",
           "recomputed": "recomputed activations", "buffer": "buffers", "bucket": "buckets",
           "secondary16": "hpZ secondary shards (fp16)",
-          "grad32": "gradients cast to fp32 (DeepSpeed's ZeRO-Offload)"}
+          "grad32": "gradients cast to fp32 (DeepSpeed's ZeRO-Offload)",
+          "param32": "parameters, fp32 shards Adam updates (FSDP2)",
+          "shard_grad32": "gradients, fp32 shards (FSDP2)",
+          "ag_buffer": "all-gather buffers (FSDP2)", "rs_buffer": "reduce-scatter input, fp32 (FSDP2)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +183,8 @@ def _setting(ex: Explanation) -> str:
         extra = run_label(cfg).partition(", ")[2]
         grid += (f" ({cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                  + (f", {extra}" if extra else "") + ")")
+    if cfg.flavour == "fsdp2":            # stage 3 as FSDP2 runs it (zerospec/zero/fsdp2.py)
+        prec += ", FSDP2 flavour"
     if cfg.offload_optimizer:             # ZeRO-Offload / Infinity (zerospec/plan/offload.py)
         from .offload import run_label as offload_label
         prec += ", " + offload_label(cfg).partition(", ")[2]

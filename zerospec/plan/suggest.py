@@ -187,6 +187,7 @@ def summary(ex, items: list[Suggestion]) -> dict:
     """``plan --explain --format json``'s summary: what a script needs to act on the answer."""
     return {"model": ex.name, "psi": ex.model.psi, "attention": ex.attention,
             "attention_modelled": ex.attention == "sdpa", "stage": ex.stage,
+            "flavour": ex.result.config.flavour, "precision": ex.precision,
             "gpus": ex.n_d * ex.n_m, "seq": ex.seq,
             "seq_from": "--seq" if ex.seq_given else "the model's context",
             "micro_batch": ex.micro_batch, "checkpoint_activations": ex.checkpoint_activations,

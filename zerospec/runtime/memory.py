@@ -24,11 +24,15 @@ import torch
 # whole-model one (zerospec/zero_r/buffers.py)
 # secondary16: hpZ's fp16 secondary shard of each unit, held from forward to backward (zero/hpz.py)
 # grad32: DeepSpeed's ZeRO-Offload gradient partition cast to fp32 (zerospec/offload/)
+# param32, shard_grad32: the FSDP2 flavour's fp32 sharded parameters (what Adam updates) and fp32
+# sharded gradients; ag_buffer, rs_buffer: its flat all-gather and reduce-scatter buffers
+# (zerospec/zero/fsdp2.py)
 CATEGORIES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq", "gathered",
               "activations", "checkpoints", "recomputed", "buffer", "bucket", "secondary16",
-              "grad32")
+              "grad32", "param32", "shard_grad32", "ag_buffer", "rs_buffer")
 ACTIVATIONS = ("activations", "checkpoints", "recomputed")
-MODEL_STATES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq")
+MODEL_STATES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq", "param32",
+                "shard_grad32")
 _KNOWN = frozenset(CATEGORIES)   # membership test on every track (each saved activation)
 
 

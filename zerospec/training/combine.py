@@ -96,6 +96,8 @@ FEATURES = (
        offload_prefetch=True),
     _f("dpu", "DPU", (2, 3), needs=(OFFLOAD,), dpu=2),
     _f("tiles", "tiles", tiles=2),
+    _f("fsdp2", "FSDP2 flavour of stage 3", (3,), needs=(("precision", "bf16"),),
+       flavour="fsdp2"),
     _f("meta", "meta tensors", device="meta"),
     Feature("checkpoints", "checkpoint files (save, resume)"),
     Feature("torch", "torch.distributed processes"),
@@ -130,6 +132,34 @@ REFUSED = {
     "device and its reuse distance keeps gathered units from forward to backward, while "
     "ZeRO-Infinity's parameter offload keeps every fp16 chunk on the host between uses: two "
     "homes for the same parameters",
+    _pair("fsdp2", "accum"): "accumulation's claim is the exact fp64 sum of fp16 micro-batch "
+    "gradients (spec/accumulation.md); the FSDP2 flavour's gradients are param_dtype values "
+    "summed in its fp32 reduce-scatter, which no fp64 sum reproduces",
+    _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket; FSDP2's unit of "
+    "fusion is its parameter group, reduce-scattered through the group's own fp32 buffer "
+    "(foreach_reduce): a bucket across groups is another engine",
+    _pair("fsdp2", "contiguous_gradients"): "M_D for gradients writes every unit's gradient "
+    "into one slot, reused as soon as the unit is reduced; FSDP2 holds the root group's "
+    "unsharded gradients until the end of backward, while each block's are written: one slot "
+    "cannot hold both",
+    _pair("fsdp2", "ds3"): "DeepSpeed's persistence threshold and reuse distance decide which "
+    "units stay gathered; in the FSDP2 flavour reshard_after_forward, as torchtitan sets it, "
+    "decides the same: two rules for one choice",
+    _pair("fsdp2", "hpz"): "hpZ is FSDP2's reshard_after_forward = h (zerospec/testing/"
+    "hsdp_peer.py); the flavour sets that knob as torchtitan does (True, the last block False): "
+    "two values for one setting",
+    _pair("fsdp2", "qwz"): "the FSDP2 flavour is its MixedPrecisionPolicy: parameters "
+    "all-gathered in param_dtype; qwZ's int8 gather replaces exactly that collective",
+    _pair("fsdp2", "qgz"): "the FSDP2 flavour is its MixedPrecisionPolicy: gradients "
+    "reduce-scattered in fp32 (reduce_dtype); qgZ's int4 all-to-all replaces exactly that "
+    "collective",
+    _pair("fsdp2", "offload"): "ZeRO-Offload keeps an fp32 master and Adam's states on the host "
+    "and sends 16-bit gradients down; the FSDP2 flavour has no master apart: its fp32 sharded "
+    "parameters are what Adam updates and what each step all-gathers on the device (FSDP2's "
+    "CPUOffloadPolicy moves the parameters themselves, another layout)",
+    _pair("fsdp2", "nvme"): "ZeRO-Offload's NVMe tier keeps an fp32 master and Adam's states in "
+    "swap files; the FSDP2 flavour has no master apart: its fp32 sharded parameters are what "
+    "Adam updates and what each step all-gathers on the device",
     _pair("meta", "checkpoints"): "checkpoint files hold values; meta tensors have none",
     _pair("meta", "loss_scale"): "loss scaling decides on values (an overflow skips the step); "
     "meta tensors have none",

@@ -122,8 +122,11 @@ class TrainConfig:
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """CPU kernels compute in fp32 from the stored copies; elsewhere in the storage dtype."""
-        return torch.float32 if self.device == "cpu" else self.policy.dtype
+        """CPU kernels compute in fp32 from the stored copies; elsewhere in the storage dtype. The
+        FSDP2 flavour computes in its param_dtype everywhere, as FSDP2 does on a CPU too."""
+        if self.device == "cpu" and self.flavour != "fsdp2":
+            return torch.float32
+        return self.policy.dtype
 
     @property
     def batch(self) -> int:
@@ -176,6 +179,10 @@ def check_zero_r(cfg) -> None:
         if v and cfg.stage != 3:
             raise ValueError(f"{name}={v} is a ZeRO-3 setting (zerospec/zero/stage3_deepspeed.py): "
                              f"it needs stage 3, got stage={cfg.stage}")
+    if cfg.flavour != "paper" and cfg.stage != 3:
+        raise ValueError(f"flavour={cfg.flavour!r} is a way of running stage 3 (FSDP2's "
+                         f"fully_shard, zerospec/zero/fsdp2.py): it needs stage 3, got "
+                         f"stage={cfg.stage}")
     if cfg.contiguous_gradients and cfg.stage < 2:
         raise ValueError(f"contiguous_gradients (M_D for gradients) reuses the slot stages 2–3 "
                          f"reduce-scatter each unit's gradient from: it needs stage 2 or 3, got "

@@ -24,6 +24,7 @@ PARSERS = ("int", "positive_int", "positive_float", "bucket_size")
 TIERS = ("cpu", "nvme")                  # where ZeRO-Offload / ZeRO-Infinity put states
 MODES = ("paper", "deepspeed")           # which gradients go down to the host
 PARTITIONS = ("bandwidth", "owner")      # where offloaded parameters live (C-I8 or its baseline)
+FLAVOURS = ("paper", "fsdp2")            # how stage 3 keeps its states (zerospec/zero/fsdp2.py)
 
 
 def option(default, flag: str | None = None, help: str = "", *, choices: tuple | None = None,
@@ -103,7 +104,7 @@ class BatchOptions(Section):
 @dataclasses.dataclass(frozen=True)
 class VariantOptions(Section):
     """Which variant of a stage runs: stage 1's gradient collective, DeepSpeed's ZeRO-3 settings
-    (zerospec/zero/stage3_deepspeed.py; 0, 0: the paper's P_os+g+p)."""
+    (zerospec/zero/stage3_deepspeed.py; 0, 0: the paper's P_os+g+p), stage 3's flavour."""
     zero1_comm: str = option("reduce_scatter", "--zero1-comm",
                              "stage 1 gradient sync (default reduce_scatter)", choices=ZERO1_COMM)
     stage3_persistence_threshold: int = option(
@@ -114,6 +115,11 @@ class VariantOptions(Section):
         0, "--stage3-max-reuse-distance", "DeepSpeed's stage3_max_reuse_distance: keep a unit "
         "gathered from forward to backward when reused within E elements (default 0)",
         parse="int", metavar="E", low=0)
+    flavour: str = option(
+        "paper", "--flavour", "stage 3 as the paper counts it (paper: fp16 shards, fp32 master) "
+        "or as FSDP2 and torchtitan run it (fsdp2: fp32 sharded parameters Adam updates, "
+        "all-gathered in --precision's dtype, gradients reduce-scattered in fp32; root and last "
+        "block kept gathered; spec/fsdp2.md); default paper", choices=FLAVOURS)
 
     def __post_init__(self):
         if self.zero1_comm not in ZERO1_COMM:

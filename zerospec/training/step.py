@@ -28,6 +28,8 @@ from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
 from ..zero.stage3_deepspeed import DeepSpeedParameters, reused_within
 from ..zero.exact import with_exact
+from ..zero import fsdp2
+from ..zero.fsdp2 import FSDP2Parameters
 from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.zeropp import with_zeropp
@@ -192,6 +194,9 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
                   "keep": reused_within(gpt.fetch_order(cfg.model, cfg.tiles), units,
                                         cfg.stage3_max_reuse_distance)
                   if cfg.stage3_max_reuse_distance else frozenset()}
+    if cfg.flavour == "fsdp2":   # FSDP2 as torchtitan runs it (zero/fsdp2.py)
+        root, keep = fsdp2.groups(cfg.model, cfg.tiles)
+        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep}
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
     if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)

@@ -10,7 +10,7 @@ from zerospec.model.presets import PAPER, PUBLISHED, TABLE4
 # the exact count of each published checkpoint's weights (the sum of its tensors' sizes)
 PUBLISHED_PSI = {
     "llama-2-7b": 6_738_415_616, "llama-2-13b": 13_015_864_320, "llama-2-70b": 68_976_648_192,
-    "llama-3-8b": 8_030_261_248, "llama-3-70b": 70_553_706_496,
+    "llama-3-8b": 8_030_261_248, "llama-3.1-8b": 8_030_261_248, "llama-3-70b": 70_553_706_496,
     "llama-3.1-405b": 405_853_388_800, "mistral-7b-v0.1": 7_241_732_096,
     "qwen2.5-7b": 7_615_616_512, "qwen2.5-72b": 72_706_203_648,
     "gpt-3-175b": 174_604_259_328,   # no published count: 12·L·d² + 13·L·d + (V + T)·d + 2·d

@@ -9,13 +9,15 @@ from zerospec.offload.prefetch import Prefetching
 from zerospec.zero import DataParallel, Parameters
 from zerospec.zero.stage3_deepspeed import DeepSpeedParameters
 from zerospec.zero.exact import FullAccumulation, ShardedAccumulation, _Exact
+from zerospec.zero.fsdp2 import FSDP2Parameters
 from zerospec.zero.hooks import HOOKS
 from zerospec.zero.hpz import SecondaryPartition
 from zerospec.zero.mics import ReplicatedShards
 from zerospec.zero.zeropp import Quantized
 
 FEATURES = (_Exact, FullAccumulation, ShardedAccumulation, DeepSpeedParameters, Quantized,
-            SecondaryPartition, HostOptimizer, HostParams, Prefetching, ReplicatedShards)
+            SecondaryPartition, HostOptimizer, HostParams, Prefetching, ReplicatedShards,
+            FSDP2Parameters)
 
 
 @pytest.mark.parametrize("feature", FEATURES, ids=lambda c: c.__name__)

@@ -1,0 +1,131 @@
+"""Stage 3's FSDP2 flavour (zerospec/zero/fsdp2.py): its bytes, from FSDP2's rules written here.
+
+The model: a 3-block GPT-2 (V = 37, T = 12, C = 16, tied head) on N = 3 virtual GPUs, so every
+unit pads. Each expected value is the rule's, from the model's shapes: a unit of ``numel``
+elements pads to ``padded`` = N·⌈numel/N⌉ and each rank holds ``chunk`` = ⌈numel/N⌉ of it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from zerospec.cluster.threads import VirtualCluster
+from zerospec.model.gpt import GPTConfig
+from zerospec.training.config import TrainConfig
+from zerospec.training.run import train
+
+N, V, T, C, L = 3, 37, 12, 16, 3
+M = GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=4, n_embd=C)
+EMBED = V * C + T * C                                   # wte, wpe
+BLOCK = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)
+LN_F = 2 * C
+ROOT = (EMBED, LN_F)                                    # the root group: embeddings, final norm
+
+
+def chunk(n: int) -> int:
+    return -(-n // N)
+
+
+def padded(n: int) -> int:
+    return N * chunk(n)
+
+
+UNITS = (EMBED, *[BLOCK] * L, LN_F)
+SHARDS = sum(chunk(n) for n in UNITS)                    # elements each rank holds
+
+
+@pytest.fixture(scope="module")
+def run():
+    """One step of the flavour in bf16, rank 0's ledger traced."""
+    cluster = VirtualCluster(N)
+    cluster.memory[0].record_trace()
+    return train(TrainConfig.of(stage=3, n_d=N, model=M, steps=1, precision="bf16",
+                                flavour="fsdp2"), cluster=cluster)
+
+
+def at(run, label: str) -> dict[str, int]:
+    return run.memory[0].snapshots_by_label()[label][0].current
+
+
+def test_setup_holds_fp32_parameters_and_adam_states_no_master(run):
+    """(4 + 8)·Ψ/N after setup: fp32 shards Adam updates in place, exp_avg, exp_avg_sq."""
+    held = {k: v for k, v in at(run, "setup@0").items() if v}
+    assert held == {"param32": 4 * SHARDS, "exp_avg": 4 * SHARDS, "exp_avg_sq": 4 * SHARDS}
+
+
+def test_after_backward_the_fp32_sharded_gradients_make_16_psi_over_n(run):
+    """The reduce-scatter outputs stay as the fp32 sharded gradients: (4 + 4 + 8)·Ψ/N, and no
+    transient buffer is left."""
+    held = {k: v for k, v in at(run, "backward@1").items() if v}
+    assert held == {"param32": 4 * SHARDS, "shard_grad32": 4 * SHARDS,
+                    "exp_avg": 4 * SHARDS, "exp_avg_sq": 4 * SHARDS}
+    assert sum(held.values()) == 16 * SHARDS
+
+
+def test_forward_ends_with_the_root_and_the_last_block_gathered_in_bf16(run):
+    """torchtitan's reshard_after_forward: every block but the last; FSDP2 never reshards the
+    root after forward. Unsharded tensors are the parameters' own sizes (no padding), 2 bytes."""
+    assert at(run, "forward@1")["gathered"] == 2 * (EMBED + LN_F + BLOCK)
+
+
+def test_one_fp32_reduce_scatter_input_is_in_flight_at_a_time(run):
+    """reduce_scatter_max_input_buffers = 1: the largest group's padded fp32 input, the root's
+    units together or one block."""
+    assert run.memory[0].peak["rs_buffer"] == 4 * max(sum(padded(n) for n in ROOT), padded(BLOCK))
+
+
+def test_the_roots_unsharded_gradients_wait_for_the_end_of_backward(run):
+    """The root reduce-scatters once, after the embedding's gradient: the final norm's bf16
+    gradient is still held while each block's is written."""
+    assert run.memory[0].peak["grad16"] == 2 * (BLOCK + LN_F)
+
+
+def test_all_gather_buffers_follow_fsdp2s_implicit_forward_prefetch(run):
+    """In forward a group's flat output is freed at the next group's copy-out: the copy-in (1/N)
+    and output of block k beside block k-1's output; in backward one group ahead."""
+    def group(*ns):
+        return sum(chunk(n) for n in ns), sum(padded(n) for n in ns)
+    root_in, root_out = group(*ROOT)
+    blk_in, blk_out = group(BLOCK)
+    forward = max(root_in + root_out, blk_in + blk_out + root_out, blk_in + 2 * blk_out)
+    backward = blk_in + blk_out
+    assert run.memory[0].peak["ag_buffer"] == 2 * max(forward, backward)
+
+
+def test_the_flavour_needs_stage_3():
+    """A way of running stage 3: any other stage is refused, naming the value."""
+    with pytest.raises(ValueError, match="flavour='fsdp2'.*needs stage 3, got stage=2"):
+        TrainConfig.of(stage=2, n_d=N, model=M, flavour="fsdp2")
+
+
+
+def test_backward_prefetches_the_next_blocks_all_gather(run):
+    """_backward_prefetch: while block k's gradient is written, block k−1's flat output is
+    already gathered — for every block re-gathered in backward (the last block, kept from
+    forward, has no unshard of its own to prefetch from; block 0 has nothing before it)."""
+    held, live, seen = 0, {}, []
+    for e in run.memory[0].trace:
+        if e.op == "alloc":
+            live[e.key] = e
+            held += e.nbytes if e.category == "ag_buffer" else 0
+            if e.category == "grad16" and e.nbytes == 2 * BLOCK:
+                seen.append(held)
+        elif e.op == "free":
+            held -= live.pop(e.key).nbytes if live[e.key].category == "ag_buffer" else 0
+            live.pop(e.key, None)
+    assert seen == [0] + [2 * padded(BLOCK)] * (L - 2) + [0]
+
+
+@pytest.mark.slow
+def test_the_observer_sees_the_ledger_and_the_returned_bf16_losses_only():
+    """At every phase entry of 3 steps, on every rank, every storage the dispatch observer sees
+    is the ledger's, or a loss the run returns: in bf16, 2 bytes where fp16 runs' fp32 losses
+    take 4 (tests/support/observed.py counts those; stage 3 keeps no compute copy)."""
+    from tests.support.observed import observed, persistent_extras
+    r, obs = observed(3, "odd", 3, precision="bf16", flavour="fsdp2")
+    for rank, o in enumerate(obs):
+        assert len(o.entries) >= 4 * 3          # the phases of 3 steps
+        for label, entry in o.entries.items():
+            counted = sum(s.nbytes for s in entry.live if s.category is not None)
+            assert counted == entry.ledger_bytes, f"rank {rank}: {entry.describe()}"
+            assert entry.bytes == entry.ledger_bytes + persistent_extras(r, label) // 2, \
+                f"rank {rank}: unexplained bytes at the entry of {entry.describe()}"

@@ -1,0 +1,68 @@
+"""The peer of stage 3's FSDP2 flavour (zerospec/zero/fsdp2.py): ``fully_shard`` as torchtitan
+applies it, on gloo processes.
+
+torchtitan's ``apply_fsdp`` (``torchtitan/parallelisms/parallelize_llama.py`` at 9dec370) wraps
+every transformer block with ``reshard_after_forward = layer_id < n_layers - 1`` and then the
+whole model (the root: embeddings, final norm, LM head), all with
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``. The module is zerospec's GPT as in
+:mod:`zerospec.testing.oracles`; its Adam is zerospec's arithmetic (:class:`oracles.ZerospecAdam`)
+on FSDP2's fp32 sharded parameters, so the comparison isolates the engine: what is gathered in
+which dtype, how gradients are cast and averaged.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from ..cluster import processes
+from ..model.data import BigramData
+from .oracles import GPT, ZerospecAdam, full_weights, mean_losses, zerospec_rank, zerospec_row
+
+
+def build(cfg):
+    """(model, zerospec's Adam) wrapped as torchtitan wraps Llama, on this process group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=cfg.policy.dtype, reduce_dtype=torch.float32)
+    model = GPT.from_init(cfg.model, cfg.seed)
+    last = len(model.h) - 1
+    for i, blk in enumerate(model.h):
+        fully_shard(blk, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    return model, ZerospecAdam(model.parameters(), cfg.adam)
+
+
+def peer_run(cfg) -> dict:
+    """``cfg.steps`` steps of the peer: this rank's losses and the full fp32 weights after each."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model, opt = build(cfg)
+    data = BigramData(cfg.model.vocab_size, cfg.model.block_size, cfg.seed)
+    out = {"losses": [], "weights": []}
+    for step in range(cfg.steps):
+        opt.zero_grad(set_to_none=True)        # torchtitan's order: at the start of the step
+        idx, tgt = data.batch(step, cfg.batch)
+        loss = model(BigramData.shard(idx, rank, n), BigramData.shard(tgt, rank, n))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Full backward hook is firing")
+            loss.backward()
+        opt.step()
+        out["losses"].append(loss.detach())
+        out["weights"].append(full_weights(model))
+    return out
+
+
+def _compare_rank(ctx, cfg) -> dict:
+    return {"zerospec": zerospec_rank(ctx, cfg, count=False, weights=True), "peer": peer_run(cfg)}
+
+
+def compare(cfg) -> dict:
+    """Launch ``cfg.n_d`` gloo processes: zerospec's run of ``cfg`` (losses, weights after every
+    step) and the peer's, as ``{"zerospec": row, "peer": {"losses", "weights"}}``."""
+    per_rank = processes.launch(_compare_rank, cfg.n_d, cfg, timeout=cfg.timeout)
+    row = zerospec_row(cfg, cfg.stage, [x["zerospec"] for x in per_rank], True)
+    peers = [x["peer"] for x in per_rank]
+    return {"zerospec": row, "peer": {"losses": mean_losses(peers, cfg),
+                                      "weights": peers[0]["weights"]}}

@@ -1,0 +1,234 @@
+"""Stage 3 as FSDP2 and torchtitan run it: ``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=
+bf16, reduce_dtype=fp32)`` on every transformer block and on the root (spec/fsdp2.md).
+
+What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2's code (torch's
+``distributed/fsdp/_fully_shard``, cited by file and function) or torchtitan's
+(``torchtitan/parallelisms/parallelize_llama.py::apply_fsdp`` at 9dec370):
+
+* **States.** The sharded parameters are fp32 and are what AdamW updates: no master apart
+  (``_fsdp_api.py::MixedPrecisionPolicy``: "FSDP does not require any extra memory to keep a
+  high-precision copy"). Per rank: fp32 parameters 4Ψ/N (``param32``), exp_avg and exp_avg_sq
+  8Ψ/N, and fp32 sharded gradients 4Ψ/N (``shard_grad32``), which exist from the reduce-scatter
+  that writes them to the next step's ``zero_grad`` (set to None: torchtitan calls it at the start
+  of each step). 16Ψ/N once a backward has run, 12Ψ/N before.
+* **All-gather** (``_fsdp_collectives.py::foreach_all_gather``): the shard cast to param_dtype
+  into a flat copy-in buffer (``flat_foreach_copy_input``, 1/N of the group), one flat output of
+  the whole padded group (``all_gather_comm.allocate``), then ``foreach_all_gather_copy_out``
+  copies it into per-parameter unsharded tensors (``alloc_all_gather_outputs``: the group's real
+  elements, ``gathered``). In forward the flat output is freed only at the next group's
+  ``wait_for_unshard`` (implicit prefetch, ``_fsdp_param_group.py``), in backward right after the
+  copy-out; backward prefetches the previous group's all-gather (``_backward_prefetch``).
+  The flat buffers are ``ag_buffer``.
+* **Reduce-scatter** (``_fsdp_collectives.py::foreach_reduce``): autograd's unsharded gradients
+  are param_dtype (``grad16``); one fp32 ``reduce_scatter_input`` of the padded group
+  (``rs_buffer``) takes their cast, the unsharded gradients are freed (``unsharded_grads.clear()``),
+  the output (1/N, fp32) becomes the sharded gradient. The input is kept until the next group's
+  post-backward (``reduce_scatter_max_input_buffers`` = 1, ``_fsdp_param_group.py::post_backward``),
+  the last one until the final callback (``_fsdp_state.py::_root_post_backward_final_callback``).
+* **What stays gathered.** The root group (embeddings, final norm, LM head) is all-gathered at
+  the root's pre-forward and kept until its post-backward at the end of backward: FSDP2 does not
+  reshard the root after forward (``_fsdp_state.py::_lazy_init``: ``post_forward_mesh_info =
+  None``), and its gradients are reduce-scattered together, once the last of them (the
+  embedding's) is complete. torchtitan keeps the last block gathered from forward to backward
+  (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``).
+
+Compute runs in param_dtype on every device (FSDP2 computes in it on a CPU too), so a CPU run is
+bit-comparable with ``fully_shard`` on gloo (tests/engine/test_fsdp2_flavour.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..model import gpt
+from .stage3_params import Parameters
+
+
+def groups(cfg, tiles: int = 1) -> tuple[frozenset[int], frozenset[int]]:
+    """(the root group's units, the last block's units) of model ``cfg`` in fetch order
+    (model/gpt.py ``fetch_order``: embeddings, blocks with their tiles, final norm, LM head)."""
+    order = gpt.fetch_order(cfg, tiles)
+    root = frozenset((order[0], order[-2], order[-1]))
+    per_block = 1 + tiles if tiles > 1 else 1
+    blocks = order[1:-2]
+    return root, frozenset(blocks[-per_block:])
+
+
+class FSDP2Parameters(Parameters):
+    """P_os+g+p with FSDP2's states, buffers and resharding as torchtitan sets them (module)."""
+
+    master_apart = False       # the fp32 sharded parameters are what Adam updates
+
+    def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None, *,
+                 root: frozenset = frozenset(), keep: frozenset = frozenset()):
+        if buckets is not None or grad_buffer is not None:   # refused by training/combine.py
+            raise ValueError("the FSDP2 flavour reduce-scatters each group's gradients through "
+                             "its own fp32 buffer: C_B's buckets and M_D's gradient slot do not "
+                             "apply (spec/combine.md)")
+        self.root, self.keep = root, keep
+        self._held: dict[int, torch.Tensor] = {}      # the root's unsharded units
+        self._ag_prev: torch.Tensor | None = None     # forward: the last group's flat AG output
+        self._prefetched: dict[int, torch.Tensor] = {}   # backward: flat AG outputs ahead of use
+        self._rs_prev: torch.Tensor | None = None     # the reduce-scatter input kept in flight
+        self._root_grads: dict[int, torch.Tensor] = {}
+        super().__init__(ctx, units, init, adam, precision, buckets=buckets, grad_buffer=grad_buffer)
+
+    # -- states ----------------------------------------------------------------------------------
+    def _allocate_params(self, init) -> None:
+        self.param32 = []
+        for u, w in zip(self.units, init):
+            p = self._alloc("param32", u.chunk, torch.float32)             # 4·padded/N B
+            p.copy_(w[u.shard(self.ctx.rank)])
+            self.param32.append(p)
+
+    def _param_chunk(self, i: int) -> torch.Tensor:
+        return self.param32[i]
+
+    @property
+    def param16(self) -> list[torch.Tensor]:
+        """The working parameters a checkpoint saves and restores (its ``param16`` kind, as under
+        the fp32 policy): here the fp32 shards themselves."""
+        return self.param32
+
+    def _allocate_gradients(self) -> None:
+        self.grad32: list[torch.Tensor | None] = [None] * len(self.units)  # by each reduce-scatter
+
+    def _allocate_optimizer(self, init) -> None:
+        self.master = self.param32
+        self.exp_avg = [self._alloc("exp_avg", p.numel(), torch.float32) for p in self.param32]
+        self.exp_avg_sq = [self._alloc("exp_avg_sq", p.numel(), torch.float32)
+                           for p in self.param32]
+
+    def zero_grad(self) -> None:
+        """torchtitan's ``optimizers.zero_grad()`` at the start of a step: set to None, so the
+        sharded gradients' storage goes."""
+        for i, g in enumerate(self.grad32):
+            if g is not None:
+                self.memory.free(g)
+                self.grad32[i] = None
+
+    def grad_for_step(self, i: int) -> torch.Tensor:
+        return self.grad32[i]
+
+    # -- parameters in ---------------------------------------------------------------------------
+    def keep_for_backward(self, i: int) -> bool:
+        return i in self.keep
+
+    def acquire(self, i: int) -> torch.Tensor:
+        if i in self._held:
+            if self.ctx.phase_name == "forward" and self._ag_prev is not None:
+                # the blocks are done: the last one's flat output goes (the root's post-forward
+                # frees it, _fsdp_state.py::_post_forward)
+                self._free_ag_prev()
+            return self._held[i]
+        if i in self.root:   # one unshard of the whole root group, kept to its post-backward
+            group = sorted(self.root)
+            self._held.update(zip(group, self._unshard(group)))
+            return self._held[i]
+        full, = self._unshard([i])
+        if self.ctx.phase_name == "backward" and i - 1 >= 0 and i - 1 not in self.root \
+                and i - 1 not in self.keep and i - 1 not in self._prefetched:
+            self._prefetched[i - 1] = self._all_gather([i - 1])   # _backward_prefetch: one ahead
+        return full
+
+    def _all_gather(self, group: list[int]) -> torch.Tensor:
+        """The group's flat all-gather output: the copy-in cast of its shards (1/N), then one
+        output of the whole padded group, each unit gathered into its part."""
+        units = [self.units[j] for j in group]
+        copy_in = self.memory.alloc("ag_buffer", (sum(u.chunk for u in units),), self.dtype,
+                                    zero=False)
+        out = self.memory.alloc("ag_buffer", (sum(u.padded for u in units),), self.dtype,
+                                zero=False)
+        a = b = 0
+        for j, u in zip(group, units):
+            chunk = copy_in[a:a + u.chunk]
+            chunk.copy_(self.param32[j])                                     # fp32 -> param_dtype
+            self.gather_unit(j, out[b:b + u.padded], chunk)
+            a, b = a + u.chunk, b + u.padded
+        self.memory.free(copy_in)
+        return out
+
+    def _unshard(self, group: list[int]) -> list[torch.Tensor]:
+        """unshard + wait_for_unshard: each unit's unsharded tensor, copied out of the flat
+        output (prefetched, or gathered now)."""
+        flat = self._prefetched.pop(group[0], None) if len(group) == 1 else None
+        if flat is None:
+            flat = self._all_gather(group)
+        if self._ag_prev is not None:   # wait_for_unshard frees the previous group's output
+            self._free_ag_prev()
+        fulls, b = [], 0
+        for j in group:
+            u = self.units[j]
+            full = self.memory.alloc("gathered", (u.numel,), self.dtype, zero=False)
+            full.copy_(flat[b:b + u.numel])                                  # copy-out
+            fulls.append(full)
+            b += u.padded
+        if self.ctx.phase_name == "forward":
+            self._ag_prev = flat
+        else:
+            self.memory.free(flat)
+        return fulls
+
+    def _free_ag_prev(self) -> None:
+        self.memory.free(self._ag_prev)
+        self._ag_prev = None
+
+    def release(self, i: int, full16: torch.Tensor) -> None:
+        if i not in self._held:
+            self.memory.free(full16)
+
+    # -- gradients out ---------------------------------------------------------------------------
+    def grad_slot(self, i: int) -> torch.Tensor:
+        # autograd's unsharded gradients: the parameters' own sizes, no padding
+        return self.memory.alloc("grad16", (self.units[i].numel,), self.dtype, zero=False)
+
+    def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+        if i not in self.root:
+            self._reduce([i], [slot])
+            return
+        self._root_grads[i] = slot
+        if len(self._root_grads) == len(self.root):   # the root's post-backward: all at once
+            for j in sorted(self.root):
+                self.memory.free(self._held.pop(j))      # reshard before the reduce
+            group = sorted(self._root_grads)
+            self._reduce(group, [self._root_grads.pop(j) for j in group])
+
+    def _reduce(self, group: list[int], slots: list[torch.Tensor]) -> None:
+        """foreach_reduce for one group: fp32 input of the padded group, the unsharded gradients
+        freed, each unit's 1/N fp32 output kept as its sharded gradient."""
+        if self._rs_prev is not None:    # at most one input in flight
+            self.memory.free(self._rs_prev)
+            self._rs_prev = None
+        units = [self.units[j] for j in group]
+        rs_in = self.memory.alloc("rs_buffer", (sum(u.padded for u in units),), torch.float32,
+                                  zero=False)
+        parts, at = [], 0
+        for u, s in zip(units, slots):
+            part = rs_in[at:at + u.padded]
+            part[:u.numel].copy_(s[:u.numel])                                # param_dtype -> fp32
+            part[u.numel:].zero_()
+            parts.append(part)
+            at += u.padded
+        for s in slots:
+            self.memory.free(s)
+        for j, u, part in zip(group, units, parts):
+            out = self.memory.alloc("shard_grad32", (u.chunk,), rs_in.dtype, zero=False)
+            self.reduce_unit(j, out, part)
+            self.grad32[j] = out
+            self.shard_ready(j, out, "mean")
+        self._rs_prev = rs_in
+
+    def end_backward(self) -> None:
+        """The final callback: the last reduce-scatter input goes; anything prefetched or held
+        that backward did not use is let go."""
+        if self._rs_prev is not None:
+            self.memory.free(self._rs_prev)
+            self._rs_prev = None
+        for flat in self._prefetched.values():
+            self.memory.free(flat)
+        self._prefetched.clear()
+        if self._ag_prev is not None:
+            self._free_ag_prev()
+        for full in self._held.values():
+            self.memory.free(full)
+        self._held.clear()
+        super().end_backward()
