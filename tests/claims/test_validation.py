@@ -73,10 +73,11 @@ def test_the_pages_command_prints_the_tables_torchtitan_cells(capsys):
     8-GPU row's allocated and reserved peaks, to the byte."""
     import json
     from tests.support.cli import run_cli
-    rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "llama-3-8b", "--gpus", "8",
-                         "--machine", "grand-teton-h100", "--stage", "3", "--seq", "8192",
-                         "--micro-batch", "2", "--checkpoint-activations", "1",
-                         "--expandable-segments", "--format", "json")
+    rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "llama-3.1-8b", "--gpus", "8",
+                         "--machine", "grand-teton-h100", "--stage", "3", "--flavour", "fsdp2",
+                         "--precision", "bf16", "--seq", "8192", "--micro-batch", "2",
+                         "--checkpoint-activations", "1", "--expandable-segments",
+                         "--format", "json")
     s = json.loads(out)["summary"]
     p = v.torchtitan_step(8)
     assert rc == 0 and (s["peak_allocated_bytes"], s["peak_reserved_bytes"]) == (p.allocated,

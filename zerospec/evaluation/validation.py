@@ -34,10 +34,11 @@ GiB = pm.GiB
 WITHIN = Fraction(1, 10)          # the bar: FSDPMemTracker's own test asks ±10% of the CUDA peak
 
 # torchtitan's Llama 3.1 8B (torchtitan/models/llama/__init__.py "8B" at 9dec370: dim 4096, 32
-# layers, 32 heads, 8 KV heads, FFN 14336, vocab 128,256) has Llama 3 8B's shape: the preset's
-# (Ψ = 8,030,261,248 both). What zerospec runs for torchtitan's FSDP rows: stage 3 in bf16 with a
-# checkpoint per block; the mechanisms it lacks are RESIDUALS' "torchtitan" entry.
-TORCHTITAN_SETTINGS = dict(stage=3, precision="bf16", checkpoint_activations=1)
+# layers, 32 heads, 8 KV heads, FFN 14336, vocab 128,256): the preset llama-3.1-8b. What zerospec
+# runs for torchtitan's FSDP rows: stage 3's FSDP2 flavour in bf16 (zerospec/zero/fsdp2.py) with
+# a checkpoint per block; the mechanisms it lacks are RESIDUALS' "torchtitan" entry.
+TORCHTITAN_PRESET = "llama-3.1-8b"
+TORCHTITAN_SETTINGS = dict(stage=3, flavour="fsdp2", precision="bf16", checkpoint_activations=1)
 TORCHTITAN_ALLOC = dict(expandable_segments=True)     # run_llama_train.sh @9dec370, l.22
 TORCHTITAN_BATCH, TORCHTITAN_SEQ = 2, 8192
 
@@ -48,9 +49,9 @@ TORCHTITAN_BATCH, TORCHTITAN_SEQ = 2, 8192
 OFFLOAD_SHAPE = dict(d=4096, heads=32, micro_batch=10)
 
 RESIDUALS = {
-    "torchtitan": "not modelled here: FSDP2's layout (fp32 shards, bf16 all-gather, fp32 "
-                  "reduce-scatter), selective per-op checkpointing (saves wq, wv, w1, w2 and SDPA "
-                  "outputs) and the loss's fp32 upcast of the 128,256-wide logits",
+    "torchtitan": "not modelled here: selective per-op checkpointing (saves wq, wv, w1, w2 and "
+                  "SDPA outputs; here a checkpoint per block) and the loss's fp32 upcast of the "
+                  "128,256-wide logits",
     "compile": "torch.compile's fusions (fewer saved intermediates) are not modelled",
     "zero-fig6": "the paper's size is the largest model it ran, not a searched boundary; the CUDA "
                  "context and Megatron-LM's own buffers take none of the 32 GB here",
@@ -72,7 +73,7 @@ class Prediction:
 @memoised
 def torchtitan_traces(n_d: int) -> list:
     """One meta step of torchtitan's FSDP row on ``n_d`` GPUs: each rank class's storage trace."""
-    model = dataclasses.replace(preset("llama-3-8b").model, block_size=TORCHTITAN_SEQ)
+    model = dataclasses.replace(preset(TORCHTITAN_PRESET).model, block_size=TORCHTITAN_SEQ)
     r = measure(TrainConfig.of(model=model, n_d=n_d, **TORCHTITAN_SETTINGS),
                 micro_batch=TORCHTITAN_BATCH, trace=True)
     return [c.allocations for c in r.classes]
