@@ -82,3 +82,22 @@ def test_a_stream_is_a_non_empty_name(bad):
     with pytest.raises(ValueError, match="stream"):
         with RankContext(0, 1, MemoryLedger(), None).on_stream(bad):
             pass
+
+
+def test_the_fsdp2_flavour_makes_its_buffers_on_fsdp2s_streams():
+    """Stage 3's FSDP2 flavour, one traced meta step: every flat all-gather buffer is made on the
+    all-gather copy-in stream, every fp32 sharded gradient on the reduce-scatter stream, and all
+    else (the reduce-scatter input, the unsharded parameters, activations) on the default stream,
+    as foreach_all_gather and foreach_reduce make them."""
+    from zerospec.model.presets import gpt
+    from zerospec.training.config import TrainConfig
+    from zerospec.training.scale import measure
+    r = measure(TrainConfig.of(model=gpt(2, 64, 2), stage=3, n_d=2, flavour="fsdp2",
+                               precision="bf16"), trace=True)
+    where = {}
+    for e in r.classes[0].allocations:
+        if e.op == "alloc":
+            where.setdefault(e.category, set()).add(e.stream)
+    assert where.pop("ag_buffer") == {"all_gather_copy_in"}
+    assert where.pop("shard_grad32") == {"reduce_scatter"}
+    assert "rs_buffer" in where and set().union(*where.values()) == {"default"}
