@@ -24,10 +24,21 @@ def _bucket_size(text: str):
     return n
 
 
+def _ac_mode(text: str) -> str:
+    """``--activation-checkpointing``: none, full, selective-op or selective-layer:K."""
+    from ..training.sections import ac_mode
+    try:
+        ac_mode(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _converter(name: str | None):
     from . import argtypes as T
     return {None: None, "int": int, "positive_int": T.positive_int,
-            "positive_float": T.positive_float, "bucket_size": _bucket_size}[name]
+            "positive_float": T.positive_float, "bucket_size": _bucket_size,
+            "ac_mode": _ac_mode}[name]
 
 
 def field(name: str) -> dataclasses.Field:

@@ -9,10 +9,12 @@ N is refused. With nodes, the explanation adds the bytes inside vs across nodes 
 """
 from __future__ import annotations
 
-# the section options of plan's step: nodes, ZeRO++, MiCS, offload, precision and stage 3's
-# flavour (flags declared in zerospec/training/sections.py, added by zerospec/cli/plan.py)
-STEP_OPTIONS = ("gpus_per_node", "hpz", "qwz", "qgz", "shard_group", "quant_group_size",
-                "offload_optimizer", "offload_mode", "offload_params", "precision", "flavour")
+# the section options of plan's step: nodes, ZeRO++, MiCS, offload, precision, stage 3's flavour
+# and torchtitan's checkpointing (flags declared in zerospec/training/sections.py, added by
+# zerospec/cli/plan.py)
+STEP_OPTIONS = ("activation_checkpointing", "gpus_per_node", "hpz", "qwz", "qgz", "shard_group",
+                "quant_group_size", "offload_optimizer", "offload_mode", "offload_params",
+                "precision", "flavour")
 
 
 def node_settings(args, n_ranks: int, machine_key, machine) -> tuple[dict, list[str]]:

@@ -19,7 +19,8 @@ HELP = ("measure per-GPU model states and traffic of a paper-size model on meta 
 
 # the section options `zerospec scale` takes (flags: zerospec/training/sections.py); hpZ, qwZ and
 # qgZ apply to its stage-3 step, MiCS to stages 1-3
-OPTIONS = ("n_m", "checkpoint_activations", "partition_activations", "cpu_checkpointing",
+OPTIONS = ("n_m", "checkpoint_activations", "activation_checkpointing", "partition_activations",
+           "cpu_checkpointing",
            "zero1_comm", "gpus_per_node", "hpz", "shard_group", "qwz", "qgz", "quant_group_size",
            "offload_optimizer", "offload_mode", "offload_params", "flavour")
 STAGE3_ONLY = ("hpz", "qwz", "qgz", "quant_group_size", "flavour")

@@ -35,7 +35,8 @@ GROUPS = {None: ("n_m", "precision", "zero1_comm", "flavour"),
               "offload_optimizer", "offload_mode", "offload_params", "offload_partition",
               "offload_buffer_elements", "offload_prefetch", "nvme_path", "tiles", "dpu"),
           "ZeRO-R (spec/activations.md)": (
-              "checkpoint_activations", "partition_activations", "cpu_checkpointing",
+              "checkpoint_activations", "activation_checkpointing", "partition_activations",
+              "cpu_checkpointing",
               "contiguous_checkpoints", "contiguous_gradients", "stage3_persistence_threshold",
               "stage3_max_reuse_distance", "bucket_elements")}
 

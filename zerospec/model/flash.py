@@ -24,6 +24,7 @@ sees no attention matmuls.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -39,13 +40,8 @@ class Flash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        B, H, T, hd = q.shape
-        if q.device.type == "meta":
-            out = q.new_empty((B, T, H * hd))
-            lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
-        else:
-            out = core(q, k, v)
-            lse = _logsumexp(q, k)
+        hooks = kernel_hooks()
+        out, lse = hooks[-1](_kernel, q, k, v) if hooks else _kernel(q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
@@ -60,6 +56,29 @@ class Flash(torch.autograd.Function):
             inputs = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
             out = core(*inputs)
             return torch.autograd.grad(out, inputs, dout)
+
+
+def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's outputs: the attention output (B, T, H·hd) and the log-sum-exp (B, H, T)."""
+    B, H, T, hd = q.shape
+    if q.device.type == "meta":
+        return (q.new_empty((B, T, H * hd)),
+                torch.empty((B, H, T), dtype=torch.float32, device=q.device))
+    return core(q, k, v), _logsumexp(q, k)
+
+
+_LOCAL = threading.local()
+
+
+def kernel_hooks() -> list:
+    """Who runs the kernel in this thread (a rank: zerospec/cluster/threads.py), innermost last:
+    ``hook(kernel, q, k, v)`` returns its outputs. Activation checkpointing's per-op policy
+    (zerospec/zero_r/selective.py) keeps them in forward and hands them back in its recompute,
+    as torch's selective checkpointing does for the flash SDPA op; like torch's dispatch modes,
+    the stack is the thread's own."""
+    if not hasattr(_LOCAL, "hooks"):
+        _LOCAL.hooks = []
+    return _LOCAL.hooks
 
 
 def _logsumexp(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

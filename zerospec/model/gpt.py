@@ -22,7 +22,8 @@ from .layers import attention, norm, rms_norm, rope, rope_tables, swiglu
 from . import vocab
 
 __all__ = ["GPTConfig", "DecoderConfig", "SMALL", "ODD", "check_mp", "check_tiles", "init_params", "tile_params", "tiled_mlp", "tiled_block", "attention",
-           "rms_norm", "swiglu", "rope", "rope_tables", "block", "blocks", "fetch_order", "forward"]
+           "rms_norm", "swiglu", "rope", "rope_tables", "block", "blocks", "fetch_order", "forward",
+           "loss"]
 
 
 def init_params(cfg: GPTConfig, seed: int, tiles: int = 1) -> dict[str, dict[str, torch.Tensor]]:
@@ -198,6 +199,19 @@ def forward(cfg: GPTConfig, idx: torch.Tensor, targets: torch.Tensor, fetch,
     head, name = (0, "wte") if cfg.tie_embeddings else (n + 2, "weight")
     with fetch(head, last=True) as p:                          # LM head (tied: wte)
         logits = F.linear(x if mp is None else mp.enter(x), p[name])   # (B, T, vocab / N_m)
-    if mp is None:
-        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+    if mp is None:   # fp32 logits into the loss, as its owners compute it (:func:`loss`)
+        return loss(logits.view(B * T, -1), targets.reshape(-1))
     return vocab.cross_entropy(logits.view(B * T, -1), targets.reshape(-1), mp, cfg.vocab_size)
+
+
+def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of (N, V) logits, upcast to fp32 first, as the frameworks that train
+    these models compute it: torchtitan's ``loss_fn`` (``cross_entropy(pred.flatten(0, 1)
+    .float(), …)``, torchtitan/train.py @9dec370), Hugging Face's ``ForCausalLMLoss``
+    (``logits.float()``, src/transformers/loss/loss_utils.py) and Megatron-LM (``output.float()``
+    unless ``--fp16-lm-cross-entropy``, megatron/model/gpt_model.py
+    ``post_language_model_processing``). In fp16/bf16 compute the fp32 copy is a transient,
+    log_softmax saves its fp32 result and backward's ``_log_softmax_backward_data`` makes fp32
+    gradients of the logits' size; fp32 logits (a CPU run) pass through unchanged: ``.float()``
+    returns the same tensor, so no bit moves."""
+    return F.cross_entropy(logits.float(), targets)

@@ -178,6 +178,8 @@ def _setting(ex: Explanation) -> str:
     ckpt = "" if not k else ", a checkpoint every block" if k == 1 else f", a checkpoint every {k} blocks"
     prec = "" if ex.precision == "fp16" else f", {ex.precision}"
     cfg = ex.result.config
+    if cfg.activation_checkpointing != "none":   # torchtitan's modes (zerospec/zero_r/selective.py)
+        ckpt += f", {cfg.activation_checkpointing} activation checkpointing"
     if cfg.gpus_per_node:                 # nodes, ZeRO++ and MiCS (zerospec/plan/nodes.py)
         from .nodes import run_label
         extra = run_label(cfg).partition(", ")[2]
@@ -200,10 +202,31 @@ ATTENTION_NOTES = {
             "--attention eager keeps the B·H·T² scores and probabilities)."}
 
 
+AC_NOTES = {
+    "full": "every block keeps its input (the checkpoints) and is recomputed in backward.",
+    "selective-layer": "every K-th block keeps only its input (the checkpoints), the others "
+                       "every activation.",
+    "selective-op": "every block keeps its input and the outputs of its odd-numbered matmuls "
+                    "and of its attention kernel (the checkpoints); the rest is recomputed."}
+
+
+def _loss_note(ex: Explanation) -> str:
+    """The loss's tensors: the logits upcast to fp32 (zerospec/model/gpt.py's ``loss``)."""
+    tokens, v = ex.micro_batch * ex.seq, ex.model.padded_vocab(ex.n_m) // ex.n_m   # this rank's
+    return (f"Loss: the logits ({tokens:,} tokens × {v:,}) upcast to fp32 before the "
+            f"cross-entropy, as torchtitan, Hugging Face and Megatron-LM compute it; log-softmax "
+            f"keeps its fp32 output ({tokens * v * 4:,} B, among the activations) for backward, "
+            f"which makes fp32 gradients of the same size.")
+
+
 def assumed(ex: Explanation) -> list[str]:
     """What the explanation assumed and the command line did not say: the attention kernel, and
     the sequence length when no --seq was given."""
-    out = [ATTENTION_NOTES[ex.attention]]
+    out = [ATTENTION_NOTES[ex.attention], _loss_note(ex)]
+    mode = ex.result.config.activation_checkpointing
+    if mode != "none":
+        out.append(f"Activation checkpointing: torchtitan's {mode} (spec/activations.md): "
+                   + AC_NOTES[mode.partition(":")[0]])
     if not ex.seq_given:
         out.append(f"Sequence: {ex.seq:,} tokens, the model's full context (no --seq given).")
     return out

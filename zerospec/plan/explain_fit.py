@@ -86,9 +86,12 @@ def step_peak(ex, micro_batch: int | None = None, seq: int | None = None,
     from ..training.scale import measure
     model = dataclasses.replace(ex.model, block_size=ex.seq if seq is None else seq)
     k = ex.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
+    kw = {**ex.settings, **(settings or {})}
+    if checkpoint_activations is not None:   # Megatron's segments in place of torchtitan's mode
+        kw.pop("activation_checkpointing", None)
     cfg = TrainConfig.of(model=model, stage=ex.stage if stage is None else stage,
                          n_d=ex.n_d if n_d is None else n_d, n_m=ex.n_m,
-                         checkpoint_activations=k, **{**ex.settings, **(settings or {})})
+                         checkpoint_activations=k, **kw)
     r = measure(cfg, micro_batch=ex.micro_batch if micro_batch is None else micro_batch)
     return max(c.memory.peak_total for c in r.classes)
 

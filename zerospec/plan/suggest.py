@@ -80,26 +80,39 @@ def suggestions(ex, config_given: bool = False) -> list[Suggestion]:
     if ex.fits:
         return []
     out = _singles(ex, {}, config_given)
-    if not any(s.fits for s in out if s.kind == "checkpointing") and ex.checkpoint_activations != 1:
+    if not any(s.fits for s in out if s.kind == "checkpointing") and not _every_block(ex):
         out += [s for s in _singles(ex, {"checkpoint_activations": 1}, config_given)
                 if s.kind != "checkpointing"]
     return sorted(out, key=lambda s: (not s.fits, KINDS.index(s.kind), -s.kept, s.peak))
 
 
-def _ckpt_flags(base: dict) -> tuple[str, ...]:
-    return ("--checkpoint-activations", "1") if base else ()
+def _every_block(ex) -> bool:
+    """The step checkpoints every block already: Megatron's k = 1 or torchtitan's full."""
+    return ex.checkpoint_activations == 1 or ex.settings.get("activation_checkpointing") == "full"
+
+
+def _ckpt_flag(ex) -> tuple[str, ...]:
+    """A checkpoint every block, in the rule the step was given (torchtitan's mode or Megatron's k:
+    the two are not given together)."""
+    if ex.settings.get("activation_checkpointing", "none") != "none":
+        return ("--activation-checkpointing", "full")
+    return ("--checkpoint-activations", "1")
+
+
+def _ckpt_flags(ex, base: dict) -> tuple[str, ...]:
+    return _ckpt_flag(ex) if base else ()
 
 
 def _singles(ex, base: dict, config_given: bool) -> list[Suggestion]:
     """Each change on top of ``base`` (nothing, or checkpointing), measured."""
     cap, out = ex.capacity, []
-    pre, also = _ckpt_flags(base), (" with a checkpoint every block" if base else "")
+    pre, also = _ckpt_flags(ex, base), (" with a checkpoint every block" if base else "")
 
     def add(kind, change, flags, peak, kept=0):
         out.append(Suggestion(kind, change + also, pre + tuple(flags), peak, peak <= cap, kept))
 
-    if not base and ex.checkpoint_activations != 1:
-        add("checkpointing", "a checkpoint every block", ("--checkpoint-activations", "1"),
+    if not base and not _every_block(ex):
+        add("checkpointing", "a checkpoint every block", _ckpt_flag(ex),
             step_peak(ex, checkpoint_activations=1))
     if not config_given:
         for s in range(ex.stage + 1, 4):

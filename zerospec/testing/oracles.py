@@ -92,7 +92,7 @@ class GPT(nn.Module):
             x = blk(x)                                                  # (B, T, C)
         x = self.ln_f(x)   # nn.LayerNorm calls F.layer_norm(x, (C,), w, b, eps=1e-5), as model does
         logits = F.linear(x, self.wte)                                  # (B, T, vocab), tied head
-        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+        return F.cross_entropy(logits.view(B * T, -1).float(), targets.reshape(-1))
 
     @classmethod
     def from_init(cls, cfg: gpt.GPTConfig, seed: int) -> "GPT":

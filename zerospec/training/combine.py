@@ -71,7 +71,10 @@ FEATURES = (
     _f("accum", "gradient accumulation, exact sums", flag="exact", grad_accum_steps=2),
     _f("loss_scale", "dynamic loss scaling", loss_scale=LossScale(init_scale=2.0 ** 10)),
     _f("clip", "gradient clipping", clip_grad_norm=0.5),
-    _f("ac", "activation checkpointing", neutral=True, checkpoint_activations=1),
+    _f("ac", "activation checkpointing", neutral=True, flag="segment_blocks",
+       checkpoint_activations=1),
+    _f("sac", "selective activation checkpointing (torchtitan)", neutral=True,
+       flag="selective_ac", activation_checkpointing="selective-op"),
     _f("mp", "model parallelism (Megatron)", n_m=2),
     _f("pa", "P_a", neutral=True, needs=(MP, AC), partition_activations=True),
     _f("pa_cpu", "P_a+cpu", neutral=True, needs=(MP, AC, ("partition_activations", True)),
@@ -111,6 +114,11 @@ def _pair(a: str, b: str) -> frozenset:
 
 
 REFUSED = {
+    _pair("sac", "ac"): "--activation-checkpointing selective-op or selective-layer:K "
+    "(torchtitan's rule per block) and --checkpoint-activations K (Megatron's segments of K "
+    "blocks, every block inside one) are two rules for which blocks keep what; give one "
+    "(torchtitan's full is --checkpoint-activations 1, and P_a, P_a+cpu and M_D keep "
+    "Megatron's segments)",
     _pair("qgz", "accum"): "qgZ's int4 all-to-all rounds every partial sum, and accumulation's "
     "claim is the exact fp64 sum of every micro-batch gradient (spec/accumulation.md): the "
     "quantized hop would break it",

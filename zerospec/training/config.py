@@ -19,7 +19,7 @@ from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 from ..offload import check as check_offload
 from . import combine
-from .sections import (SECTION_OF, SECTIONS, BatchOptions, MeshOptions, OffloadOptions,
+from .sections import (SECTION_OF, SECTIONS, ac_mode, BatchOptions, MeshOptions, OffloadOptions,
                        OptimOptions, QuantOptions, VariantOptions, ZeroROptions)
 
 DEVICES = ("cpu", "meta")
@@ -117,6 +117,18 @@ class TrainConfig:
         return self.exact_grads or self.grad_accum_steps > 1
 
     @property
+    def segment_blocks(self) -> int:
+        """Blocks per checkpointed segment (zerospec/zero_r/checkpointing.py): Megatron's
+        ``checkpoint_activations``, or 1 for torchtitan's ``full`` (a checkpoint per block); 0:
+        none (torchtitan's selective modes checkpoint single blocks on their own rule)."""
+        return self.checkpoint_activations or int(self.activation_checkpointing == "full")
+
+    @property
+    def selective_ac(self) -> bool:
+        """torchtitan's selective activation checkpointing is on (zerospec/zero_r/selective.py)."""
+        return ac_mode(self.activation_checkpointing)[0].startswith("selective")
+
+    @property
     def policy(self) -> Precision:
         return POLICIES[self.precision]
 
@@ -170,10 +182,22 @@ def check_config(cfg) -> None:
 
 def check_zero_r(cfg) -> None:
     """Model parallelism and P_a's switches: ValueError naming the values and what is needed."""
-    if cfg.partition_activations and (cfg.n_m < 2 or not cfg.checkpoint_activations):
+    kind, k = ac_mode(cfg.activation_checkpointing)
+    if kind != "none" and cfg.checkpoint_activations and (kind, cfg.checkpoint_activations) != \
+            ("full", 1):
+        raise ValueError(f"activation_checkpointing={cfg.activation_checkpointing!r} "
+                         f"(torchtitan's) and checkpoint_activations="
+                         f"{cfg.checkpoint_activations} (Megatron's segments of K blocks) are two "
+                         f"rules for which blocks keep what: give one ('full' is "
+                         f"checkpoint_activations=1)")
+    if kind == "selective-layer" and k > cfg.model.n_layer:
+        raise ValueError(f"activation_checkpointing={cfg.activation_checkpointing!r} checkpoints "
+                         f"blocks K, 2K, …: K must be at most n_layer={cfg.model.n_layer}")
+    if cfg.partition_activations and (cfg.n_m < 2 or not cfg.segment_blocks):
         raise ValueError(f"partition_activations (P_a) splits activation checkpoints over the "
-                         f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1, "
-                         f"got n_m={cfg.n_m}, checkpoint_activations={cfg.checkpoint_activations}")
+                         f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1 "
+                         f"(or activation_checkpointing='full'), got n_m={cfg.n_m}, "
+                         f"checkpoint_activations={cfg.checkpoint_activations}")
     for name in ("stage3_persistence_threshold", "stage3_max_reuse_distance"):
         v = getattr(cfg, name)                # an integer >= 0 (its section checked)
         if v and cfg.stage != 3:
@@ -188,7 +212,7 @@ def check_zero_r(cfg) -> None:
                          f"reduce-scatter each unit's gradient from: it needs stage 2 or 3, got "
                          f"stage={cfg.stage} (stages 0–1 keep one persistent gradient buffer per "
                          f"unit already)")
-    if cfg.contiguous_checkpoints and not cfg.checkpoint_activations:
+    if cfg.contiguous_checkpoints and not cfg.segment_blocks:
         raise ValueError("contiguous_checkpoints (M_D) copies activation checkpoints into one "
                          "buffer: it needs checkpoint_activations >= 1, got 0 (off)")
     if cfg.cpu_checkpointing and not cfg.partition_activations:

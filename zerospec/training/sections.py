@@ -20,11 +20,26 @@ from ..paper.theory import ZERO1_COMM
 
 # how the command line reads a flag's text (converters in zerospec/cli/argtypes.py); a section
 # sees only converted values
-PARSERS = ("int", "positive_int", "positive_float", "bucket_size")
+PARSERS = ("int", "positive_int", "positive_float", "bucket_size", "ac_mode")
 TIERS = ("cpu", "nvme")                  # where ZeRO-Offload / ZeRO-Infinity put states
 MODES = ("paper", "deepspeed")           # which gradients go down to the host
 PARTITIONS = ("bandwidth", "owner")      # where offloaded parameters live (C-I8 or its baseline)
 FLAVOURS = ("paper", "fsdp2")            # how stage 3 keeps its states (zerospec/zero/fsdp2.py)
+AC_MODES = ("none", "full", "selective-op", "selective-layer:K")   # torchtitan's, by these names
+
+
+def ac_mode(mode) -> tuple[str, int]:
+    """``--activation-checkpointing``'s value as (kind, k): ("none", 0), ("full", 1),
+    ("selective-op", 0) or ("selective-layer", k) for ``selective-layer:K``, K >= 1 (torchtitan's
+    ``mode`` and ``selective_ac_option``: zerospec/zero_r/selective.py). ValueError naming the
+    value and the accepted ones."""
+    if mode in ("none", "full", "selective-op"):
+        return mode, int(mode == "full")
+    kind, _, k = str(mode).partition(":")
+    if kind == "selective-layer" and k.isdigit() and int(k) >= 1:
+        return kind, int(k)
+    raise ValueError(f"activation_checkpointing must be one of {', '.join(AC_MODES)} (K an "
+                     f"integer >= 1), got {mode!r}")
 
 
 def option(default, flag: str | None = None, help: str = "", *, choices: tuple | None = None,
@@ -135,6 +150,13 @@ class ZeroROptions(Section):
         0, "--checkpoint-activations", "activation checkpointing: keep the input of every K-th "
         "transformer block, recompute the rest in backward (1: one checkpoint per block; "
         "default 0: off)", parse="int", metavar="K")
+    activation_checkpointing: str = option(
+        "none", "--activation-checkpointing", "torchtitan's activation checkpointing "
+        "(spec/activations.md): full (every block's input kept, the block recomputed), "
+        "selective-layer:K (every K-th block so, the others keep everything), selective-op "
+        "(every block keeps the outputs of its odd-numbered matmuls and attention, recomputes "
+        "the rest); default none. --checkpoint-activations K is Megatron's segments of K "
+        "blocks; give one of the two", parse="ac_mode", metavar="MODE")
     partition_activations: bool = option(
         False, "--partition-activations", "P_a: keep 1/N_m of each checkpoint per MP rank, "
         "all-gathered before the recompute (needs --mp >= 2 and --checkpoint-activations)")
@@ -152,6 +174,10 @@ class ZeroROptions(Section):
         "buckets of at most B elements (C_B, spec/buffers.md); 'model': one fp32 buffer of the "
         "whole model (C29's naive buffer); default: one collective per unit",
         parse="bucket_size", metavar="B|model")
+
+    def __post_init__(self):
+        ac_mode(self.activation_checkpointing)     # names the accepted modes
+        super().__post_init__()
 
 
 @dataclasses.dataclass(frozen=True)

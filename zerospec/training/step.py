@@ -23,6 +23,7 @@ from . import checkpoint
 from ..model import gpt
 from ..optim.loss_scale import LossScaler
 from .resume import meta as resume_meta
+from .sections import ac_mode
 from ..optim.update import Reach, StepReport, Updater
 from ..offload import check_checkpointable, with_offload
 from ..zero import EXACT_STAGES, STAGES
@@ -126,7 +127,9 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
     updater = Updater(stage, cfg.clip_grad_norm, scaler, meta.get("optim_step", 0), reach)
     master, model_states = stage.owned_master(), ctx.memory.model_states()
     fetcher = ParamFetcher(stage, cfg.compute_dtype)
-    blocks = block_runner(cfg.checkpoint_activations, fetcher, mp, keep)   # zero_r/
+    kind, k = ac_mode(cfg.activation_checkpointing)     # torchtitan's modes (zero_r/selective.py)
+    blocks = block_runner(cfg.segment_blocks, fetcher, mp, keep, k if kind == "selective-layer" else 0,
+                          kind == "selective-op")
     return Rank(ctx, dp_ctx, stage, updater, fetcher, blocks, master, model_states,
                 meta.get("step", 0) + 1, mp)
 
@@ -175,7 +178,7 @@ def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
     """How a checkpoint is kept between forward and backward (zero_r/): None: whole, on the
     device; ZeRO-R's P_a (P_a+cpu: on the host); M_D's contiguous buffer, of P_a's parts if any."""
     if cfg.contiguous_checkpoints and not cfg.cpu_checkpointing:   # M_D (P_a+cpu: none on device)
-        return Contiguous(ctx.memory, len(segments(cfg.checkpoint_activations, cfg.model.n_layer)),
+        return Contiguous(ctx.memory, len(segments(cfg.segment_blocks, cfg.model.n_layer)),
                           mp if cfg.partition_activations else None)
     if mp is not None and cfg.partition_activations:
         return Partitioned(mp, cfg.cpu_checkpointing, ctx.host)

@@ -41,6 +41,7 @@ import torch
 
 from ..model import gpt
 from ..zero.saved import unit_cast
+from . import selective
 
 
 def segments(k: int, n_layer: int) -> list[range]:
@@ -60,13 +61,18 @@ def check(k, n_layer: int) -> None:
                          f"1..{n_layer} (n_layer), got {k!r}")
 
 
-def block_runner(k: int, fetcher, mp=None, keep=None):
+def block_runner(k: int, fetcher, mp=None, keep=None, every: int = 0, per_op: bool = False):
     """``gpt.forward``'s ``run_blocks`` for one rank's run: plain blocks when k = 0, else a
     checkpoint every k blocks, recomputed in backward through ``fetcher`` (``fetch``, which
     gpt.forward passes, is ``fetcher.fetch``: a segment needs the fetcher's stage and hooks too).
     ``mp``: the rank's model-parallel group (zerospec/model/megatron.py) or None; ``keep``:
     how a checkpoint is kept between forward and backward — None: whole, on the device; else a
-    :class:`zerospec.zero_r.partition.Partitioned` (ZeRO-R's P_a, P_a+cpu)."""
+    :class:`zerospec.zero_r.partition.Partitioned` (ZeRO-R's P_a, P_a+cpu).
+    torchtitan's selective modes (zerospec/zero_r/selective.py), with k = 0: ``every`` K, a
+    checkpoint of one block for every K-th block, the others plain; ``per_op``, every block a
+    checkpoint keeping its input and what the per-op policy saves."""
+    if every or per_op:
+        return _selective(fetcher, mp, every, per_op)
     if k == 0:
         return gpt.blocks if mp is None else functools.partial(gpt.blocks, mp=mp)
 
@@ -75,6 +81,20 @@ def block_runner(k: int, fetcher, mp=None, keep=None):
         for seg in _cut(layers, k):
             with fetcher.saved.counting("checkpoints"):   # the one tensor the segment saves
                 x = _Segment.apply(x, _Run(cfg, fetcher, seg, mp, keep, tiles))   # (B, T, C)
+        return x
+    return run_blocks
+
+
+def _selective(fetcher, mp, every: int, per_op: bool):
+    def run_blocks(cfg: gpt.GPTConfig, x: torch.Tensor, fetch, layers: range,
+                   tiles: int = 1) -> torch.Tensor:
+        for i in layers:
+            if every and not selective.checkpointed(i, every):   # this block keeps everything
+                x = gpt.blocks(cfg, x, fetch, range(i, i + 1), mp, tiles)
+                continue
+            with fetcher.saved.counting("checkpoints"):   # its input (and the ops it keeps)
+                x = _Segment.apply(x, _Run(cfg, fetcher, range(i, i + 1), mp, None, tiles,
+                                           per_op))
         return x
     return run_blocks
 
@@ -89,6 +109,7 @@ class _Run:
     mp: object = None
     keep: object = None
     tiles: int = 1          # memory-centric tiling's MLP tiles per block (C-I3); 1: none
+    per_op: bool = False    # torchtitan's per-op policy: the forward keeps some ops' outputs
 
     def blocks(self, x: torch.Tensor, fetch) -> torch.Tensor:
         return gpt.blocks(self.cfg, x, fetch, self.layers, self.mp, self.tiles)
@@ -123,6 +144,12 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, run: _Run):
         ctx.run = run
+        if run.per_op:                            # the input and the outputs the policy keeps
+            with selective.policy() as kept:
+                y = run.blocks(x, run.serve)
+            ctx.layout = kept.layout()
+            ctx.save_for_backward(x, *kept.tensors())
+            return y
         if run.keep is None:
             ctx.save_for_backward(x)              # the checkpoint
         else:                                     # P_a: 1/N_m of it (P_a+cpu: in host memory)
@@ -132,12 +159,17 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         run, saved = ctx.run, ctx.run.fetcher.saved
-        if run.keep is None:
+        policy = contextlib.nullcontext()
+        if run.per_op:                            # the recompute hands the kept outputs back
+            x, *kept = ctx.saved_tensors
+            policy = selective.policy(selective.rebuild(ctx.layout, kept))
+            del kept
+        elif run.keep is None:
             x, = ctx.saved_tensors                # the ledger lets the checkpoint go here
         else:                                     # P_a: all-gathered over the MP group
             x = run.keep.restore(ctx.kept, ctx.saved_tensors)
         x = x.detach().requires_grad_(True)
-        with torch.enable_grad(), saved.hooks(), saved.counting("recomputed"):
+        with torch.enable_grad(), saved.hooks(), saved.counting("recomputed"), policy:
             y = run.blocks(x, run.refetch)
         torch.autograd.backward(y, grad_y)        # parameter gradients go to the fetcher
         return x.grad, None

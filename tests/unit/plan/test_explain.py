@@ -225,3 +225,22 @@ def test_fit_also_searches_with_a_checkpoint_every_block():
     mb = int(rows["micro-batch at seq 64, a checkpoint every block"][1].replace(",", ""))
     assert step_peak(ex, mb, 64, 1) <= cap < step_peak(ex, mb + 1, 64, 1)
     assert "sequence length at micro-batch 1, a checkpoint every block" in rows
+
+
+def test_selective_op_checkpointing_shows_the_kept_tensors_and_the_loss_in_the_phases():
+    """--activation-checkpointing selective-op: at forward's peak the checkpoints are, per block,
+    its input and the kept outputs (fused qkv, attention output and fp32 log-sum-exp, w1, w2;
+    fp16 on meta), and the notes name the mode and the loss's fp32 log-softmax output."""
+    from zerospec.plan.explain import phase_table
+    m, B, T = TINY_LLAMA, 2, 128
+    ex = explain("tiny-llama", 3, 4, 80 * 10**9, "x", model=m, seq=T, micro_batch=B,
+                 settings={"activation_checkpointing": "selective-op"})
+    hd = m.n_embd // m.n_head
+    block = 2 * B * T * (m.n_embd + (m.n_embd + 2 * m.n_kv_head * hd) + m.n_embd + m.d_ff
+                         + m.n_embd) + 4 * B * m.n_head * T
+    fwd = next(p for p in ex.phases if p.phase == "forward")
+    assert fwd.buffers["checkpoints"] == m.n_layer * block
+    t = phase_table(ex)
+    assert "selective-op activation checkpointing" in t.title
+    assert any(n.startswith("Activation checkpointing: torchtitan's selective-op") for n in t.notes)
+    assert any(f"fp32 output ({B * T * m.vocab_size * 4:,} B" in n for n in t.notes)
