@@ -58,6 +58,8 @@ def memory_per_stage(m: Measurements, out: Path) -> list[Path]:
         setup = run.result.memory[0].snapshots_by_label()["setup@0"][0].current
         bottom = 0.0
         for cat in MODEL_STATES:
+            if cat not in BUFFER_COLORS:   # the FSDP2 flavour's states: not a stage the report runs
+                continue
             h = setup[cat] / MB
             # no edge lines: at large N a partitioned buffer is thinner than an edge would be
             ax.bar(x, h, bottom=bottom, color=BUFFER_COLORS[cat], linewidth=0, width=0.6,

@@ -31,7 +31,10 @@ def build(cfg):
     last = len(model.h) - 1
     for i, blk in enumerate(model.h):
         fully_shard(blk, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    # torchtitan passes True for the root; the benchmark's torch (1963fc8) kept the root unsharded
+    # after forward whatever it was given, torch 2.13 only for the default (None, _fsdp_state.py
+    # l.205): None runs the benchmark's rule here
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None)
     return model, ZerospecAdam(model.parameters(), cfg.adam)
 
 

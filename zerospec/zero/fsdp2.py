@@ -33,7 +33,8 @@ What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2'
 * **What stays gathered.** The root group (embeddings, final norm, LM head) is all-gathered at
   the root's pre-forward and kept until its post-backward at the end of backward: FSDP2 does not
   reshard the root after forward (``_fsdp_state.py::_lazy_init``: ``post_forward_mesh_info =
-  None``), and its gradients are reduce-scattered together, once the last of them (the
+  None``; unconditionally in the benchmark's torch, 1963fc8, for the default only in torch 2.13,
+  while torchtitan passes True), and its gradients are reduce-scattered together, once the last of them (the
   embedding's) is complete. torchtitan keeps the last block gathered from forward to backward
   (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``).
 

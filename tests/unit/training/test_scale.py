@@ -210,7 +210,7 @@ def test_paper_presets_have_the_stated_exact_psi():
 def test_unknown_preset_lists_the_accepted_names():
     with pytest.raises(ValueError, match=r"unknown preset '9B'; accepted: 1\.5B, 7\.5B, 128B, 1T, t4-"):
         preset("9B")
-    assert len(PRESETS) == 4 + 20 + 10
+    assert len(PRESETS) == 4 + 21 + 10
 
 
 # -- the command line -----------------------------------------------------------------------------
