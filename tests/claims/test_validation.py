@@ -76,9 +76,17 @@ def test_the_pages_command_prints_the_tables_torchtitan_cells(capsys):
     rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "llama-3.1-8b", "--gpus", "8",
                          "--machine", "grand-teton-h100", "--stage", "3", "--flavour", "fsdp2",
                          "--precision", "bf16", "--seq", "8192", "--micro-batch", "2",
-                         "--checkpoint-activations", "1", "--expandable-segments",
+                         "--activation-checkpointing", "selective-op", "--expandable-segments",
                          "--format", "json")
     s = json.loads(out)["summary"]
     p = v.torchtitan_step(8)
     assert rc == 0 and (s["peak_allocated_bytes"], s["peak_reserved_bytes"]) == (p.allocated,
                                                                                   p.reserved)
+
+
+@pytest.mark.slow   # ZeRO-Offload's search (cached with the table's) and one more step
+def test_validation_offload_table(md_snapshot):
+    """spec/validation.md's ZeRO-Offload row in parts: the fits in layers, Ψ, and the checkpoint
+    bytes the GPU holds at the allocator's fit (DeepSpeed's example keeps them on the host)."""
+    from zerospec.evaluation.tables import bare
+    assert md_snapshot == bare(v.offload_residual_table())

@@ -35,10 +35,12 @@ WITHIN = Fraction(1, 10)          # the bar: FSDPMemTracker's own test asks ±10
 
 # torchtitan's Llama 3.1 8B (torchtitan/models/llama/__init__.py "8B" at 9dec370: dim 4096, 32
 # layers, 32 heads, 8 KV heads, FFN 14336, vocab 128,256): the preset llama-3.1-8b. What zerospec
-# runs for torchtitan's FSDP rows: stage 3's FSDP2 flavour in bf16 (zerospec/zero/fsdp2.py) with
-# a checkpoint per block; the mechanisms it lacks are RESIDUALS' "torchtitan" entry.
+# runs for torchtitan's FSDP rows: stage 3's FSDP2 flavour in bf16 (zerospec/zero/fsdp2.py, its
+# buffers on FSDP2's streams), torchtitan's selective per-op checkpointing
+# (zerospec/zero_r/selective.py) and the loss's fp32 upcast (zerospec/model/gpt.py::loss).
 TORCHTITAN_PRESET = "llama-3.1-8b"
-TORCHTITAN_SETTINGS = dict(stage=3, flavour="fsdp2", precision="bf16", checkpoint_activations=1)
+TORCHTITAN_SETTINGS = dict(stage=3, flavour="fsdp2", precision="bf16",
+                           activation_checkpointing="selective-op")
 TORCHTITAN_ALLOC = dict(expandable_segments=True)     # run_llama_train.sh @9dec370, l.22
 TORCHTITAN_BATCH, TORCHTITAN_SEQ = 2, 8192
 
@@ -49,9 +51,8 @@ TORCHTITAN_BATCH, TORCHTITAN_SEQ = 2, 8192
 OFFLOAD_SHAPE = dict(d=4096, heads=32, micro_batch=10)
 
 RESIDUALS = {
-    "torchtitan": "not modelled here: selective per-op checkpointing (saves wq, wv, w1, w2 and "
-                  "SDPA outputs; here a checkpoint per block) and the loss's fp32 upcast of the "
-                  "128,256-wide logits",
+    "torchtitan": "not modelled here: cuBLAS's workspaces (inside reserved) and the optimizer "
+                  "step's foreach temporaries beyond what the stage code makes",
     "compile": "torch.compile's fusions (fewer saved intermediates) are not modelled",
     "zero-fig6": "the paper's size is the largest model it ran, not a searched boundary; the CUDA "
                  "context and Megatron-LM's own buffers take none of the 32 GB here",
@@ -108,12 +109,23 @@ def residual_table() -> Table:
     return t
 
 
+def _offload_run(layers: int):
+    return measure(TrainConfig.of(model=gpt(layers, OFFLOAD_SHAPE["d"], OFFLOAD_SHAPE["heads"]),
+                                  stage=2, n_d=1, offload_optimizer="cpu",
+                                  checkpoint_activations=1, contiguous_checkpoints=True),
+                   micro_batch=OFFLOAD_SHAPE["micro_batch"], trace=True)
+
+
+def offload_checkpoints(layers: int) -> int:
+    """The most bytes of activation checkpoints the GPU holds in ZeRO-Offload's step of
+    ``layers`` layers (the ledger's "checkpoints" at its snapshots): what DeepSpeed's example
+    moves to the host instead (cpu_checkpointing)."""
+    return max(snap.current.get("checkpoints", 0) for snap in _offload_run(layers).memory(0).snapshots)
+
+
 def _offload_step(layers: int, capacity: int) -> tuple[int, int, bool]:
     """(Ψ, the allocated peak on a device without a limit, whether it runs on ``capacity``)."""
-    r = measure(TrainConfig.of(model=gpt(layers, OFFLOAD_SHAPE["d"], OFFLOAD_SHAPE["heads"]),
-                               stage=2, n_d=1, offload_optimizer="cpu", checkpoint_activations=1,
-                               contiguous_checkpoints=True),
-                micro_batch=OFFLOAD_SHAPE["micro_batch"], trace=True)
+    r = _offload_run(layers)
     free = replay(r.classes[0].allocations)
     runs = free.peak_reserved <= capacity or replay(r.classes[0].allocations, capacity).oom is None
     return r.psi_padded, free.peak_allocated, runs
@@ -178,6 +190,17 @@ def validation_table() -> Table:
     for m in pm.TORCHTITAN:
         t.add(*row(m, tt[128 if "128" in m.key else 8]))
     t.add(*row(pm.ZERO_OFFLOAD[0], zero_offload_fit()[0]))
+    return t
+
+
+def offload_residual_table() -> Table:
+    """ZeRO-Offload's row in parts: the two fits in layers and the checkpoint bytes the GPU holds
+    at the allocator's fit, which DeepSpeed's example keeps on the host."""
+    (p, L_a, L) = zero_offload_fit()
+    t = Table("validation_offload", "ZeRO-Offload's one-V100 fit, in parts",
+              ["layers, allocated fit", "layers, allocator fit", "Ψ at the allocator fit",
+               "checkpoints on the GPU there (B)"])
+    t.add(L_a, L, f"{p.reserved:,}", f"{offload_checkpoints(L):,}")
     return t
 
 
