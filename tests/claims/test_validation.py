@@ -67,21 +67,29 @@ def test_validation_residual_table(md_snapshot):
     assert md_snapshot == bare(v.residual_table())
 
 
-@pytest.mark.slow   # one meta step of Llama 3 8B at N = 8
+TT_COMMAND = ("plan", "--explain", "--preset", "llama-3.1-8b", "--gpus", "8", "--machine",
+              "grand-teton-h100", "--stage", "3", "--flavour", "fsdp2", "--precision", "bf16",
+              "--seq", "8192", "--micro-batch", "2", "--activation-checkpointing", "selective-op",
+              "--format", "json")
+
+
+@pytest.mark.slow   # two meta steps of Llama 3.1 8B at N = 8
 def test_the_pages_command_prints_the_tables_torchtitan_cells(capsys):
     """spec/validation.md's `plan --explain ... --expandable-segments --format json` prints the
-    8-GPU row's allocated and reserved peaks, to the byte."""
+    8-GPU row's allocated and reserved peaks, to the byte; without --expandable-segments (the
+    allocator's default: segments from cudaMalloc) the reserved peak is within 10% of 82.4 GiB
+    too."""
     import json
     from tests.support.cli import run_cli
-    rc, out, _ = run_cli(capsys, "plan", "--explain", "--preset", "llama-3.1-8b", "--gpus", "8",
-                         "--machine", "grand-teton-h100", "--stage", "3", "--flavour", "fsdp2",
-                         "--precision", "bf16", "--seq", "8192", "--micro-batch", "2",
-                         "--activation-checkpointing", "selective-op", "--expandable-segments",
-                         "--format", "json")
+    rc, out, _ = run_cli(capsys, *TT_COMMAND, "--expandable-segments")
     s = json.loads(out)["summary"]
     p = v.torchtitan_step(8)
     assert rc == 0 and (s["peak_allocated_bytes"], s["peak_reserved_bytes"]) == (p.allocated,
                                                                                   p.reserved)
+    rc, out, _ = run_cli(capsys, *TT_COMMAND)
+    s = json.loads(out)["summary"]
+    assert rc == 0 and s["peak_allocated_bytes"] == p.allocated
+    assert abs(Fraction(s["peak_reserved_bytes"]) / pm.TORCHTITAN[0].bytes - 1) <= v.WITHIN
 
 
 @pytest.mark.slow   # ZeRO-Offload's search (cached with the table's) and one more step
