@@ -41,6 +41,9 @@ def test_a_row_is_within_10_percent_up_to_the_boundary_and_names_its_residual_pa
     c1 = pm.ZERO_FIGURE6[0]
     row = v.row(c1, v.Prediction(44 * 10**9, 42 * 10**9, "parameters"))
     assert row[4:9] == ["40B", "44.00B", "42.00B", "1.05", "yes"]
+    exact = v.row(c1, v.Prediction(0, 44 * 10**9, "parameters"))      # exactly 1.1 × 40B: within
+    assert exact[7:10] == ["1.10", "yes", ""]
+    assert v.row(c1, v.Prediction(0, 44 * 10**9 + 1, "parameters"))[8] == "no"
 
 
 @pytest.mark.slow   # torchtitan's two runs and ZeRO-Offload's search: ~20 s on 2 cores
