@@ -31,7 +31,7 @@ import contextlib
 import torch
 
 from ..runtime.memory import storage_key
-from .saved import SavedTensors, Use, UseState, unit_leaf
+from .saved import SavedTensors, Use, UseState, compute_values, unit_leaf
 
 
 class ParamFetcher:
@@ -65,7 +65,11 @@ class ParamFetcher:
         unit = self.units[i]
         full16 = self.stage.acquire(i)
         resident = self.stage.is_resident(i)
-        leaf = unit_leaf(full16, unit.numel, self.compute_dtype, resident).requires_grad_(True)
+        if getattr(self.stage, "computes_on_gathered", False):   # (test doubles: no such hook)
+            leaf = compute_values(self.stage, full16, unit.numel, self.compute_dtype)
+        else:
+            leaf = unit_leaf(full16, unit.numel, self.compute_dtype, resident)
+        leaf.requires_grad_(True)
         use = Use(i, leaf, resident=resident, owns_leaf=storage_key(leaf) != storage_key(full16))
         self.saved.add_use(use)
         self._n_uses[i] += 1

@@ -63,6 +63,7 @@ class FSDP2Parameters(Parameters):
     """P_os+g+p with FSDP2's states, buffers and resharding as torchtitan sets them (module)."""
 
     master_apart = False       # the fp32 sharded parameters are what Adam updates
+    computes_on_gathered = True   # autograd uses the unsharded parameters themselves
 
     def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None, *,
                  root: frozenset = frozenset(), keep: frozenset = frozenset()):
@@ -72,10 +73,13 @@ class FSDP2Parameters(Parameters):
                              "apply (spec/combine.md)")
         self.root, self.keep = root, keep
         self._held: dict[int, torch.Tensor] = {}      # the root's unsharded units
+        self._kept: dict[int, torch.Tensor] = {}      # the last block's, forward to post-backward
         self._ag_prev: torch.Tensor | None = None     # forward: the last group's flat AG output
         self._prefetched: dict[int, torch.Tensor] = {}   # backward: flat AG outputs ahead of use
         self._rs_prev: torch.Tensor | None = None     # the reduce-scatter input kept in flight
         self._root_grads: dict[int, torch.Tensor] = {}
+        self._in_backward: dict[int, list[torch.Tensor]] = {}   # unsharded until post-backward
+        self._lowest: int | None = None   # backward: the lowest unit unsharded so far
         super().__init__(ctx, units, init, adam, precision, buckets=buckets, grad_buffer=grad_buffer)
 
     # -- states ----------------------------------------------------------------------------------
@@ -130,10 +134,21 @@ class FSDP2Parameters(Parameters):
             group = sorted(self.root)
             self._held.update(zip(group, self._unshard(group)))
             return self._held[i]
-        full, = self._unshard([i])
-        if self.ctx.phase_name == "backward" and i - 1 >= 0 and i - 1 not in self.root \
-                and i - 1 not in self.keep and i - 1 not in self._prefetched:
-            self._prefetched[i - 1] = self._all_gather([i - 1])   # _backward_prefetch: one ahead
+        if i in self._kept:   # not resharded after forward (a checkpoint's recompute reads it)
+            full = self._kept[i]
+        else:
+            full, = self._unshard([i])
+            if i in self.keep and self.ctx.phase_name == "forward":
+                self._kept[i] = full
+        if self.ctx.phase_name == "backward":
+            # _backward_prefetch: the group before, one ahead; backward runs the groups in
+            # reverse, so only a unit below every one unsharded so far is still to come (a
+            # checkpointed segment's recompute unshards its blocks in forward order)
+            j = i - 1
+            if (self._lowest is None or j < self._lowest) and j >= 0 and j not in self.root \
+                    and j not in self.keep and j not in self._prefetched:
+                self._prefetched[j] = self._all_gather([j])
+            self._lowest = i if self._lowest is None else min(self._lowest, i)
         return full
 
     def _all_gather(self, group: list[int]) -> torch.Tensor:
@@ -183,8 +198,19 @@ class FSDP2Parameters(Parameters):
         self._ag_prev = None
 
     def release(self, i: int, full16: torch.Tensor) -> None:
-        if i not in self._held:
-            self.memory.free(full16)
+        """A use is over. Forward: post_forward reshards (``free_storage``: the storage resized
+        to 0, which autograd's view of it no longer holds). Backward: the unit stays unsharded
+        until its post-backward, once its gradient is complete (:meth:`grad_ready`)."""
+        if i in self._held or i in self._kept:
+            return
+        if self.ctx.phase_name == "backward":
+            self._in_backward.setdefault(i, []).append(full16)
+        else:
+            self._reshard(full16)
+
+    def _reshard(self, full16: torch.Tensor) -> None:
+        self.memory.free(full16)
+        full16.untyped_storage().resize_(0)      # _fsdp_param.py: free_storage
 
     # -- gradients out ---------------------------------------------------------------------------
     def grad_slot(self, i: int) -> torch.Tensor:
@@ -193,12 +219,17 @@ class FSDP2Parameters(Parameters):
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         if i not in self.root:
+            unsharded = self._in_backward.pop(i, [])
+            if i in self._kept:
+                unsharded.append(self._kept.pop(i))
+            for full in unsharded:                       # post_backward reshards first
+                self._reshard(full)
             self._reduce([i], [slot])
             return
         self._root_grads[i] = slot
         if len(self._root_grads) == len(self.root):   # the root's post-backward: all at once
             for j in sorted(self.root):
-                self.memory.free(self._held.pop(j))      # reshard before the reduce
+                self._reshard(self._held.pop(j))         # reshard before the reduce
             group = sorted(self._root_grads)
             self._reduce(group, [self._root_grads.pop(j) for j in group])
 
@@ -241,7 +272,11 @@ class FSDP2Parameters(Parameters):
         self._prefetched.clear()
         if self._ag_prev is not None:
             self._free_ag_prev()
-        for full in self._held.values():
-            self.memory.free(full)
+        for full in [*self._held.values(), *self._kept.values(),
+                     *(f for fs in self._in_backward.values() for f in fs)]:
+            self._reshard(full)
         self._held.clear()
+        self._kept.clear()
+        self._in_backward.clear()
+        self._lowest = None
         super().end_backward()

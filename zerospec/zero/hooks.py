@@ -27,6 +27,7 @@ class StageHooks(Protocol):
     exact_sums: bool        # gradients summed exactly in fp64 (zero/exact.py)
     shards_leave: bool      # gradient shards leave the device inside backward (ZeRO-Offload)
     master_apart: bool      # fp32 masters apart from the parameters (sync_params refreshes)
+    computes_on_gathered: bool   # compute reads the gathered vector itself, no copy (FSDP2)
 
     def _allocate_params(self, init) -> None: ...
     def _allocate_gradients(self) -> None: ...

@@ -33,6 +33,15 @@ def unit_cast(full16: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Ten
     return full16[:numel].to(dtype, copy=True)
 
 
+def compute_values(stage, full16: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """What compute reads of a unit the stage gathered: :func:`unit_cast`'s copy, or, where the
+    stage computes on the gathered vector itself (``stage.computes_on_gathered``: FSDP2's
+    unsharded parameters are what autograd uses) and its dtype is the compute dtype, a view."""
+    if getattr(stage, "computes_on_gathered", False) and full16.dtype == dtype:
+        return full16[:numel].detach()
+    return unit_cast(full16, numel, dtype)
+
+
 def unit_leaf(full16: torch.Tensor, numel: int, dtype: torch.dtype, resident: bool) -> torch.Tensor:
     """Forward's leaf for one use of a unit: :func:`unit_cast`'s copy, or, in fp32 training on a
     CPU where the stage keeps the unit (stages 0–2), a view of the stage's own vector: the same
@@ -184,7 +193,8 @@ class SavedTensors:
             if use.state in (UseState.SAVED, UseState.UNIT_KEPT):
                 if use.state is UseState.SAVED:
                     use.full16 = self.stage.acquire(use.unit)
-                use.cast = unit_cast(use.full16, self.units[use.unit].numel, self.compute_dtype)
+                use.cast = compute_values(self.stage, use.full16, self.units[use.unit].numel,
+                                          self.compute_dtype)
                 use.state = UseState.REGATHERED
             view = use.cast.as_strided(packed.size, packed.stride, packed.offset)
         use.refs -= 1

@@ -24,6 +24,7 @@ class DataParallel:
     resident = True   # every rank keeps the full fp16 parameters between uses (stages 0–2)
     exact_sums = False   # gradients summed exactly in fp64 (zerospec/zero/exact.py)
     shards_leave = False   # gradient shards go to the host inside backward (ZeRO-Offload)
+    computes_on_gathered = False   # compute reads a copy of the unit (zero/saved.py unit_leaf)
 
     def __init__(self, ctx, units, init: list[torch.Tensor], adam: AdamConfig,
                  precision: Precision | None = None, buckets=None, grad_buffer=None):

@@ -40,7 +40,7 @@ import functools
 import torch
 
 from ..model import gpt
-from ..zero.saved import unit_cast
+from ..zero.saved import compute_values
 from . import selective
 
 
@@ -119,11 +119,13 @@ class _Run:
         """Unit i for the no-autograd forward: the stage's fp16 vector, cast as the fetcher casts."""
         stage, unit = self.fetcher.stage, self.fetcher.units[i]
         full16 = stage.acquire(i)
-        flat = unit_cast(full16, unit.numel, self.fetcher.compute_dtype)
+        flat = compute_values(stage, full16, unit.numel, self.fetcher.compute_dtype)
         try:
             yield unit.views(flat)
-        finally:   # the cast dies with the use, as the fetcher's does in stage 3
-            flat.untyped_storage().resize_(0)
+        finally:   # the cast dies with the use, as the fetcher's does in stage 3 (a view of the
+            #        gathered vector itself is the stage's to let go: FSDP2's flavour)
+            if flat.untyped_storage()._cdata != full16.untyped_storage()._cdata:
+                flat.untyped_storage().resize_(0)
             stage.release(i, full16)
 
     def refetch(self, i: int):

@@ -110,9 +110,25 @@ def test_backward_prefetches_the_next_blocks_all_gather(run):
             if e.category == "grad16" and e.nbytes == 2 * BLOCK:
                 seen.append(held)
         elif e.op == "free":
-            held -= live.pop(e.key).nbytes if live[e.key].category == "ag_buffer" else 0
-            live.pop(e.key, None)
+            gone = live.pop(e.key)
+            held -= gone.nbytes if gone.category == "ag_buffer" else 0
     assert seen == [0] + [2 * padded(BLOCK)] * (L - 2) + [0]
+
+
+def test_a_block_stays_unsharded_until_its_gradient_is_complete(run):
+    """post_backward reshards: when each block's bf16 gradient is written, the block's own
+    unsharded parameters are still held beside the root's (not freed at their last use)."""
+    held, live, seen = 0, {}, []
+    for e in run.memory[0].trace:
+        if e.op == "alloc":
+            live[e.key] = e
+            held += e.nbytes if e.category == "gathered" else 0
+            if e.category == "grad16" and e.nbytes == 2 * BLOCK:
+                seen.append(held)
+        elif e.op == "free":
+            gone = live.pop(e.key)
+            held -= gone.nbytes if gone.category == "gathered" else 0
+    assert seen == [2 * (EMBED + LN_F + BLOCK)] * L
 
 
 @pytest.mark.slow
@@ -129,3 +145,42 @@ def test_the_observer_sees_the_ledger_and_the_returned_bf16_losses_only():
             assert counted == entry.ledger_bytes, f"rank {rank}: {entry.describe()}"
             assert entry.bytes == entry.ledger_bytes + persistent_extras(r, label) // 2, \
                 f"rank {rank}: unexplained bytes at the entry of {entry.describe()}"
+
+
+@pytest.mark.slow   # a traced meta step: ~3 s
+def test_compute_reads_the_unsharded_parameters_with_no_copy():
+    """FSDP2's autograd uses the unsharded parameters themselves: in the step's storage trace
+    (every storage, counted or not) no temporary has a unit's size in bf16 — the paper's stage 3
+    makes one, its compute copy, for every use."""
+    from zerospec.training.scale import measure
+
+    def copies(**kw):
+        cfg = TrainConfig.of(stage=3, n_d=N, model=M, precision="bf16", **kw)
+        trace = measure(cfg, trace=True).classes[0].allocations
+        return sum(e.op == "alloc" and not e.category and e.nbytes in {2 * n for n in UNITS}
+                   for e in trace)
+    assert copies(flavour="fsdp2") == 0 < copies()
+
+
+@pytest.mark.parametrize("k", [0, L], ids=["no checkpoints", "one segment of every block"])
+def test_backward_gathers_each_block_it_needs_once(k):
+    """Backward all-gathers every block but the last, which stays unsharded from forward (with a
+    checkpointed segment of every block too: the recompute reads it), each once: a prefetch never
+    gathers a block again that is already unsharded."""
+    r = train(TrainConfig.of(stage=3, n_d=N, model=M, steps=1, precision="bf16", flavour="fsdp2",
+                             checkpoint_activations=k))
+    assert all(r.comm.count(rank, phase="backward", op="all_gather") == L - 1
+               for rank in range(N))
+
+
+def test_one_step_moves_fsdp2s_collectives_in_their_dtypes(run):
+    """Forward gathers the root group, then each block, in bf16; backward re-gathers every block
+    but the last and reduce-scatters each block's gradient in fp32 as it completes, the root's
+    last: 3Ψ less the root and the last block's backward gathers."""
+    got = [(x.phase, x.op, str(x.dtype).split(".")[1], x.numel) for x in run.comm.records(0)]
+    root = [padded(n) for n in ROOT]                          # embeddings, final norm
+    assert got == [*(("forward", "all_gather", "bfloat16", n) for n in root + [padded(BLOCK)] * L),
+                   ("backward", "reduce_scatter", "float32", padded(BLOCK)),        # the last block
+                   *[("backward", "all_gather", "bfloat16", padded(BLOCK))] * (L - 1),  # prefetched
+                   *[("backward", "reduce_scatter", "float32", padded(BLOCK))] * (L - 1),
+                   *(("backward", "reduce_scatter", "float32", n) for n in root)]
