@@ -1,6 +1,6 @@
 """zerospec's predictions beside measurements published from real GPUs (spec/validation.md).
 
-Each row of :func:`validation_table` is one :class:`~zerospec.paper.measurements.Published`
+Each row of :func:`validation_table` and :func:`figure6_table` is one :class:`~zerospec.paper.measurements.Published`
 measurement beside what zerospec predicts for its configuration, both from mechanisms only:
 
 - **a memory reading** (torchtitan's ``max_reserved``): one meta step of the configuration, the
@@ -50,10 +50,10 @@ TORCHTITAN_BATCH, TORCHTITAN_SEQ = 2, 8192
 # ds_zero-offload_10B_config.json: stage 2 with cpu_offload), the layer count searched.
 OFFLOAD_SHAPE = dict(d=4096, heads=32, micro_batch=10)
 
-RESIDUALS = {
+RESIDUALS = {   # by the first of these names a row's key contains
+    "compile": "torch.compile's fusions (fewer saved intermediates) are not modelled",
     "torchtitan": "not modelled here: cuBLAS's workspaces (inside reserved) and the optimizer "
                   "step's foreach temporaries beyond what the stage code makes",
-    "compile": "torch.compile's fusions (fewer saved intermediates) are not modelled",
     "zero-fig6": "the paper's size is the largest model it ran, not a searched boundary; the CUDA "
                  "context and Megatron-LM's own buffers take none of the 32 GB here",
     "zero-offload": "DeepSpeed's example keeps its checkpoints on the CPU (cpu_checkpointing), "
@@ -171,8 +171,7 @@ def row(m: pm.Published, p: Prediction) -> list:
     ratio = Fraction(p.reserved) / measured
     fmt = _gib if p.unit == "bytes" else _size
     within = abs(ratio - 1) <= WITHIN
-    key = ("compile" if "compile" in m.key else m.key.rsplit("-", 1)[0] if m.key.startswith("zero-fig6")
-           else m.key.split("-")[0] if m.key.startswith("torchtitan") else "zero-offload")
+    key = next(f for f in RESIDUALS if f in m.key)      # "compile" before "torchtitan"
     return [m.key, m.kind, m.source, m.configuration, m.printed, fmt(p.allocated),
             fmt(p.reserved), str(round_half_up(ratio, 2)), "yes" if within else "no",
             "" if within else RESIDUALS[key]]
