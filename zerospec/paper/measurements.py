@@ -14,7 +14,7 @@ from fractions import Fraction
 GiB = 2**30
 
 # [TT] pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (the page: added in 820504e2;
-#      its runs: torchtitan 9dec370, torch 1963fc8, 2024-12): Llama 3.1 8B on 96 GB HBM2e H100s
+#      its runs: torchtitan 9dec370, torch 1963fc8): Llama 3.1 8B on 96 GB HBM2e H100s
 #      (zerospec/paper/hardware.py GRAND_TETON_H100), train_configs/llama3_8b.toml at 9dec370 with
 #      --training.batch_size 2: seq 8192, AdamW (foreach), selective activation checkpointing per op
 #      ('op'), bf16 parameters and fp32 gradient reduction (config_manager.py defaults), eager
