@@ -107,14 +107,15 @@ def report_figures_data(m) -> str:
 
 def c30_figure_data() -> str:
     """What the fragmentation figure draws: C30's step (GPT-2 1.5B, P_os+g+p, N_d = 400, k = 2,
-    74 sequences) replayed on 32 GB without and with M_D, sample by sample until it runs out."""
-    from zerospec.evaluation.cached_memory import c30_trace
+    C30_BATCH sequences) replayed on 32 GB without and with M_D, sample by sample until it runs
+    out."""
+    from zerospec.evaluation.cached_memory import C30_BATCH, c30_trace
     from zerospec.paper import theory
     from zerospec.runtime.trace import replay
     rows = ["| M_D | samples | allocated peak (B) | reserved peak (B) | out of memory: free (B) "
             "| samples sha256 |", "|---|---|---|---|---|---|"]
     for md in (False, True):
-        r = replay(c30_trace(74, md), theory.V100_BYTES, samples=True)
+        r = replay(c30_trace(C30_BATCH, md), theory.V100_BYTES, samples=True)
         oom = f"{r.oom.free:,}" if r.oom else "runs"
         rows.append(f"| {'with' if md else 'without'} | {len(r.samples):,} "
                     f"| {max(a for a, _ in r.samples):,} | {max(b for _, b in r.samples):,} "

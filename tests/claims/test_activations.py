@@ -151,7 +151,8 @@ def test_gpt2_1_5b_activation_peak_is_least_with_a_checkpoint_every_2_blocks(md_
     Per k, the peak is exactly the larger of the end of forward (⌈L/k⌉ checkpoints + what lies
     outside the blocks) and the worst segment's recompute (the checkpoints before it + its k
     blocks' working set + the token ids): fewer checkpoints trade against a larger recompute, and
-    for GPT-2 1.5B at batch 32 the least peak is at k = 2, 7.9 GB."""
+    for GPT-2 1.5B at batch 32 the least peak is at k = 2, 9.3 GB (6.8 GB of it outside the
+    blocks, mostly the loss's fp32 log-softmax output)."""
     m, t = preset("1.5B").model, terms("1.5B")
     c, W = t["checkpoint"], t["block"]
     rows = ["| k | checkpoints | checkpoint bytes | recompute holds (B) | activation peak (B) |",
@@ -170,5 +171,5 @@ def test_gpt2_1_5b_activation_peak_is_least_with_a_checkpoint_every_2_blocks(md_
     best = min(peaks, key=peaks.get)
     claim_values(f"least peak {peaks[best] / GB:.1f} GB at k = {best} (k = 1: {peaks[1] / GB:.1f} GB)",
                  "about 8 GB (C27)", "1.5B, batch 32, meta, k = blocks per checkpoint")
-    assert best == 2 and round(peaks[best] / GB, 1) == 7.9
+    assert best == 2 and round(peaks[best] / GB, 1) == 9.3
     assert md_snapshot == "\n".join(rows)

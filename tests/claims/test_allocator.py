@@ -17,7 +17,7 @@ from tools import specfigures
 from zerospec.model.gpt import SMALL
 from zerospec.model.presets import preset
 from zerospec.paper import theory
-from zerospec.evaluation.cached_memory import c30_trace
+from zerospec.evaluation.cached_memory import C30_BATCH, c30_trace
 from zerospec.runtime.trace import replay
 from zerospec.training.config import TrainConfig
 from zerospec.training.sections import MeshOptions, ZeroROptions
@@ -37,34 +37,36 @@ def need(trace) -> int:
 
 @pytest.mark.claim("C30")
 def test_a_step_that_needs_29gb_runs_out_on_a_32gb_gpu_with_32_percent_free(claim_values):
-    """74 sequences per GPU never hold more than 29.39 GB, yet in backward the logits' fp16
-    gradient (74·1024·50257·2 B = 7.62 GB) finds no block: 10.23 GB (32.0%) is free, in pieces —
-    free blocks of split segments (the largest 2.24 GB) and 7.38 GB never reserved (C30: out of
-    memory with over 30% still free). One sequence fewer fits."""
-    trace = c30_trace(74, False)
+    """44 sequences per GPU never hold more than 31.15 GB, yet in backward an fp32 gradient of
+    the logits (44·1024·50257·4 B = 9.06 GB: the loss is computed in fp32) finds no block:
+    9.91 GB (31.0%) is free, in pieces — free blocks of split segments (the largest 1.33 GB) and
+    8.18 GB never reserved (C30: out of memory with over 30% still free). One sequence fewer
+    fits."""
+    assert C30_BATCH == 44
+    trace = c30_trace(44, False)
     oom = replay(trace, CAP).oom
-    assert need(trace) == 29_386_251_776 < CAP
-    assert oom.phase == "backward@1" and oom.error.requested == 74 * 1024 * 50257 * 2
+    assert need(trace) == 31_150_251_520 < CAP
+    assert oom.phase == "backward@1" and oom.error.requested == 44 * 1024 * 50257 * 4
     assert (oom.free, oom.error.reserved, oom.error.largest_free) == (
-        10_230_604_288, 24_620_564_480, 2_240_544_768)
+        9_907_347_968, 23_815_258_112, 1_332_215_808)
     assert oom.free_fraction > 0.30
-    assert replay(c30_trace(73, False), CAP).oom is None
+    assert replay(c30_trace(43, False), CAP).oom is None
     claim_values(f"OOM with {oom.free / GB:.2f} GB = {oom.free_fraction:.1%} free (step needs "
                  f"{need(trace) / GB:.2f} GB)", "over 30% free in extreme cases (C30)",
-                 "1.5B, P_os+g+p, N_d=400, k=2, b=74, 32 GB")
+                 "1.5B, P_os+g+p, N_d=400, k=2, b=44, 32 GB")
 
 
 def test_c30_out_of_memory_table(md_snapshot):
     """spec/allocator.md's C30 row, the numbers its sentence quotes: what the step needs, the
     request that fails and where, what the allocator holds then and what is free (bytes)."""
-    trace = c30_trace(74, False)
+    trace = c30_trace(C30_BATCH, False)
     oom = replay(trace, CAP).oom
     never = CAP - oom.error.reserved                 # never reserved: the device's untouched rest
-    fewer = "runs" if replay(c30_trace(73, False), CAP).oom is None else "runs out"
+    fewer = "runs" if replay(c30_trace(C30_BATCH - 1, False), CAP).oom is None else "runs out"
     rows = ["| sequences | the step needs (B) | request that fails (B) | in phase | reserved (B) "
             "| free in segments (B) | largest free block (B) | never reserved (B) | free (B) "
             "| free share | one sequence fewer |", "|---|---|---|---|---|---|---|---|---|---|---|",
-            f"| 74 | {need(trace):,} | {oom.error.requested:,} | {oom.phase} | {oom.error.reserved:,} "
+            f"| {C30_BATCH} | {need(trace):,} | {oom.error.requested:,} | {oom.phase} | {oom.error.reserved:,} "
             f"| {oom.free - never:,} | {oom.error.largest_free:,} | {never:,} | {oom.free:,} "
             f"| {oom.free_fraction:.1%} | {fewer} |"]
     assert md_snapshot == "\n".join(rows)
@@ -78,33 +80,33 @@ def test_fragmentation_figure_data(md_snapshot):
 
 @pytest.mark.claim("C37")
 def test_md_removes_that_oom_the_checkpoints_in_one_buffer(claim_values):
-    """The same step with M_D: its 24 checkpoints (74·1024·1600·2 B each) are copied into one
+    """The same step with M_D: its 24 checkpoints (44·1024·1600·2 B each) are copied into one
     buffer allocated at the first; the step fits on the 32 GB GPU, holding no more than without
     M_D (C37: no OOM from a lack of contiguous memory)."""
-    off, on = c30_trace(74, False), c30_trace(74, True)
+    off, on = c30_trace(44, False), c30_trace(44, True)
     r = replay(on, CAP)
     ckpt = [e.nbytes for e in on if e.op == "alloc" and e.category == "checkpoints"]
-    assert ckpt == [24 * 74 * 1024 * 1600 * 2]
-    assert r.oom is None and need(on) == 29_384_416_768 <= need(off)
-    claim_values("the 32%-free OOM of C30 gone", "M_D avoids OOM from lack of contiguous "
+    assert ckpt == [24 * 44 * 1024 * 1600 * 2]
+    assert r.oom is None and need(on) == 31_149_202_944 <= need(off)
+    claim_values("the 31%-free OOM of C30 gone", "M_D avoids OOM from lack of contiguous "
                  "memory (C37)", "same step, M_D on")
 
 
 @pytest.mark.slow
 @pytest.mark.claim("C37")
-def test_md_grows_the_largest_micro_batch_on_32gb_from_73_to_80():
-    """Without M_D 74 sequences run out (above); with it 80 fit, and 81 run out only because
-    the step then needs more than the GPU has (32.14 GB): a shortage, not fragmentation."""
-    assert replay(c30_trace(80, True), CAP).oom is None
-    assert replay(c30_trace(81, True), CAP).oom is not None and need(c30_trace(81, True)) > CAP
+def test_md_grows_the_largest_micro_batch_on_32gb_from_43_to_45():
+    """Without M_D 44 sequences run out (above); with it 45 fit, and 46 run out only because
+    the step then needs more than the GPU has (32.55 GB): a shortage, not fragmentation."""
+    assert replay(c30_trace(45, True), CAP).oom is None
+    assert replay(c30_trace(46, True), CAP).oom is not None and need(c30_trace(46, True)) > CAP
 
 
 # -- the table of spec/allocator.md: other configurations at their largest micro-batch ---------------
 LABELS = {1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 # (preset, stage, N_d, N_m, P_a, k, largest micro-batch without M_D, with M_D)
-CONFIGS = [("1.5B", 3, 400, 1, False, 2, 73, 80), ("1.5B", 2, 400, 1, False, 3, 71, 70),
-           ("1.5B", 2, 400, 1, False, 2, 66, 72), ("1.5B", 3, 400, 1, False, 1, 63, 67),
-           ("1.5B", 2, 400, 1, False, 1, 57, 60), ("1.5B", 1, 400, 1, False, 1, 50, 53),
+CONFIGS = [("1.5B", 3, 400, 1, False, 2, 43, 45), ("1.5B", 2, 400, 1, False, 3, 40, 41),
+           ("1.5B", 2, 400, 1, False, 2, 38, 40), ("1.5B", 3, 400, 1, False, 1, 39, 40),
+           ("1.5B", 2, 400, 1, False, 1, 35, 36), ("1.5B", 1, 400, 1, False, 1, 31, 32),
            ("t4-40B-88x6144", 1, 25, 16, True, 1, 111, 107),
            ("t4-100B-125x8192", 2, 25, 16, True, 1, 52, 51)]
 
@@ -236,13 +238,14 @@ def test_a_reused_gradient_slot_alone_does_not_remove_c30s_oom():
     per-unit gradient slots; with both M_D's buffers it fits (as with the checkpoints' alone)."""
     r = measure(TrainConfig(stage=3, n_d=400, model=GPT2,
                             zero_r=ZeroROptions(checkpoint_activations=2, contiguous_gradients=True)),
-                micro_batch=74, trace=True)
+                micro_batch=C30_BATCH, trace=True)
     oom = replay(r.classes[0].allocations, CAP).oom
     assert oom is not None and oom.phase == "backward@1" and oom.free_fraction > 0.30
     both = measure(TrainConfig(stage=3, n_d=400, model=GPT2,
                                zero_r=ZeroROptions(checkpoint_activations=2,
                                                    contiguous_gradients=True,
-                                                   contiguous_checkpoints=True)), micro_batch=74,
+                                                   contiguous_checkpoints=True)),
+                   micro_batch=C30_BATCH,
                    trace=True)
     assert replay(both.classes[0].allocations, CAP).oom is None
 

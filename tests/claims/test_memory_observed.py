@@ -127,16 +127,21 @@ def test_the_optimizer_writes_each_owned_master_element_once(stage, claim_values
                  if stage else f"Ψ = {r.psi:,}", f"{stage_id(stage)}, N={N}, observed")
 
 
-@pytest.mark.parametrize("stage", range(4), ids=stage_id)
-def test_with_activation_checkpointing_the_observer_still_agrees_with_the_ledger(stage):
+@pytest.mark.parametrize("stage,kw", [
+    *((s, {"checkpoint_activations": 1}) for s in range(4)),
+    (3, {"activation_checkpointing": "selective-layer:2"}),
+    (3, {"activation_checkpointing": "selective-op"})],
+    ids=lambda v: stage_id(v) if isinstance(v, int) else "+".join(map(str, v.values())))
+def test_with_activation_checkpointing_the_observer_still_agrees_with_the_ledger(stage, kw):
     """One checkpoint per block (zerospec/zero_r/checkpointing.py): at every phase entry observed
     = ledger + losses + kept casts, byte for byte, and at every peak each uncounted byte is named —
     so the checkpoints, and the recomputed activations backward holds, are all in the ledger. (It
     checks the instrument behind C27's measured values, test_activations.py, and compares no
     paper number: no claim mark.)
     Stages 0–2 now keep only the embedding's and ln_f's casts into backward (a checkpointed block
-    is served without a Use). Counting no checkpoint (saved.py) turns every stage red."""
-    r, obs = observed(stage, "odd", 2, checkpoint_activations=1)
+    is served without a Use). Counting no checkpoint (saved.py) turns every stage red. torchtitan's
+    selective modes (zerospec/zero_r/selective.py) at stage 3: the same."""
+    r, obs = observed(stage, "odd", 2, **kw)
     cfg = r.config
     kept = sum(u.numel for u in r.units if not u.name.startswith("h."))    # embed, ln_f
     acts = sum(r.memory[0].peak[c] for c in ("activations", "checkpoints", "recomputed"))

@@ -265,8 +265,8 @@ def test_table2_p_os_with_a_whole_step_in_32_gb_is_below_theory(n_m, d, claim_va
                                                                  md_snapshot):
     """Table 2's measured P_os column is ≈ 0.82 of theory in every row (C18): residual memory. A
     whole step (model states, a checkpoint per block, one sequence of 1024 tokens, its
-    activations) measured on meta keeps 0.98 of theory at MP 1 and 0.92 at MP 16 (what every MP
-    rank holds whole, and the activations the vocabulary split leaves): what the paper's 0.82
+    activations) measured on meta keeps 0.97 of theory at MP 1 and 0.92 at MP 16 (what every MP
+    rank holds whole, and the activations the vocabulary split leaves; the loss in fp32 at both): what the paper's 0.82
     holds beyond that — its batch, buffers, fragmentation — is not stated."""
     def fits(L: int) -> bool:
         r = measure(TrainConfig(stage=1, n_d=64, model=gpt(L, d, d // 128),
@@ -277,7 +277,7 @@ def test_table2_p_os_with_a_whole_step_in_32_gb_is_below_theory(n_m, d, claim_va
     L = largest(fits)
     psi = gpt(L, d, d // 128).psi
     ratio = psi / float(theory.table2_row(n_m)[1])
-    assert round(ratio, 2) == {1: 0.98, 16: 0.92}[n_m]
+    assert round(ratio, 2) == {1: 0.97, 16: 0.92}[n_m]
     md_snapshot.assert_match("\n".join([
         "| MP | width | layers | Ψ | of theory's P_os |", "|---|---|---|---|---|",
         f"| {n_m} | {d} | {L} | {psi / 1e9:.3g}B | {ratio:.2f} |"]))

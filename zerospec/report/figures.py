@@ -171,15 +171,15 @@ def timeline(m: Measurements, out: Path) -> list[Path]:
 
 def fragmentation(m: Measurements, out: Path) -> list[Path]:
     """Reserved vs allocated over one step of C30's case (GPT-2 1.5B, P_os+g+p, N_d = 400, a
-    checkpoint every 2 blocks, 74 sequences per GPU) on a 32 GB GPU, without and with M_D: the
+    checkpoint every 2 blocks, C30_BATCH sequences per GPU) on a 32 GB GPU, without and with M_D: the
     caching allocator model replaying the step's storage trace (spec/allocator.md): the traces
     ``m`` holds (``measure(..., c30=True)``), else one meta step each here."""
     from ..runtime.trace import replay
-    from ..evaluation.cached_memory import c30_trace
+    from ..evaluation.cached_memory import C30_BATCH, c30_trace
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True, sharey=True)
     for ax, md in zip(axes, (False, True)):
-        trace = m.c30[md] if md in m.c30 else c30_trace(74, md)
+        trace = m.c30[md] if md in m.c30 else c30_trace(C30_BATCH, md)
         r = replay(trace, theory.V100_BYTES, samples=True)
         allocated, reserved = ([x[k] / theory.GB for x in r.samples] for k in (0, 1))
         # thousands of samples: drawn as pixels in the SVG too (as vectors they made it over 1 MB)
@@ -205,7 +205,7 @@ def fragmentation(m: Measurements, out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("GB on one GPU")
     fig.suptitle("Fragmentation (C30) and M_D (C37): GPT-2 1.5B, P_os+g+p, N_d = 400, "
-                 "k = 2, 74 sequences per GPU", fontsize=10)
+                 f"k = 2, {C30_BATCH} sequences per GPU", fontsize=10)
     return save_figure(fig, out, "fragmentation")
 
 

@@ -141,12 +141,12 @@ def meta_measurements(cfg: ReportConfig, c30: bool = False) -> tuple[dict, dict,
     """The report's meta steps: each variant's FLOP-counting step, the memory-vs-N sweep per
     stage, ZeRO-R's options and, with ``c30``, C30's storage traces without and with M_D (the
     fragmentation figure's). Integers and metadata only: the same in any process."""
-    from ..evaluation.cached_memory import c30_trace
+    from ..evaluation.cached_memory import C30_BATCH, c30_trace
     flops = {key: cfg.count_flops(key) for key in cfg.variants}
     sweep_ns = sorted(set(cfg.sweep) | {cfg.ranks})
     sweep = {s: {n: max(setup_model_states(s, n, cfg.model).values()) for n in sweep_ns}
              for s in sorted({VARIANTS[k][0] for k in cfg.variants})}
-    traces = {md: c30_trace(74, md) for md in (False, True)} if c30 else {}
+    traces = {md: c30_trace(C30_BATCH, md) for md in (False, True)} if c30 else {}
     return flops, sweep, zero_r_options(cfg), traces
 
 

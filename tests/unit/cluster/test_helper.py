@@ -15,7 +15,7 @@ import pytest
 
 from zerospec.model.gpt import GPTConfig
 from zerospec.cluster import helper
-from zerospec.evaluation.cached_memory import c30_trace
+from zerospec.evaluation.cached_memory import C30_BATCH, c30_trace
 from zerospec.cluster.helper import Beside
 from zerospec.report.measure import Measurements, ReportConfig, meta_measurements
 from zerospec.report.writeup import zero_r_table
@@ -210,7 +210,7 @@ def test_c30s_trace_from_the_helper_is_the_one_measured_here():
     with Beside(meta_measurements, TINY, True) as side:
         there = side.result()[3]
     assert {md: _storages_in_order(t) for md, t in there.items()} == \
-        {md: _storages_in_order(c30_trace(74, md)) for md in (False, True)}
+        {md: _storages_in_order(c30_trace(C30_BATCH, md)) for md in (False, True)}
 
 
 def _storages_in_order(trace) -> list[tuple]:
