@@ -47,3 +47,12 @@ def test_figure6_with_fragmentation_table(md_snapshot):
     """spec/evaluation.md's Figure 6 table by the allocator: per configuration, the ledger-peak
     search's L and Ψ, L_a, the allocator's L and Ψ, and both against the paper (to 2 decimals)."""
     assert md_snapshot == pf.bare(pf.figure6_allocator()[0])
+
+
+@pytest.mark.slow   # the same search as the tests above (figure6_replayed, once per process)
+def test_validation_figure6_table(md_snapshot):
+    """spec/validation.md's Figure 6 rows: the paper's five sizes beside the planner's fits, by
+    allocated peak and through the allocator model, the ratio, within 10% or the residual named."""
+    from zerospec.evaluation import validation as v
+    from zerospec.evaluation.tables import bare
+    assert md_snapshot == bare(v.figure6_table())

@@ -53,10 +53,12 @@ def test_nccl_ledger_model_states_are_what_cuda_allocated(n_d, stage, precision)
 # each trace is replayed in a fresh process: a clean allocator, configured by its environment
 REPLAY_ON_CUDA = """
 import json, sys, torch
-live, out = {}, []
-for op, key, nbytes, label in json.load(open(sys.argv[1])):
+live, out, streams = {}, [], {"default": torch.cuda.current_stream()}
+for op, key, nbytes, label, stream in json.load(open(sys.argv[1])):
     if op == "alloc":
-        live[key] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        s = streams.setdefault(stream, torch.cuda.Stream())
+        with torch.cuda.stream(s):
+            live[key] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     elif op == "free":
         del live[key]
     else:
@@ -92,21 +94,34 @@ def fragmenting_trace() -> list[TraceEvent]:
                  TraceEvent("phase", label="end")]
 
 
+def two_streams_trace() -> list[TraceEvent]:
+    """tests/unit/runtime/test_allocator_streams.py's case: a block freed on the default stream,
+    the same size on a side stream (a new segment), then the default stream again (a reuse)."""
+    MiB = 1 << 20
+    return [TraceEvent("alloc", 1, 100 * MiB), TraceEvent("free", 1, 100 * MiB),
+            TraceEvent("phase", label="freed"),
+            TraceEvent("alloc", 2, 100 * MiB, stream="all_gather"),
+            TraceEvent("phase", label="side stream"),
+            TraceEvent("alloc", 3, 30 * MiB), TraceEvent("alloc", 4, 30 * MiB, stream="all_gather"),
+            TraceEvent("phase", label="end")]
+
+
 # the function's skipif is evaluated before the module's: this reason names the device check
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="needs CUDA: the allocator model's device check, run on a GPU machine "
                            "`pytest -m gpu tests/engine/test_gpu.py -k allocator_model` (compares "
                            "reserved bytes per phase with torch.cuda; spec/allocator.md)")
 @pytest.mark.parametrize("conf", list(ALLOC_CONFS))
-@pytest.mark.parametrize("make_trace", [tiny_run_trace, fragmenting_trace],
-                         ids=["tiny_run", "fragmenting"])
+@pytest.mark.parametrize("make_trace", [tiny_run_trace, fragmenting_trace, two_streams_trace],
+                         ids=["tiny_run", "fragmenting", "two_streams"])
 def test_allocator_model_reserves_what_cuda_reserves_at_every_phase(conf, make_trace, tmp_path):
     """Replayed with torch.empty on CUDA, memory_allocated/memory_reserved at each phase marker
-    equal the model's allocated/reserved bytes (same PYTORCH_CUDA_ALLOC_CONF)."""
+    equal the model's allocated/reserved bytes (same PYTORCH_CUDA_ALLOC_CONF; each allocation on
+    its event's stream, a side stream a torch.cuda.Stream of its own)."""
     env_conf, options = ALLOC_CONFS[conf]
     trace = make_trace()
     path = tmp_path / "trace.json"
-    path.write_text(json.dumps([[e.op, e.key, e.nbytes, e.label] for e in trace]))
+    path.write_text(json.dumps([[e.op, e.key, e.nbytes, e.label, e.stream] for e in trace]))
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=env_conf)
     done = subprocess.run([sys.executable, "-c", REPLAY_ON_CUDA, str(path)], env=env,
                           capture_output=True, text=True, timeout=300, check=True)

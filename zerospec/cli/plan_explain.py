@@ -107,7 +107,8 @@ def explain_run(args, machine) -> tuple[list, dict]:
              "--gpu-mem" if args.gpu_mem_given else "the default 32 GB (no --machine)")
     ex = E.explain(name, stage, gpus, args.gpu_mem, where, seq=args.seq, micro_batch=micro or 1,
                    checkpoint_activations=ckpt, n_m=n_m, model=model, settings=settings,
-                   notes=tuple(node_notes + notes), attention=args.attention)
+                   notes=tuple(node_notes + notes), attention=args.attention,
+                   expandable_segments=args.expandable_segments)
     ex.not_modelled = not_modelled
     out = E.tables(ex, args.units, args.largest_layer or None)
     nodes = None

@@ -152,6 +152,10 @@ def _explain(p) -> None:
                    help="sequences per GPU (default: the --deepspeed-config's, else 1)")
     p.add_argument("--out", type=T.out_dir, default=None, metavar="DIR",
                    help="write DIR/explain_memory.svg, the memory over the step")
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="replay the step's allocations as PyTorch's caching allocator does under "
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (one growing segment "
+                        "per stream and pool; default off, as PyTorch's)")
     p.add_argument("--fit", action="store_true",
                    help="also the largest micro-batch and sequence length that fit (a search of "
                         "meta steps)")

@@ -180,9 +180,31 @@ DGX_H100 = _dgx("DGX H100 (8 × H100-SXM5-80GB)", memory_bytes=80 * GB,         
                 host_bytes_per_s=63 * GB,                                               # [PCIe5]
                 sources=("NVIDIA H100 datasheet", "NVIDIA DGX H100 datasheet", "PCIe 5.0 spec"))
 
+# -- the H100 of torchtitan's published benchmark (spec/validation.md) -------------------------------
+# [TT-bench] pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (added in 820504e2;
+#        runs of torchtitan 9dec370): "Grand Teton platform", "8 NVIDIA H100 GPUs fully connected
+#        with NVLink", "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "400 Gb/s per GPU"
+#        RDMA, "default 500W power limit"; footnote: an "HBM2e-based SXM H100 with lower TDP, the
+#        actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value".
+# Its "96GB" is the spec sheet's (decimal, as every memory_bytes here); torchtitan prints memory
+# in GiB = 2^30 B (torchtitan/metrics.py, _to_gib), so 82.4 GiB is 88.5 GB. No NVIDIA datasheet
+# lists this part. The peak is the H100 SXM's dense 989.5 TFLOPS ([H100]), an UPPER bound by the
+# footnote (the NVL's 835 is the lower one); NVLink is the HGX H100 baseboard's 900 GB/s both ways
+# ([H100]), an inference from "fully connected with NVLink" on an SXM part; PCIe Gen5 to the host
+# as every H100 SXM ([PCIe5]).
+GRAND_TETON_H100 = _dgx("Grand Teton (8 × H100-SXM-96GB-HBM2e)", memory_bytes=96 * GB,   # [TT-bench]
+                        hbm_bytes_per_s=2400 * GB,                                      # [TT-bench]
+                        peak_flops=989_500 * 10**9,                  # [H100] upper bound, see above
+                        nvlink_both_ways=900 * GB,                   # [H100] inferred, see above
+                        nic_gbit=400,                                                   # [TT-bench]
+                        host_bytes_per_s=63 * GB,                                       # [PCIe5]
+                        sources=("torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
+                                 "NVIDIA H100 datasheet (peak, NVLink: bounds)", "PCIe 5.0 spec"))
+
 # the names --machine accepts (zerospec plan, zerospec scale); `paper` keeps the DGX-2
 MACHINES = {"dgx2": DGX2, "h200": H200_NODE, "dgx-a100-40gb": DGX_A100_40GB,
-            "dgx-a100-80gb": DGX_A100_80GB, "dgx-h100": DGX_H100}
+            "dgx-a100-80gb": DGX_A100_80GB, "dgx-h100": DGX_H100,
+            "grand-teton-h100": GRAND_TETON_H100}
 
 
 # -- ZeRO-Infinity's three tiers on a DGX-2 node (C-I7) ------------------------------------------------

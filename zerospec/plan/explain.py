@@ -83,6 +83,7 @@ class Explanation:
     settings: dict = dataclasses.field(default_factory=dict)   # scale.measure's other keywords
     seq_given: bool = True           # False: seq is the model's context, no --seq given
     not_modelled: dict = dataclasses.field(default_factory=dict)   # file → ["key: why", ...]
+    allocated: int = 0               # the allocator model's allocated peak (512-B-rounded blocks)
 
     @property
     def attention(self) -> str:
@@ -109,12 +110,13 @@ class Explanation:
 def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq: int | None = None,
             micro_batch: int = 1, checkpoint_activations: int = 0, n_m: int = 1,
             model=None, settings: dict | None = None, notes: tuple[str, ...] = (),
-            attention: str | None = None) -> Explanation:
+            attention: str | None = None, expandable_segments: bool = False) -> Explanation:
     """One meta step of preset ``name`` (or of ``model``, a config named ``name``) at ``stage`` on
     ``gpus`` GPUs (N_d = gpus / n_m) with sequences of ``seq`` tokens (default: the model's
     context), explained against ``capacity``. ``settings``: more of scale.measure's keywords (a
     DeepSpeed config's, zerospec/plan/deepspeed.py); ``notes`` say where they came from.
-    ``attention``: the kernel (zerospec/model/flash.py; default the model's own)."""
+    ``attention``: the kernel (zerospec/model/flash.py; default the model's own).
+    ``expandable_segments``: the allocator setting the reserved peak is replayed under."""
     from .limits import check_meta_step
     if model is None:
         from ..model.presets import preset
@@ -135,7 +137,7 @@ def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq:
                 micro_batch=micro_batch, trace=True)
     cls = max(r.classes, key=lambda c: c.memory.peak_total)
     phases = phase_peaks(cls.memory.trace)
-    rep = replay(cls.allocations)
+    rep = replay(cls.allocations, expandable_segments=expandable_segments)
     reserved = {}
     for pm in rep.phases:
         reserved[pm.label.partition("@")[0]] = max(reserved.get(pm.label.partition("@")[0], 0),
@@ -143,7 +145,8 @@ def explain(name: str, stage: int, gpus: int, capacity: int, where: str, *, seq:
     phases = [dataclasses.replace(ph, reserved=reserved.get(ph.phase)) for ph in phases]
     return Explanation(name, stage, gpus // n_m, n_m, seq, micro_batch, checkpoint_activations,
                        capacity, where, r, cls.rep * n_m, phases, rep.peak_reserved,
-                       settings.get("precision", "fp16"), tuple(notes), full, settings, seq_given)
+                       settings.get("precision", "fp16"), tuple(notes), full, settings, seq_given,
+                       allocated=rep.peak_allocated)
 
 
 # -- tables -----------------------------------------------------------------------------------------

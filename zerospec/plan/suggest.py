@@ -206,5 +206,8 @@ def summary(ex, items: list[Suggestion]) -> dict:
             "micro_batch": ex.micro_batch, "checkpoint_activations": ex.checkpoint_activations,
             "capacity_bytes": ex.capacity, "peak_bytes": ex.peak, "fits": ex.fits,
             "reserved_bytes": ex.reserved,
+            # the step's storage trace through the caching allocator model: what
+            # torch.cuda.max_memory_allocated() and max_memory_reserved() would read
+            "peak_allocated_bytes": ex.allocated, "peak_reserved_bytes": ex.reserved,
             "not_modelled": {f: list(keys) for f, keys in ex.not_modelled.items()},
             "suggestions": [s.to_json() for s in items]}

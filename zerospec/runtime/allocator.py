@@ -15,8 +15,13 @@ then OutOfMemory (``malloc``); ``expandable_segments`` (one growing segment per 
 pages of 2 MiB (small pool) or 20 MiB (large pool), as ``ExpandableSegment`` and
 ``find_expandable_block`` do; free pages are unmapped before an OOM).
 
-Left out: streams (one stream; no ``record_stream``, events or ``process_events``: a freed block
-is reusable at once), CUDA graph private pools, ``garbage_collection_threshold`` and
+Streams: each request is made on a stream (``malloc(nbytes, stream)``; default the one stream,
+``"default"``), and a block is reused only on the stream it was allocated on: the pool orders
+free blocks by (stream, size, address) (``BlockComparatorSize``) and ``get_free_block`` takes the
+lower bound only if its stream is the request's; an expandable segment serves one stream
+(``find_expandable_block`` walks only the request's stream's unmapped blocks), so each stream
+grows a segment of its own per pool. Left out: ``record_stream``, events and ``process_events``
+(a freed block is reusable on its stream at once), CUDA graph private pools, ``garbage_collection_threshold`` and
 ``set_per_process_memory_fraction``, ``roundup_power2_divisions`` (off by default),
 free-memory callbacks, IPC. With expandable segments, ``release_available_cached_blocks`` is
 skipped (the real one would reach ``release_block``'s assert on an expandable block). The
@@ -28,13 +33,14 @@ from __future__ import annotations
 
 import bisect
 
-from .segments import (ADDRESS_SPACE, LARGE_BUFFER, MIN_BLOCK_SIZE, NO_LIMIT, SMALL_BUFFER,
-                       SMALL_SIZE, Block, OutOfMemory, Pool, Segment, allocation_size, round_size)
+from .expandable import ExpandableSegments
+from .segments import (DEFAULT_STREAM, LARGE_BUFFER, MIN_BLOCK_SIZE, NO_LIMIT, SMALL_SIZE, Block,
+                       OutOfMemory, Pool, allocation_size, round_size)
 
-__all__ = ["CachingAllocator", "OutOfMemory", "allocation_size", "round_size"]
+__all__ = ["CachingAllocator", "DEFAULT_STREAM", "OutOfMemory", "allocation_size", "round_size"]
 
 
-class CachingAllocator:
+class CachingAllocator(ExpandableSegments):
     """One device's caching allocator: ``malloc(nbytes) -> id``, ``free(id)``, and the bytes it
     holds. ``capacity``: the device's bytes (None: unbounded); ``max_split_size``: bytes, ≥ 20 MiB
     (PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb × 2^20); ``expandable_segments``: as that option."""
@@ -59,12 +65,17 @@ class CachingAllocator:
         self.peak_allocated = self.peak_reserved = 0
         self._next_id = 0
         self._next_ptr = 0
+        self._stream = DEFAULT_STREAM   # the request being served's stream (AllocParams::stream)
 
     # -- the program's side ---------------------------------------------------------------------
-    def malloc(self, nbytes: int) -> int:
-        """``malloc``: a block of at least ``nbytes``; raises OutOfMemory when none can be had."""
+    def malloc(self, nbytes: int, stream: str = DEFAULT_STREAM) -> int:
+        """``malloc``: a block of at least ``nbytes`` on ``stream``; raises OutOfMemory when none
+        can be had."""
         if not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
+        if not isinstance(stream, str) or not stream:
+            raise ValueError(f"stream must be a non-empty name, got {stream!r}")
+        self._stream = stream
         bid, self._next_id = self._next_id, self._next_id + 1
         if nbytes == 0:              # CUDACachingAllocator::allocate asks malloc only if size != 0
             self.active[bid] = None
@@ -109,7 +120,7 @@ class CachingAllocator:
     @property
     def largest_free(self) -> int:
         """``cacheInfo``: the largest free block in the cache (0 if none)."""
-        return max((p.keys[-1][0] for p in self.pools.values() if p.keys), default=0)
+        return max((k[1] for p in self.pools.values() for k in p.keys), default=0)
 
     def segments(self) -> list[list[tuple[int, bool]]]:
         """Each mapped range's blocks in address order, (size, allocated), as
@@ -129,16 +140,19 @@ class CachingAllocator:
 
     # -- finding a block ------------------------------------------------------------------------
     def _get_free_block(self, pool: Pool, size: int) -> Block | None:
-        """``get_free_block``: the smallest free block >= size (lower_bound on (size, address))."""
-        i = bisect.bisect_left(pool.keys, (size, -1))
-        if i == len(pool.keys):
+        """``get_free_block``: the smallest free block >= size on the request's stream
+        (lower_bound on (stream, size, address); a block of another stream is never taken)."""
+        stream = self._stream
+        i = bisect.bisect_left(pool.keys, (stream, size, -1))
+        if i == len(pool.keys) or pool.keys[i][0] != stream:
             return None
         if self.expandable:
             # best fit counts an expandable block at what it can grow to (the unmapped rest of
             # its segment after it): take a later block while it could grow less
             def grows_to(b: Block) -> int:
                 return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
-            while i + 1 < len(pool.keys) and grows_to(pool.at(i + 1)) < grows_to(pool.at(i)):
+            while (i + 1 < len(pool.keys) and pool.keys[i + 1][0] == stream
+                   and grows_to(pool.at(i + 1)) < grows_to(pool.at(i))):
                 i += 1
         block = pool.at(i)
         if size < self.max_split <= block.size:        # no oversize block for a smaller request
@@ -162,7 +176,7 @@ class CachingAllocator:
         if not split:
             return block
         rest = block
-        block = Block(rest.ptr, size, rest.small, segment=rest.segment)
+        block = Block(rest.ptr, size, rest.small, segment=rest.segment, stream=rest.stream)
         block.splice(rest.prev, rest)
         rest.ptr += size
         rest.size -= size
@@ -198,7 +212,7 @@ class CachingAllocator:
         alloc_size = allocation_size(size)
         if self.capacity is not None and self.reserved + alloc_size > self.capacity:
             return None
-        block = Block(self._next_ptr, alloc_size, pool.small)
+        block = Block(self._next_ptr, alloc_size, pool.small, stream=self._stream)
         self._next_ptr += alloc_size
         self._reserve(alloc_size)
         return block
@@ -217,14 +231,15 @@ class CachingAllocator:
         cached block >= the request, or else the largest oversize ones until as much is freed."""
         if self.max_split == NO_LIMIT or self.expandable:
             return False
-        key = max(size, self.max_split)
-        i = bisect.bisect_left(pool.keys, (key, -1))
-        if i < len(pool.keys):
+        key, stream = max(size, self.max_split), self._stream
+        i = bisect.bisect_left(pool.keys, (stream, key, -1))
+        if i < len(pool.keys) and pool.keys[i][0] == stream:
             self._release_block(pool.at(i), pool)
             return True
         released, i = 0, i - 1
-        while released < key and i >= 0 and pool.keys[i][0] >= self.max_split:
-            released += pool.keys[i][0]
+        while (released < key and i >= 0 and pool.keys[i][0] == stream
+               and pool.keys[i][1] >= self.max_split):
+            released += pool.keys[i][1]
             self._release_block(pool.at(i), pool)
             i -= 1
         return released >= key
@@ -241,85 +256,3 @@ class CachingAllocator:
                 elif block.prev is None and block.next is None:
                     self._release_block(block, pool)
         return True
-
-    # -- expandable segments --------------------------------------------------------------------
-    def _try_allocate_expandable_block(self, pool: Pool, size: int) -> Block | None:
-        """``try_allocate_expandable_block``: map pages until a free run of ``size`` bytes exists
-        (a free block, then the unmapped space after it); mapping past the capacity fails."""
-        block = self._find_expandable_block(pool, size)
-        if not block.mapped and not self._map_block(block, min(block.size, size), pool):
-            return None
-        while block.size < size:     # free -> unmapped: map some of the next, which absorbs it
-            after = block.next
-            if not self._map_block(after, min(size - block.size, after.size), pool):
-                return None
-            block = after
-        pool.remove(block)
-        return block
-
-    def _find_expandable_block(self, pool: Pool, size: int) -> Block:
-        """``find_expandable_block``: the lowest unmapped range (with the free block before it)
-        whose run of unallocated blocks holds ``size``; else a new segment's whole reserve
-        (1 1/8 of the device's memory, in 2 MiB (small) or 20 MiB (large) pages)."""
-        def room(b: Block | None) -> int:
-            total = 0
-            while total < size and b is not None and not b.allocated:
-                total, b = total + b.size, b.next
-            return total
-        for ptr in sorted(pool.unmapped):
-            b = pool.unmapped[ptr]
-            if b.prev is not None and not b.prev.allocated:
-                b = b.prev
-            if room(b) >= size:
-                return b
-        page = SMALL_BUFFER if pool.small else LARGE_BUFFER
-        reserve = ADDRESS_SPACE if self.capacity is None else self.capacity + self.capacity // 8
-        segment = Segment(self._next_ptr, -(-reserve // page) * page, page)
-        self._next_ptr += segment.size
-        block = Block(segment.base, segment.size, pool.small, mapped=False, segment=segment)
-        pool.unmapped[block.ptr] = block
-        return block
-
-    def _map_block(self, block: Block, size: int, pool: Pool) -> bool:
-        """``map_block`` / ``ExpandableSegment::map``: back the first ``size`` bytes (whole pages)
-        of an unmapped block; the rest stays unmapped. All or nothing, like cuMemCreate's OOM."""
-        seg = block.segment
-        mapped = -(-size // seg.page) * seg.page
-        if self.capacity is not None and self.reserved + mapped > self.capacity:
-            return False
-        del pool.unmapped[block.ptr]
-        block.mapped = True
-        if mapped < block.size:
-            rest = Block(block.ptr + mapped, block.size - mapped, block.small, mapped=False,
-                         segment=seg)
-            rest.splice(block, block.next)
-            pool.unmapped[rest.ptr] = rest
-            block.size = mapped
-        self._try_merge(block, block.prev, pool)
-        self._try_merge(block, block.next, pool)
-        pool.insert(block)
-        self._reserve(mapped)
-        return True
-
-    def _unmap_block(self, block: Block, pool: Pool) -> None:
-        """``unmap_block``: unmap the whole pages inside a free block; the partial pages at
-        either end stay mapped as free blocks of their own."""
-        seg = block.segment
-        begin = -(-(block.ptr - seg.base) // seg.page) * seg.page + seg.base
-        end = (block.ptr + block.size - seg.base) // seg.page * seg.page + seg.base
-        if begin >= end:
-            return
-        pool.remove(block)
-        if begin > block.ptr:
-            before = Block(block.ptr, begin - block.ptr, block.small, segment=seg)
-            before.splice(block.prev, block)
-            pool.insert(before)
-        if end < block.ptr + block.size:
-            after = Block(end, block.ptr + block.size - end, block.small, segment=seg)
-            after.splice(block, block.next)
-            pool.insert(after)
-        block.ptr, block.size, block.mapped = begin, end - begin, False
-        self._try_merge(block, block.prev, pool)
-        self._try_merge(block, block.next, pool)
-        pool.unmapped[block.ptr] = block
-        self.reserved -= end - begin

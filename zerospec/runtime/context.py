@@ -13,6 +13,7 @@ import time
 import torch
 
 from .memory import MemoryLedger
+from .segments import DEFAULT_STREAM
 
 
 class Timeline:
@@ -67,6 +68,7 @@ class RankContext:
         self.failed_phase: str | None = None   # the innermost phase an exception left
         self.step = 0
         self.timeline = Timeline(self)
+        self.stream = DEFAULT_STREAM   # the stream this rank's storages are made on now
 
     @property
     def device(self) -> torch.device:
@@ -87,6 +89,20 @@ class RankContext:
             self.timeline.mark_compute()
             self.memory.snapshot(f"{name}@{self.step}")
             self.phase_name = outer
+
+
+    @contextlib.contextmanager
+    def on_stream(self, name: str):
+        """Storages made inside are made on stream ``name`` (a side stream of the owner's: FSDP2's
+        all-gather and reduce-scatter outputs); the allocator model reuses a block only on the
+        stream it was made on (zerospec/runtime/allocator.py). The arithmetic is unchanged."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a stream is a non-empty name, got {name!r}")
+        outer, self.stream = self.stream, name
+        try:
+            yield
+        finally:
+            self.stream = outer
 
 
 class GroupView:

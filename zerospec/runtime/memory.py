@@ -45,13 +45,15 @@ class TraceEvent(NamedTuple):
     """One entry of a ledger's allocation trace (``MemoryLedger(trace=True)``), in program order:
     ``op`` is "alloc" or "free" (of storage ``key``, ``nbytes`` bytes, under ``category``) or
     "phase" (a :meth:`MemoryLedger.snapshot`: the phase ``label`` ends here). The allocator model
-    replays it (zerospec/runtime/trace.py)."""
+    replays it (zerospec/runtime/trace.py); an alloc's ``stream`` is the stream the owner makes
+    it on (``RankContext.on_stream``), which decides which cached blocks it may reuse."""
 
     op: str
     key: int = 0
     nbytes: int = 0
     category: str = ""
     label: str = ""
+    stream: str = "default"
 
 
 @dataclasses.dataclass(frozen=True)

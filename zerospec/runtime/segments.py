@@ -16,6 +16,7 @@ LARGE_BUFFER = 20 * MiB         # kLargeBuffer
 ROUND_LARGE = 2 * MiB           # kRoundLarge: larger segments are rounded up to 2 MiB
 NO_LIMIT = sys.maxsize          # max_split_size's default (SIZE_MAX): every block may split
 ADDRESS_SPACE = 1 << 48         # an expandable segment's reserve when the capacity is unbounded
+DEFAULT_STREAM = "default"      # the stream a request is made on unless a trace says otherwise
 
 
 def round_size(nbytes: int) -> int:
@@ -66,23 +67,25 @@ class OutOfMemory(MemoryError):
 
 class Segment:
     """One expandable segment's virtual reserve (``ExpandableSegment``): ``size`` bytes from
-    ``base``, mapped in ``page``-byte pages."""
+    ``base``, mapped in ``page``-byte pages, serving one ``stream``."""
 
-    __slots__ = ("base", "size", "page")
+    __slots__ = ("base", "size", "page", "stream")
 
-    def __init__(self, base: int, size: int, page: int):
-        self.base, self.size, self.page = base, size, page
+    def __init__(self, base: int, size: int, page: int, stream: str = DEFAULT_STREAM):
+        self.base, self.size, self.page, self.stream = base, size, page, stream
 
 
 class Block:
-    """``Block``: ``size`` bytes at ``ptr``; ``prev``/``next`` are its neighbours in its segment."""
+    """``Block``: ``size`` bytes at ``ptr`` on ``stream`` (its segment's: every block a segment is
+    split into keeps the stream the segment was allocated on); ``prev``/``next`` are its
+    neighbours in its segment."""
 
     __slots__ = ("ptr", "size", "small", "allocated", "requested", "prev", "next", "mapped",
-                 "segment")
+                 "segment", "stream")
 
     def __init__(self, ptr: int, size: int, small: bool, *, mapped: bool = True,
-                 segment: Segment | None = None):
-        self.ptr, self.size, self.small = ptr, size, small
+                 segment: Segment | None = None, stream: str = DEFAULT_STREAM):
+        self.ptr, self.size, self.small, self.stream = ptr, size, small, stream
         self.allocated, self.requested = False, 0
         self.prev: Block | None = None
         self.next: Block | None = None
@@ -98,22 +101,23 @@ class Block:
 
 
 class Pool:
-    """``BlockPool``: the free mapped blocks ordered by (size, address), and the unmapped blocks
-    of expandable segments by address."""
+    """``BlockPool``: the free mapped blocks ordered by (stream, size, address) as
+    ``BlockComparatorSize`` orders them, and the unmapped blocks of expandable segments by
+    address. One pool serves every stream; a lookup stays inside its stream's run of keys."""
 
     def __init__(self, small: bool):
         self.small = small
-        self.keys: list[tuple[int, int]] = []      # sorted (size, ptr) of the free blocks
+        self.keys: list[tuple[str, int, int]] = []  # sorted (stream, size, ptr) of the free blocks
         self.free: dict[int, Block] = {}           # ptr -> free block
         self.unmapped: dict[int, Block] = {}       # ptr -> unmapped block
 
     def insert(self, b: Block) -> None:
-        bisect.insort(self.keys, (b.size, b.ptr))
+        bisect.insort(self.keys, (b.stream, b.size, b.ptr))
         self.free[b.ptr] = b
 
     def remove(self, b: Block) -> None:
-        del self.keys[bisect.bisect_left(self.keys, (b.size, b.ptr))]
+        del self.keys[bisect.bisect_left(self.keys, (b.stream, b.size, b.ptr))]
         del self.free[b.ptr]
 
     def at(self, i: int) -> Block:
-        return self.free[self.keys[i][1]]
+        return self.free[self.keys[i][2]]

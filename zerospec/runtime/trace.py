@@ -3,7 +3,7 @@
 A trace is a list of :class:`~zerospec.runtime.memory.TraceEvent` (``MemoryLedger(trace=True)``
 or ``ledger.record_trace()``): every storage the ledger counted, alloc and free in program
 order, with a "phase" marker at each snapshot (the end of that phase). :func:`replay` feeds it to
-a :class:`~zerospec.runtime.allocator.CachingAllocator` and reports, per phase, what the program
+a :class:`~zerospec.runtime.allocator.CachingAllocator` (each alloc on its event's stream) and reports, per phase, what the program
 held (``requested``: the ledger's bytes; ``allocated``: after rounding), what the allocator held
 (``reserved``) and its largest free block, with the peaks inside the phase; and, on a device of
 ``capacity`` bytes, the first request that does not fit.
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .allocator import CachingAllocator, OutOfMemory
+from .allocator import DEFAULT_STREAM, CachingAllocator, OutOfMemory
 from .memory import TraceEvent
 from .observe import Observer, _host, tensors_in
 
@@ -96,7 +96,7 @@ def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
             if ev.key in live:
                 raise ValueError(f"trace event {i}: alloc of storage {ev.key}, which is live")
             try:
-                live[ev.key] = alloc.malloc(ev.nbytes)
+                live[ev.key] = alloc.malloc(ev.nbytes, ev.stream)
             except OutOfMemory as e:
                 phase = next((x.label for x in events[i + 1:] if x.op == "phase"), None)
                 return Replay(phases, OOMPoint(i, phase, e), alloc, series)
@@ -194,7 +194,9 @@ class StorageTrace(Observer):
         self._unnamed.add(key)
         if self.ctx.memory.counted(key) is not None:   # counted already (a storage resized
             self._changes = -1                         # back up): name it at the next settle
-        self.trace.append(TraceEvent("alloc", key, nbytes))
+        # the rank's current stream (RankContext.on_stream); a context without streams has one
+        self.trace.append(TraceEvent("alloc", key, nbytes,
+                                     stream=getattr(self.ctx, "stream", DEFAULT_STREAM)))
 
     def _died(self, key: int) -> None:
         super()._died(key)

@@ -25,6 +25,11 @@ What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2'
   the output (1/N, fp32) becomes the sharded gradient. The input is kept until the next group's
   post-backward (``reduce_scatter_max_input_buffers`` = 1, ``_fsdp_param_group.py::post_backward``),
   the last one until the final callback (``_fsdp_state.py::_root_post_backward_final_callback``).
+* **Streams** (``_fsdp_param_group.py::FSDPCommContext.lazy_init`` makes them): the flat
+  all-gather buffers are made on the all-gather copy-in stream, the sharded gradients on the
+  reduce-scatter stream, everything else on the default stream; the caching allocator reuses a
+  block only on its own stream, so the allocator model replays each on its stream
+  (``RankContext.on_stream``, spec/allocator.md).
 * **What stays gathered.** The root group (embeddings, final norm, LM head) is all-gathered at
   the root's pre-forward and kept until its post-backward at the end of backward: FSDP2 does not
   reshard the root after forward (``_fsdp_state.py::_lazy_init``: ``post_forward_mesh_info =
@@ -169,10 +174,14 @@ class FSDP2Parameters(Parameters):
         if len(group) == 1 and group[0] in self._post_forward:
             return self._all_gather_post_forward(group[0])
         units = [self.units[j] for j in group]
-        copy_in = self.memory.alloc("ag_buffer", (sum(u.chunk for u in units),), self.dtype,
+        # both are made on the all-gather copy-in stream (foreach_all_gather's `with
+        # device_handle.stream(all_gather_copy_in_stream)`): the allocator reuses their blocks
+        # only for that stream's requests (spec/allocator.md)
+        with self.ctx.on_stream("all_gather_copy_in"):
+            copy_in = self.memory.alloc("ag_buffer", (sum(u.chunk for u in units),), self.dtype,
+                                        zero=False)
+            out = self.memory.alloc("ag_buffer", (sum(u.padded for u in units),), self.dtype,
                                     zero=False)
-        out = self.memory.alloc("ag_buffer", (sum(u.padded for u in units),), self.dtype,
-                                zero=False)
         a = b = 0
         for j, u in zip(group, units):
             chunk = copy_in[a:a + u.chunk]
@@ -289,7 +298,10 @@ class FSDP2Parameters(Parameters):
             self.memory.free(s)
         added = []
         for j, u, part in zip(group, units, parts):
-            out = self.memory.alloc("shard_grad32", (u.chunk,), rs_in.dtype, zero=False)
+            # made on the reduce-scatter stream (foreach_reduce's `with
+            # device_handle.stream(reduce_scatter_stream)`); the input above, on the default one
+            with self.ctx.on_stream("reduce_scatter"):
+                out = self.memory.alloc("shard_grad32", (u.chunk,), rs_in.dtype, zero=False)
             self.reduce_unit(j, out, part)
             self.shard_ready(j, out, "mean")
             if self.grad32[j] is None:

@@ -82,6 +82,19 @@ def test_todays_gpus_run_gemms_at_their_spec_sheet_peak_an_upper_bound(key):
 
 
 def test_the_machine_keys_are_the_accepted_names():
-    """`--machine` accepts the two machines that were there and today's three DGX nodes."""
-    assert list(MACHINES) == ["dgx2", "h200", "dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100"]
+    """`--machine` accepts the two machines that were there, today's three DGX nodes and the
+    H100 of torchtitan's benchmark."""
+    assert list(MACHINES) == ["dgx2", "h200", "dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100",
+                              "grand-teton-h100"]
     assert all(isinstance(m, Machine) for m in MACHINES.values())
+
+
+def test_torchtitans_h100_is_its_benchmark_pages_96_gb_hbm2e_part():
+    """torchtitan's benchmarks/llama3_h100_202412_torchtitan.md: 8 H100s a host, 96 GB HBM2e
+    (decimal: 96e9 B, 89.4 GiB) at 2.4 TB/s, 400 Gb/s RDMA per GPU; its peak is bounded above by
+    the H100 SXM's dense 989.5 TFLOPS (the page: "between SXM and NVL")."""
+    m = MACHINES["grand-teton-h100"]
+    assert (m.gpus_per_node, m.memory_bytes, m.hbm_bytes_per_s) == (8, 96 * G, 2400 * G)
+    assert m.inter_bytes_per_s == 8 * 400 * G / 8 and m.nics_per_node == 8
+    assert 835 * 10**12 < m.peak_flops <= MACHINES["dgx-h100"].peak_flops
+    assert Fraction(m.memory_bytes, 2**30) == Fraction(96 * G, 2**30) < 90

@@ -82,8 +82,9 @@ def test_a_step_that_fits_has_no_suggestions(case):
 
 
 def test_the_json_summary_carries_what_a_script_needs(capsys, tmp_path):
-    """`plan --explain --format json`: psi, attention, peak_bytes, fits, not_modelled and
-    suggestions (flags, peak_bytes, fits) beside the tables."""
+    """`plan --explain --format json`: psi, attention, peak_bytes, fits, not_modelled,
+    suggestions (flags, peak_bytes, fits), and the allocator model's peak_allocated_bytes and
+    peak_reserved_bytes beside the tables."""
     from tests.support.cli import tiny_hf_config
     rc, out, _ = run_cli(capsys, "plan", "--hf-config", tiny_hf_config(tmp_path), "--gpus", "4",
                          "--stage", "1", "--micro-batch", "64", "--gpu-mem", "1MB",
@@ -97,6 +98,11 @@ def test_the_json_summary_carries_what_a_script_needs(capsys, tmp_path):
     assert isinstance(s["not_modelled"], dict) and s["seq_from"] == "the model's context"
     assert s["suggestions"] and all({"flags", "peak_bytes", "fits"} <= set(x) for x in
                                     s["suggestions"])
+    # the step's storage trace (temporaries included, 512-B blocks) through the allocator model:
+    # the ledger's peak (counted tensors, unrounded) <= allocated <= reserved, in whole blocks
+    assert s["peak_bytes"] < s["peak_allocated_bytes"] <= s["peak_reserved_bytes"]
+    assert s["peak_allocated_bytes"] % 512 == 0 and s["peak_reserved_bytes"] % (2 << 20) == 0
+    assert s["peak_reserved_bytes"] == s["reserved_bytes"]
 
 
 @pytest.mark.slow   # four meta steps of Llama-3-70B and the searches: ~20 s
@@ -180,3 +186,20 @@ def test_with_checkpointing_a_longer_sequence_fits_and_comes_first():
         kw["model"] = dataclasses.replace(TINY, block_size=s.kept + 1)
         model, stage, n_d = kw.pop("model"), kw.pop("stage"), kw.pop("n_d")
         assert _peak(model, stage, n_d, **kw) > ex.capacity
+
+
+def test_expandable_segments_replays_the_same_allocations_under_the_other_setting(capsys, tmp_path):
+    """`--expandable-segments` changes only how the allocator model reserves: the allocated peak
+    (the same storages, the same 512-B blocks) is identical, the reserved one differs (20 MiB
+    pages of one growing segment instead of cudaMalloc'd segments); without --explain the flag
+    is refused, naming it."""
+    from tests.support.cli import tiny_hf_config
+    cfg = tiny_hf_config(tmp_path)
+    argv = ("plan", "--hf-config", cfg, "--gpus", "4", "--stage", "3", "--micro-batch", "2048",
+            "--explain", "--format", "json")
+    plain = json.loads(run_cli(capsys, *argv)[1])["summary"]
+    exp = json.loads(run_cli(capsys, *argv, "--expandable-segments")[1])["summary"]
+    assert exp["peak_allocated_bytes"] == plain["peak_allocated_bytes"]
+    assert exp["peak_reserved_bytes"] != plain["peak_reserved_bytes"]
+    rc, _, err = run_cli(capsys, "plan", "--params", "1e9", "--gpus", "8", "--expandable-segments")
+    assert rc == 2 and "--expandable-segments" in err
