@@ -33,6 +33,7 @@ class Feature:
     neutral: bool = False           # without ``sets`` the run is the same bit for bit
     flag: str = ""                  # the TrainConfig attribute that says it is on, if not ``sets``
     match: bool = False             # on only with exactly ``sets``' values (a variant of a field)
+    serves: tuple = ()              # features whose settings it stands for in another's needs
 
     def on(self, cfg) -> bool:
         """Whether ``cfg`` uses this feature: its flag, or its own fields (each off its default,
@@ -56,9 +57,9 @@ def _defaults(cls) -> dict:
 
 
 def _f(name, title, stages=ALL_STAGES, neutral=False, needs=(), flag="", match=False,
-       **sets) -> Feature:
+       serves=(), **sets) -> Feature:
     return Feature(name, title, tuple(stages), tuple(sets.items()), tuple(needs), neutral, flag,
-                   match)
+                   match, tuple(serves))
 
 
 NODES = ("gpus_per_node", 4)   # h·N_m GPUs per node: hpZ with MP (N_m = 2) too
@@ -74,8 +75,10 @@ FEATURES = (
     _f("clip", "gradient clipping", clip_grad_norm=0.5),
     _f("ac", "activation checkpointing", neutral=True, flag="segment_blocks",
        checkpoint_activations=1),
+    # a selective mode keeps each checkpointed block's input as a checkpoint, which P_a, P_a+cpu
+    # and M_D keep as they keep a segment's (zero_r/checkpointing.py): it serves their need of AC
     _f("sac", "selective activation checkpointing (torchtitan)", neutral=True,
-       flag="selective_ac", activation_checkpointing="selective-op"),
+       flag="selective_ac", serves=("ac",), activation_checkpointing="selective-op"),
     _f("mp", "model parallelism (Megatron)", n_m=2),
     _f("pa", "P_a", neutral=True, needs=(MP, AC), partition_activations=True),
     _f("pa_cpu", "P_a+cpu", neutral=True, needs=(MP, AC, ("partition_activations", True)),
@@ -118,8 +121,7 @@ REFUSED = {
     _pair("sac", "ac"): "--activation-checkpointing selective-op or selective-layer:K "
     "(torchtitan's rule per block) and --checkpoint-activations K (Megatron's segments of K "
     "blocks, every block inside one) are two rules for which blocks keep what; give one "
-    "(torchtitan's full is --checkpoint-activations 1, and P_a, P_a+cpu and M_D keep "
-    "Megatron's segments)",
+    "(torchtitan's full is --checkpoint-activations 1)",
     _pair("qgz", "accum"): "qgZ's int4 all-to-all rounds every partial sum, and accumulation's "
     "claim is the exact fp64 sum of every micro-batch gradient (spec/accumulation.md): the "
     "quantized hop would break it",
@@ -180,10 +182,23 @@ def needed(name: str) -> list[str]:
 NOT_NEUTRAL = {_pair("ds3", "qwz"), _pair("ds3", "qgz"), _pair("nodes", "qgz"), _pair("pa", "qwz")}
 
 
+def _served(names) -> dict:
+    """The needs that a feature of ``names`` serves in another's place: needed feature → it."""
+    return {s: n for n in names for s in BY_NAME[n].serves}
+
+
+def _needs(name: str, names) -> tuple:
+    """``name``'s needs beside ``names``: less the settings of a feature another one serves."""
+    served = [BY_NAME[s] for s in _served(names)]
+    return tuple(kv for kv in BY_NAME[name].needs if not any(kv in f.sets for f in served))
+
+
 def refusal(a: str, b: str) -> str | None:
     """The table's reason ``a`` and ``b`` are not combined, or None when they compose: their own
-    pair's, or that of a feature one of them needs with the other."""
-    for x, y in itertools.chain([(a, b)], ((n, b) for n in needed(a)), ((a, n) for n in needed(b))):
+    pair's, or that of a feature one of them needs (and the other does not serve) with the other."""
+    na = [n for n in needed(a) if n not in BY_NAME[b].serves]
+    nb = [n for n in needed(b) if n not in BY_NAME[a].serves]
+    for x, y in itertools.chain([(a, b)], ((n, b) for n in na), ((a, n) for n in nb)):
         if _pair(x, y) in REFUSED:
             why = REFUSED[_pair(x, y)]
             return why if (x, y) == (a, b) else \
@@ -221,7 +236,7 @@ def settings(names, n_ranks: int = 4) -> dict:
     stages = set(ALL_STAGES).intersection(*(f.stages for f in feats))
     if not stages:
         return None
-    kw = {k: v for f in feats for k, v in f.needs}
+    kw = {k: v for f in feats for k, v in _needs(f.name, names)}
     kw.update({k: v for f in feats for k, v in f.sets})
     kw["stage"] = max(stages)
     kw["n_d"] = n_ranks // kw.get("n_m", 1)
@@ -237,7 +252,10 @@ def reference(names, n_ranks: int = 4) -> dict | None:
         return None
     for f in (BY_NAME[n] for n in names):
         own = {k for k, _ in f.sets}
-        needed = {k for g in names for k, _ in BY_NAME[g].needs if g != f.name}
+        needed = {k for g in names if g != f.name for k, _ in _needs(g, names)}
+        if f.name in _served(names).values() and any(   # it serves another's need: kept too
+                _needs(g, names) != BY_NAME[g].needs for g in names if g != f.name):
+            needed |= own
         if f.neutral and kw is not None and not own & needed:
             return {k: v for k, v in kw.items() if k not in own}
     return None

@@ -26,7 +26,7 @@ from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.stage3_deepspeed import DeepSpeedParameters, reused_within
 from ..zero.zeropp import with_zeropp
-from ..zero_r import Partitioned, block_runner, buffers, segments
+from ..zero_r import Partitioned, block_runner, buffers, count
 from ..zero_r.defrag import Contiguous, GradientSlot
 
 if TYPE_CHECKING:
@@ -116,8 +116,10 @@ def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
     """How a checkpoint is kept between forward and backward (zero_r/): None: whole, on the
     device; ZeRO-R's P_a (P_a+cpu: on the host); M_D's contiguous buffer, of P_a's parts if any."""
     if cfg.contiguous_checkpoints and not cfg.cpu_checkpointing:   # M_D (P_a+cpu: none on device)
-        return Contiguous(ctx.memory, len(segments(cfg.segment_blocks, cfg.model.n_layer)),
-                          mp if cfg.partition_activations else None)
+        kind, k = ac_mode(cfg.activation_checkpointing)   # a selective mode's blocks, if any
+        n = count(cfg.segment_blocks, cfg.model.n_layer, k if kind == "selective-layer" else 0,
+                  kind == "selective-op")
+        return Contiguous(ctx.memory, n, mp if cfg.partition_activations else None)
     if mp is not None and cfg.partition_activations:
         return Partitioned(mp, cfg.cpu_checkpointing, ctx.host)
     return None

@@ -160,7 +160,8 @@ class ZeroROptions(Section):
         "blocks; give one of the two", parse="ac_mode", metavar="MODE")
     partition_activations: bool = option(
         False, "--partition-activations", "P_a: keep 1/N_m of each checkpoint per MP rank, "
-        "all-gathered before the recompute (needs --mp >= 2 and --checkpoint-activations)")
+        "all-gathered before the recompute (needs --mp >= 2 and --checkpoint-activations or "
+        "--activation-checkpointing)")
     cpu_checkpointing: bool = option(
         False, "--cpu-checkpointing", "P_a+cpu: keep the partitioned checkpoints in host memory "
         "(needs --partition-activations)")

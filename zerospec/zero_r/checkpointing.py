@@ -70,9 +70,10 @@ def block_runner(k: int, fetcher, mp=None, keep=None, every: int = 0, per_op: bo
     :class:`zerospec.zero_r.partition.Partitioned` (ZeRO-R's P_a, P_a+cpu).
     torchtitan's selective modes (zerospec/zero_r/selective.py), with k = 0: ``every`` K, a
     checkpoint of one block for every K-th block, the others plain; ``per_op``, every block a
-    checkpoint keeping its input and what the per-op policy saves."""
+    checkpoint keeping its input and what the per-op policy saves; ``keep`` keeps each input as
+    it keeps a segment's."""
     if every or per_op:
-        return _selective(fetcher, mp, every, per_op)
+        return _selective(fetcher, mp, keep, every, per_op)
     if k == 0:
         return gpt.blocks if mp is None else functools.partial(gpt.blocks, mp=mp)
 
@@ -85,7 +86,17 @@ def block_runner(k: int, fetcher, mp=None, keep=None, every: int = 0, per_op: bo
     return run_blocks
 
 
-def _selective(fetcher, mp, every: int, per_op: bool):
+def count(k: int, n_layer: int, every: int = 0, per_op: bool = False) -> int:
+    """Checkpoints one micro-step keeps: a segment's, per-op's every block's, selective-layer:K's
+    the blocks :func:`selective.checkpointed` picks (M_D's slots, zero_r/defrag.py)."""
+    if per_op:
+        return n_layer
+    if every:
+        return sum(selective.checkpointed(i, every) for i in range(n_layer))
+    return len(segments(k, n_layer))
+
+
+def _selective(fetcher, mp, keep, every: int, per_op: bool):
     def run_blocks(cfg: gpt.GPTConfig, x: torch.Tensor, fetch, layers: range,
                    tiles: int = 1) -> torch.Tensor:
         for i in layers:
@@ -93,7 +104,7 @@ def _selective(fetcher, mp, every: int, per_op: bool):
                 x = gpt.blocks(cfg, x, fetch, range(i, i + 1), mp, tiles)
                 continue
             with fetcher.saved.counting("checkpoints"):   # its input (and the ops it keeps)
-                x = _Segment.apply(x, _Run(cfg, fetcher, range(i, i + 1), mp, None, tiles,
+                x = _Segment.apply(x, _Run(cfg, fetcher, range(i, i + 1), mp, keep, tiles,
                                            per_op))
         return x
     return run_blocks
@@ -146,32 +157,42 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, run: _Run):
         ctx.run = run
-        if run.per_op:                            # the input and the outputs the policy keeps
-            with selective.policy() as kept:
-                y = run.blocks(x, run.serve)
-            ctx.layout = kept.layout()
-            ctx.save_for_backward(x, *kept.tensors())
-            return y
-        if run.keep is None:
-            ctx.save_for_backward(x)              # the checkpoint
-        else:                                     # P_a: 1/N_m of it (P_a+cpu: in host memory)
-            ctx.kept = run.keep.keep(x, ctx.save_for_backward)
-        return run.blocks(x, run.serve)           # grad mode is off in here
+        if not run.per_op:
+            _keep(ctx, run, x)                    # the checkpoint
+            return run.blocks(x, run.serve)       # grad mode is off in here
+        with selective.policy() as kept:          # the input and the outputs the policy keeps
+            y = run.blocks(x, run.serve)
+        ctx.layout = kept.layout()
+        _keep(ctx, run, x, kept.tensors())
+        return y
 
     @staticmethod
     def backward(ctx, grad_y):
         run, saved = ctx.run, ctx.run.fetcher.saved
+        tensors = ctx.saved_tensors
+        own, kept = tensors[:len(tensors) - ctx.n_ops], list(tensors[len(tensors) - ctx.n_ops:])
+        del tensors
         policy = contextlib.nullcontext()
         if run.per_op:                            # the recompute hands the kept outputs back
-            x, *kept = ctx.saved_tensors
             policy = selective.policy(selective.rebuild(ctx.layout, kept))
-            del kept
-        elif run.keep is None:
-            x, = ctx.saved_tensors                # the ledger lets the checkpoint go here
+        del kept
+        if run.keep is None:
+            x, = own                              # the ledger lets the checkpoint go here
         else:                                     # P_a: all-gathered over the MP group
-            x = run.keep.restore(ctx.kept, ctx.saved_tensors)
+            x = run.keep.restore(ctx.kept, own)
+        del own
         x = x.detach().requires_grad_(True)
         with torch.enable_grad(), saved.hooks(), saved.counting("recomputed"), policy:
             y = run.blocks(x, run.refetch)
         torch.autograd.backward(y, grad_y)        # parameter gradients go to the fetcher
         return x.grad, None
+
+
+def _keep(ctx, run: _Run, x: torch.Tensor, ops: tuple = ()) -> None:
+    """Save checkpoint ``x`` whole, or as ``run.keep`` keeps it (P_a: 1/N_m of it, P_a+cpu: on
+    the host, M_D: in its slot), and after it the per-op policy's kept outputs ``ops``."""
+    ctx.n_ops = len(ops)
+    if run.keep is None:
+        ctx.save_for_backward(x, *ops)
+    else:
+        ctx.kept = run.keep.keep(x, lambda *part: ctx.save_for_backward(*part, *ops))
