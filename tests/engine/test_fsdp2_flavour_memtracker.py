@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.test_fsdp_memtracker import _missing
+from tests.support.memtracker import ledger_phases, missing as _missing, tracked_step
 from zerospec.model.family import GPTConfig
 from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure
@@ -33,46 +33,18 @@ LN_F = 2 * C
 def fsdp_step() -> dict[str, dict[str, int]]:
     """FSDPMemTracker's bytes per category at the end of forward, backward and the step, and at
     its peak up to the end of backward; plus the count of parameter tensors."""
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.device_mesh import init_device_mesh
+    return tracked_step(CFG, N, B, _wrap)
+
+
+def _wrap(model, mesh) -> None:
+    """As torchtitan wraps Llama: every block, the last not resharded, then the root."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from zerospec.testing.oracles import GPT
-
-    dist.init_process_group(backend="fake", rank=0, world_size=N, store=FakeStore())
-    try:
-        mesh = init_device_mesh("cpu", (N,))
-        with FakeTensorMode():
-            model = GPT.from_init(CFG, 0)
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for i, blk in enumerate(model.h):
-                fully_shard(blk, mesh=mesh, mp_policy=policy,
-                            reshard_after_forward=i < len(model.h) - 1)
-            fully_shard(model, mesh=mesh, mp_policy=policy)
-            optim = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
-            idx = torch.zeros(B, T, dtype=torch.long)
-            targets = torch.zeros(B, T, dtype=torch.long)
-            tracker = FSDPMemTracker(model, optim)
-            tracker.track_inputs((idx, targets))
-            snaps = {}
-            with tracker:
-                loss = model(idx, targets)
-                snaps["forward"] = tracker.get_tracker_snapshot("current")
-                loss.backward()
-                snaps["backward"] = tracker.get_tracker_snapshot("current")
-                snaps["peak in backward"] = tracker.get_tracker_snapshot("peak")
-                optim.step()
-                snaps["step"] = tracker.get_tracker_snapshot("current")
-            n_tensors = len(list(model.parameters()))
-    finally:
-        dist.destroy_process_group()
-    out = {at: {(c.value if hasattr(c, "value") else c): b for c, b in s[torch.device("cpu")].items()}
-           for at, s in snaps.items()}
-    out["tensors"] = {"parameters": n_tensors}
-    return out
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for i, blk in enumerate(model.h):
+        fully_shard(blk, mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=i < len(model.h) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def zerospec_step() -> dict[str, dict[str, int]]:
@@ -80,21 +52,7 @@ def zerospec_step() -> dict[str, dict[str, int]]:
     forward, backward and the step, and at the peak up to the end of backward."""
     cfg = TrainConfig.of(stage=3, n_d=N, model=CFG, precision="bf16", flavour="fsdp2")
     mem = measure(cfg, micro_batch=B, trace=True).memory(0)
-    out, now, live, top = {}, dict.fromkeys(mem.current, 0), {}, None
-    for e in mem.trace:
-        if e.op == "alloc":
-            live[e.key] = (e.category, e.nbytes)
-            now[e.category] += e.nbytes
-            if top is None or sum(now.values()) > top["Total"]:
-                top = dict(now) | {"Total": sum(now.values())}
-        elif e.op == "free":
-            category, nbytes = live.pop(e.key)
-            now[category] -= nbytes
-        elif e.label.split("@")[0] in PHASES:
-            out[e.label.split("@")[0]] = dict(now) | {"Total": sum(now.values())}
-            if e.label == "backward@1":
-                out["peak in backward"] = dict(top)
-    return out
+    return ledger_phases(mem, PHASES)
 
 
 @pytest.fixture(scope="module")
@@ -128,12 +86,12 @@ def test_forward_ends_with_the_root_and_the_last_block_unsharded_in_both(both):
 
 def test_activations_at_the_end_of_forward_differ_by_the_same_named_terms_as_stage_3(both):
     """zerospec's activations are FSDPMemTracker's Activation + Inputs, less the loss (alive,
-    not saved: 2 bytes of bf16), plus LayerNorm's mean and rstd, fp32 on meta but bf16 in the
+    not saved: 4 bytes, computed in fp32 as zerospec/model/gpt.py's ``loss``), plus LayerNorm's mean and rstd, fp32 on meta but bf16 in the
     CPU kernels FSDP2 ran: 2 per norm, 2L + 1 norms, b·s each, 2 bytes apart."""
     fsdp, zs = both
     f = fsdp["forward"]
     stats = 2 * (2 * CFG.n_layer + 1) * B * T * (4 - 2)
-    assert zs["forward"]["activations"] == f["Activation"] + f["Inputs"] - 2 + stats
+    assert zs["forward"]["activations"] == f["Activation"] + f["Inputs"] - 4 + stats
 
 
 def test_the_buffers_at_the_backward_peak_are_fsdp2s(both):

@@ -21,22 +21,10 @@ import math
 import pytest
 import torch
 
+from tests.support.memtracker import ledger_phases, missing as _missing, tracked_step
 from zerospec.model.family import GPTConfig
 from zerospec.training.scale import measure
 from zerospec.training.config import TrainConfig
-
-
-def _missing() -> str | None:
-    try:
-        import torch.distributed as dist
-        if not dist.is_available():
-            return "torch.distributed is not available in this build of torch"
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: F401
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401
-        from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
-    except ImportError as exc:   # private modules: moved or absent in this torch version
-        return f"torch {torch.__version__} lacks FSDPMemTracker, FSDP2 or the fake process group: {exc}"
-    return None
 
 
 # the guard runs in the fixture, not at collection: importing the tracker and FSDP costs ~4 s, which
@@ -53,48 +41,17 @@ def fsdp_step() -> dict[str, dict[str, int]]:
     """FSDPMemTracker's bytes per category at the end of forward, backward and the optimizer step,
     and at its peak (the breakdown when the total peaks) up to the end of backward and over the
     step; plus the count of parameter tensors."""
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.device_mesh import init_device_mesh
+    return tracked_step(CFG, N, B, _wrap)
+
+
+def _wrap(model, mesh) -> None:
+    """fully_shard on each block, ln_f and the root: zerospec's sharding units."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from zerospec.testing.oracles import GPT
-
-    if dist.is_initialized():
-        raise RuntimeError("a process group is already initialised in this process")
-    dist.init_process_group(backend="fake", rank=0, world_size=N, store=FakeStore())
-    try:
-        mesh = init_device_mesh("cpu", (N,))   # outside fake mode: the mesh reads its rank map
-        with FakeTensorMode():
-            model = GPT.from_init(CFG, 0)
-            policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float16)
-            for mod in [*model.h, model.ln_f]:
-                fully_shard(mod, mesh=mesh, mp_policy=policy)
-            fully_shard(model, mesh=mesh, mp_policy=policy)
-            optim = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
-            idx = torch.zeros(B, T, dtype=torch.long)
-            targets = torch.zeros(B, T, dtype=torch.long)
-            tracker = FSDPMemTracker(model, optim)
-            tracker.track_inputs((idx, targets))
-            snaps = {}
-            with tracker:
-                loss = model(idx, targets)
-                snaps["forward"] = tracker.get_tracker_snapshot("current")
-                loss.backward()
-                snaps["backward"] = tracker.get_tracker_snapshot("current")
-                snaps["peak in backward"] = tracker.get_tracker_snapshot("peak")
-                optim.step()
-                snaps["step"] = tracker.get_tracker_snapshot("current")
-            snaps["peak"] = tracker.get_tracker_snapshot("peak")
-            n_tensors = len(list(model.parameters()))
-    finally:
-        dist.destroy_process_group()
-    out = {at: {(c.value if hasattr(c, "value") else c): b for c, b in s[torch.device("cpu")].items()}
-           for at, s in snaps.items()}
-    out["tensors"] = {"parameters": n_tensors}
-    return out
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float16)
+    for mod in [*model.h, model.ln_f]:
+        fully_shard(mod, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def zerospec_step() -> dict[str, dict[str, int]]:
@@ -102,22 +59,8 @@ def zerospec_step() -> dict[str, dict[str, int]]:
     category at the end of forward, backward and the step, and at the peak — replayed from the
     ledger's allocation trace, as the tracker reports its peak: the breakdown when the total peaks."""
     mem = measure(TrainConfig(stage=3, n_d=N, model=CFG), micro_batch=B, trace=True).memory(0)
-    out, now, live, top = {}, dict.fromkeys(mem.current, 0), {}, None
-    for e in mem.trace:
-        if e.op == "alloc":
-            live[e.key] = (e.category, e.nbytes)
-            now[e.category] += e.nbytes
-            if top is None or sum(now.values()) > top["Total"]:
-                top = dict(now) | {"Total": sum(now.values())}
-        elif e.op == "free":
-            category, nbytes = live.pop(e.key)
-            now[category] -= nbytes
-        elif e.label.split("@")[0] in PHASES:
-            out[e.label.split("@")[0]] = dict(now) | {"Total": sum(now.values())}
-            if e.label == "backward@1":
-                out["peak in backward"] = dict(top)
-    assert top["Total"] == mem.peak_total   # the replay is the ledger
-    out["peak"] = top
+    out = ledger_phases(mem, PHASES)
+    assert out["peak"]["Total"] == mem.peak_total   # the replay is the ledger
     return out
 
 

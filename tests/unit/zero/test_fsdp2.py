@@ -98,37 +98,32 @@ def test_the_flavour_needs_stage_3():
 
 
 
-def test_backward_prefetches_the_next_blocks_all_gather(run):
-    """_backward_prefetch: while block k's gradient is written, block k−1's flat output is
-    already gathered — for every block re-gathered in backward (the last block, kept from
-    forward, has no unshard of its own to prefetch from; block 0 has nothing before it)."""
+def held_at_block_gradients(run, category: str) -> list[int]:
+    """Rank 0's bytes of ``category`` live as each block's bf16 gradient is written (its trace)."""
     held, live, seen = 0, {}, []
     for e in run.memory[0].trace:
         if e.op == "alloc":
             live[e.key] = e
-            held += e.nbytes if e.category == "ag_buffer" else 0
+            held += e.nbytes if e.category == category else 0
             if e.category == "grad16" and e.nbytes == 2 * BLOCK:
                 seen.append(held)
         elif e.op == "free":
             gone = live.pop(e.key)
-            held -= gone.nbytes if gone.category == "ag_buffer" else 0
-    assert seen == [0] + [2 * padded(BLOCK)] * (L - 2) + [0]
+            held -= gone.nbytes if gone.category == category else 0
+    return seen
+
+
+def test_backward_prefetches_the_next_blocks_all_gather(run):
+    """_backward_prefetch: while block k's gradient is written, block k−1's flat output is
+    already gathered — for every block re-gathered in backward (the last block, kept from
+    forward, has no unshard of its own to prefetch from; block 0 has nothing before it)."""
+    assert held_at_block_gradients(run, "ag_buffer") == [0] + [2 * padded(BLOCK)] * (L - 2) + [0]
 
 
 def test_a_block_stays_unsharded_until_its_gradient_is_complete(run):
     """post_backward reshards: when each block's bf16 gradient is written, the block's own
     unsharded parameters are still held beside the root's (not freed at their last use)."""
-    held, live, seen = 0, {}, []
-    for e in run.memory[0].trace:
-        if e.op == "alloc":
-            live[e.key] = e
-            held += e.nbytes if e.category == "gathered" else 0
-            if e.category == "grad16" and e.nbytes == 2 * BLOCK:
-                seen.append(held)
-        elif e.op == "free":
-            gone = live.pop(e.key)
-            held -= gone.nbytes if gone.category == "gathered" else 0
-    assert seen == [2 * (EMBED + LN_F + BLOCK)] * L
+    assert held_at_block_gradients(run, "gathered") == [2 * (EMBED + LN_F + BLOCK)] * L
 
 
 @pytest.mark.slow
