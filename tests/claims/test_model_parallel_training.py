@@ -111,7 +111,7 @@ def fsum_norm(grads: dict[str, torch.Tensor]) -> float:
     return math.sqrt(math.fsum(x * x for t in grads.values() for x in t.double().reshape(-1).tolist()))
 
 
-MODELS = [pytest.param(MP_ODD, 2, id="gpt2-2"), pytest.param(MP_ODD, 4, id="gpt2-4"),
+MODELS = [pytest.param(MP_ODD, 2, id="gpt2-2"), pytest.param(MP_ODD, 4, id="gpt2-4", marks=pytest.mark.slow),
           pytest.param(MP_LLAMA, 2, id="llama-2")]
 
 
