@@ -33,7 +33,6 @@ BASE = {"model": ODD, "global_batch": BATCH, "clip_grad_norm": 0.5,
         "loss_scale": LossScale(init_scale=2.0 ** 8, growth_interval=1)}
 # (stage, M, G): same N, another stage; N/2; 2N; a non-divisor of N; then different micro-batches
 CONTINUATIONS = [(3, 4, 6), (0, 4, 6), (1, 2, 12), (2, 8, 3), (3, 3, 8), (3, 3, 1)]
-CONTINUED = [(0, 4, 6), (1, 2, 12), (3, 3, 1)]   # the default run: fewer, more and odd M; G = 1 and > 1
 
 
 def cfg(stage: int, n_d: int, g: int, steps: int = STEPS) -> TrainConfig:
@@ -87,8 +86,7 @@ def test_the_checkpoint_holds_exactly_the_state_of_a_run_stopped_there(original,
         assert all(torch.equal(a, b) for a, b in zip(ck.tensors[kind], st.tensors[kind]))
 
 
-@pytest.mark.parametrize("stage,m,g", [pytest.param(*c, id=f"stage{c[0]}/M={c[1]}/G={c[2]}",
-                                                    marks=[pytest.mark.slow] * (c not in CONTINUED))
+@pytest.mark.parametrize("stage,m,g", [pytest.param(*c, id=f"stage{c[0]}/M={c[1]}/G={c[2]}")
                                        for c in CONTINUATIONS])
 @pytest.mark.claim("P7")
 def test_continuing_on_m_ranks_from_the_files_equals_continuing_from_memory(original, saved, stage, m, g):

@@ -49,9 +49,8 @@ def test_repeated_runs_are_bit_identical(cfg):
     assert _same(_run(None, cfg=cfg)[0], _run(None, tag=1, cfg=cfg)[0])
 
 
-@pytest.mark.parametrize("seed,cfg", [   # the default run: one seed per config
-    pytest.param(seed, c, id=f"{seed}-{c}", marks=[pytest.mark.slow] * (seed != SEEDS[i]))
-    for i, c in enumerate(CFGS) for seed in SEEDS])
+@pytest.mark.parametrize("cfg", CFGS)
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.claim("P8")
 def test_a_random_schedule_with_random_pauses_changes_nothing(seed, cfg, claim_values):
     """Random rank order and pauses at every hand-off: losses, weights, norms and scales unchanged."""
