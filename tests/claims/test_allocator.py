@@ -160,8 +160,9 @@ VARIANTS = {"N_m=1": (1, {}), "N_m=2": (2, {}), "P_a": (2, {"partition_activatio
 
 
 @pytest.mark.claim("P12")
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+@pytest.mark.parametrize("stage,variant", [   # the default run: each variant once, each stage once
+    pytest.param(s, v, id=f"{stage_id(s)}-{v}", marks=[pytest.mark.slow] * (s != i))
+    for i, v in enumerate(VARIANTS) for s in range(4)])
 def test_md_changes_no_bit_and_no_checkpoint_byte(stage, variant):
     """Checkpoints copied into one buffer and copied out for the recompute: every rank's losses
     and the final weights equal the run without M_D bit for bit, and the ledger's checkpoint
@@ -200,11 +201,13 @@ def test_md_without_checkpointing_is_refused():
 # buckets of 313 elements: every unit boundary inside a bucket (tests/unit/zero_r/test_buffers.py's B)
 GRAD_CASES = {"plain": {}, "buckets": {"bucket_elements": 313},
               "clip+scale": {"clip_grad_norm": 0.5, "loss_scale": SCALER}}
+KEPT_SLOT = {(3, "buckets"), (2, "clip+scale")}
 
 
 @pytest.mark.claim("P12")
-@pytest.mark.parametrize("case", list(GRAD_CASES))
-@pytest.mark.parametrize("stage", [2, 3], ids=stage_id)
+@pytest.mark.parametrize("stage,case", [   # the default run: buckets in stage 3, clip+scale in stage 2
+    pytest.param(s, c, id=f"{stage_id(s)}-{c}", marks=[pytest.mark.slow] * ((s, c) not in KEPT_SLOT))
+    for c in GRAD_CASES for s in (2, 3)])
 def test_one_reused_gradient_slot_changes_no_bit(stage, case):
     """Every unit's gradient written into one slot allocated at setup, its padding zeroed per
     use: the same values reach the same reduce-scatters, so losses, weights and (with clipping and

@@ -111,7 +111,7 @@ def fsum_norm(grads: dict[str, torch.Tensor]) -> float:
     return math.sqrt(math.fsum(x * x for t in grads.values() for x in t.double().reshape(-1).tolist()))
 
 
-MODELS = [pytest.param(MP_ODD, 2, id="gpt2-2"), pytest.param(MP_ODD, 4, id="gpt2-4"),
+MODELS = [pytest.param(MP_ODD, 2, id="gpt2-2"), pytest.param(MP_ODD, 4, id="gpt2-4", marks=pytest.mark.slow),
           pytest.param(MP_LLAMA, 2, id="llama-2")]
 
 
@@ -173,8 +173,9 @@ def original(saved):
     return _original(saved)
 
 
-@pytest.mark.parametrize("stage,n_d,g", [pytest.param(*c, id=f"{stage_id(c[0])}/nd={c[1]}/G={c[2]}")
-                                         for c in CONTINUATIONS])
+@pytest.mark.parametrize("stage,n_d,g", [pytest.param(*c, id=f"{stage_id(c[0])}/nd={c[1]}/G={c[2]}",
+                                                      marks=[pytest.mark.slow] * (c[0] == 0))
+                                         for c in CONTINUATIONS])   # the default run: the sharded stages
 @pytest.mark.claim("P7")
 def test_a_checkpoint_of_the_grid_continues_at_another_n_d_bit_identically(original, saved, stage, n_d, g):
     """Written by 2 × 2 after step 2, loaded at N_d × 2 (N_d·G = 4): steps 3–4 equal the

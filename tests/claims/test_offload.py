@@ -305,8 +305,9 @@ def _equal(a, b) -> bool:
     return all(torch.equal(x, y) for k in a for x, y in zip(a[k], b[k], strict=True))
 
 
-@pytest.mark.parametrize("warmup", [1, 2])
-@pytest.mark.parametrize("stage", [2, 3], ids=STAGE_IDS.get)
+@pytest.mark.parametrize("stage,warmup", [   # the default run: each stage, each warm-up once
+    pytest.param(s, w, id=f"{STAGE_IDS[s]}-{w}", marks=[pytest.mark.slow] * (w != s - 1))
+    for w in (1, 2) for s in (2, 3)])
 @pytest.mark.claim("B8")
 def test_dpu_is_synchronous_through_warm_up_then_parameters_one_step_stale(stage, warmup,
                                                                          claim_values):

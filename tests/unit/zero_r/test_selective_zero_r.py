@@ -42,8 +42,9 @@ def block_input(r) -> int:
     return r.config.batch // r.config.n_d * LLAMA.block_size * LLAMA.n_embd * 4
 
 
-@pytest.mark.parametrize("keeper", list(KEEPERS))
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode,keeper", [   # the default run: each keeper once, the modes alternating
+    pytest.param(m, k, id=f"{m}-{k}", marks=[pytest.mark.slow] * (m != MODES[(i + 1) % 2]))
+    for i, k in enumerate(KEEPERS) for m in MODES])
 def test_each_keeper_trains_a_selective_mode_bit_identically(mode, keeper):
     """Losses and master weights torch.equal to the same selective run without the keeper: the
     recompute starts from the same values, gathered, copied back or read from a slot."""
