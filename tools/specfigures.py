@@ -75,7 +75,11 @@ def report_figures_data(m) -> str:
     and model states per GPU over N. Integers (and exact means), the same on every machine."""
     from zerospec.paper import theory
     from zerospec.report.writeup import OPS, mean_by_op
+    from zerospec.report.figures import BUFFER_COLORS
     from zerospec.runtime.memory import MODEL_STATES
+    # the buffers the figure draws: the paper's stages' (the FSDP2 flavour's are not a stage the
+    # report runs)
+    MODEL_STATES = tuple(c for c in MODEL_STATES if c in BUFFER_COLORS)
     n, step = m.config.ranks, m.config.steps
     lines = [f"memory_per_stage: bytes per GPU at set-up (rank 0), N = {n}; activations: the "
              "highest rank's peak", "",
