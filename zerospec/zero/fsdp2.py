@@ -174,14 +174,7 @@ class FSDP2Parameters(Parameters):
         if len(group) == 1 and group[0] in self._post_forward:
             return self._all_gather_post_forward(group[0])
         units = [self.units[j] for j in group]
-        # both are made on the all-gather copy-in stream (foreach_all_gather's `with
-        # device_handle.stream(all_gather_copy_in_stream)`): the allocator reuses their blocks
-        # only for that stream's requests (spec/allocator.md)
-        with self.ctx.on_stream("all_gather_copy_in"):
-            copy_in = self.memory.alloc("ag_buffer", (sum(u.chunk for u in units),), self.dtype,
-                                        zero=False)
-            out = self.memory.alloc("ag_buffer", (sum(u.padded for u in units),), self.dtype,
-                                    zero=False)
+        copy_in, out = self._ag_buffers(sum(u.chunk for u in units), sum(u.padded for u in units))
         a = b = 0
         for j, u in zip(group, units):
             chunk = copy_in[a:a + u.chunk]
@@ -195,11 +188,18 @@ class FSDP2Parameters(Parameters):
         """foreach_all_gather from the post-forward shard: its copy-in (1/h, already
         param_dtype), the padded unit's output, over the h ranks."""
         sec = self._post_forward[i]
-        copy_in = self.memory.alloc("ag_buffer", (sec.numel(),), self.dtype, zero=False)
-        out = self.memory.alloc("ag_buffer", (self.units[i].padded,), self.dtype, zero=False)
+        copy_in, out = self._ag_buffers(sec.numel(), self.units[i].padded)
         self.hpz_comm.all_gather(out, copy_in.copy_(sec))
         self.memory.free(copy_in)
         return out
+
+    def _ag_buffers(self, n_in: int, n_out: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """foreach_all_gather's copy-in and output, both made on the all-gather copy-in stream
+        (its `with device_handle.stream(all_gather_copy_in_stream)`): the allocator reuses their
+        blocks only for that stream's requests (spec/allocator.md)."""
+        with self.ctx.on_stream("all_gather_copy_in"):
+            return (self.memory.alloc("ag_buffer", (n_in,), self.dtype, zero=False),
+                    self.memory.alloc("ag_buffer", (n_out,), self.dtype, zero=False))
 
     def _to_sharded_post_forward(self, i: int, full16: torch.Tensor) -> None:
         """to_sharded_post_forward: a clone of this rank's 1/h of the padded unit (its padding
