@@ -93,3 +93,4 @@ def test_validation_offload_table(md_snapshot):
     bytes the GPU holds at the allocator's fit (DeepSpeed's example keeps them on the host)."""
     from zerospec.evaluation.tables import bare
     assert md_snapshot == bare(v.offload_residual_table())
+
