@@ -212,3 +212,17 @@ def test_the_closed_form_section_lists_the_keys_it_does_not_model(capsys, tmp_pa
     notes = " ".join(json.loads(out)["tables"][0]["notes"])
     assert rc == 0 and "zero_optimization.sub_group_size (not read" in notes
     assert "zero_optimization.offload_optimizer.fast_init (how the NVMe files" in notes
+
+
+def test_explain_refuses_deepspeeds_contiguous_checkpoints_without_partitioning_in_one_line(
+        capsys, tmp_path):
+    """`plan --explain --deepspeed-config` with contiguous_memory_optimization but not
+    partition_activations, on a step with checkpoints: exit 2, one line naming the key (the error
+    DeepSpeed's configure() raises); a selective --activation-checkpointing mode has checkpoints
+    too."""
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+                            "activation_checkpointing": {"contiguous_memory_optimization": True}})
+    for ac in (("--checkpoint-activations", "1"), ("--activation-checkpointing", "selective-op")):
+        assert_usage_error(capsys, "plan", "--explain", "--preset", "t4-1.16B-24x1920", "--gpus",
+                           "8", "--seq", "64", "--deepspeed-config", cfg, *ac,
+                           named="contiguous_memory_optimization = true needs")
