@@ -123,9 +123,13 @@ def test_a_meta_step_books_what_the_threads_book(variant):
 
 def test_zerospec_train_takes_p_a_and_cpu_checkpointing_without_mp(capsys):
     """`zerospec train --ranks 2 --checkpoint-activations 1 --partition-activations
-    --cpu-checkpointing` runs (no MP needed) and its table shows no checkpoint on the device."""
+    --cpu-checkpointing` runs (no MP needed), and so does --cpu-checkpointing alone; the header
+    names each."""
     from tests.support.cli import run_cli
     rc, out, err = run_cli(capsys, "train", "--steps", "1", "--ranks", "2",
                            "--checkpoint-activations", "1", "--partition-activations",
                            "--cpu-checkpointing")
     assert rc == 0 and "P_a+cpu" in out, err
+    rc, out, err = run_cli(capsys, "train", "--steps", "1", "--ranks", "2",
+                           "--checkpoint-activations", "1", "--cpu-checkpointing")
+    assert rc == 0 and "checkpoints on the host" in out, err
