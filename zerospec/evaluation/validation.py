@@ -118,8 +118,9 @@ def residual_table() -> Table:
 def _offload_run(layers: int, host: bool = True):
     """One meta step of DeepSpeed's example at ``layers`` layers; ``host`` False: with
     cpu_checkpointing off, the checkpoints kept on the GPU (what the example's key buys)."""
-    return measure(TrainConfig.of(model=gpt(layers, OFFLOAD_SHAPE["d"], OFFLOAD_SHAPE["heads"]),
-                                  **OFFLOAD_SETTINGS).replace(cpu_checkpointing=host),
+    cfg = TrainConfig.of(model=gpt(layers, OFFLOAD_SHAPE["d"], OFFLOAD_SHAPE["heads"]),
+                         **OFFLOAD_SETTINGS)
+    return measure(cfg if host else cfg.replace(cpu_checkpointing=False),
                    micro_batch=OFFLOAD_SHAPE["micro_batch"], trace=True)
 
 
