@@ -117,7 +117,8 @@ def summary(result, backend: str) -> str:
              + (f", {cfg.grad_accum_steps} micro-batches per step" if cfg.grad_accum_steps > 1 else "")
              + (f", activation checkpoint every {cfg.checkpoint_activations} block(s)"
                 if cfg.checkpoint_activations else "")
-             + (", P_a+cpu" if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
+             + ((", P_a+cpu" if cfg.partition_activations else ", checkpoints on the host")
+                if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                 if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
              + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"

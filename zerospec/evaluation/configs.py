@@ -7,8 +7,9 @@ Each configuration is a ZeRO-DP stage plus ZeRO-R options, spelled as the keywor
   ``reduce_bucket_size`` / ``allgather_bucket_size`` (deepspeed/runtime/zero/config.py, the
   ZeRO-100B code base the paper ran, C40);
 * M_D, defragmentation: ``contiguous_checkpoints`` (zerospec/zero_r/defrag.py);
-* P_a: ``partition_activations`` over the MP group, with a checkpoint per block (P_a partitions
-  checkpoints, so all five run with activation checkpointing, as Megatron's runs did);
+* P_a: ``partition_activations`` over the MP group (at MP 1 a group of one: the whole
+  checkpoint), with a checkpoint per block (P_a partitions checkpoints, so all five run with
+  activation checkpointing, as Megatron's runs did);
 * P_a+cpu: ``cpu_checkpointing`` on top of P_a.
 
 Figure 6 (C47) asks for the largest model each configuration trains at 400 GPUs, MP 16, 16

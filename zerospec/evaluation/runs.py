@@ -6,7 +6,7 @@ timed by :mod:`zerospec.evaluation.timing` on a spec-sheet :class:`~zerospec.pap
 Two ways to run a row:
 
 * **ZeRO** (the paper's ZeRO-100B): Table 3's C4, P_os+g with C_B, M_D and P_a; C3 at MP 1,
-  where P_a has no MP group to partition over (zerospec/evaluation/configs.py).
+  which is C4 there: P_a over a group of one keeps the whole checkpoint (zerospec/zero_r/partition.py).
 * **The Megatron-LM baseline** (C38, C40): model parallelism over the row's MP degree and plain
   data parallelism over the rest, i.e. ZeRO stage 0 with N_m = MP: every DP rank holds 16Ψ/N_m
   of model states and all-reduces its fp16 gradients. Activations are checkpointed per block,
@@ -51,7 +51,7 @@ def memoised(fn):
 
 
 def zero_config(run: ev.Run) -> ZeroConfig:
-    """The configuration ZeRO's rows run as: C4, or C3 at MP 1 (no MP group for P_a)."""
+    """The configuration ZeRO's rows run as: C4, or C3 at MP 1 (C4's P_a there keeps C3's bytes)."""
     return CONFIGS["C4" if run.mp > 1 else "C3"]
 
 

@@ -46,9 +46,16 @@ TORCHTITAN_BATCH, TORCHTITAN_SEQ = 2, 8192
 
 # ZeRO-Offload's one-V100 model: the shape family and batch of DeepSpeed's own 10B example
 # (microsoft/DeepSpeedExamples Megatron-LM/scripts/ds_zero-offload_10B_pretrain_gpt2_model_parallel.sh
-# @f972ae84: hidden 4096, 32 heads, batch 10, seq 1024, --checkpoint-activations, fp16; its
-# ds_zero-offload_10B_config.json: stage 2 with cpu_offload), the layer count searched.
+# @f972ae84: MP_SIZE 1, hidden 4096, 32 heads, batch 10, seq 1024, --checkpoint-activations
+# --deepspeed-activation-checkpointing, fp16), the layer count searched; its
+# ds_zero-offload_10B_config.json: stage 2 with cpu_offload, and the activation_checkpointing
+# section as it sets it: partition_activations, contiguous_memory_optimization and
+# cpu_checkpointing all true. Without MP, DeepSpeed partitions over mp_size 1 (the whole
+# checkpoint) and keeps it on the host (zerospec/zero_r/partition.py).
 OFFLOAD_SHAPE = dict(d=4096, heads=32, micro_batch=10)
+OFFLOAD_SETTINGS = dict(stage=2, n_d=1, offload_optimizer="cpu", checkpoint_activations=1,
+                        partition_activations=True, contiguous_checkpoints=True,
+                        cpu_checkpointing=True)
 
 RESIDUALS = {   # by the first of these names a row's key contains
     "compile": "torch.compile's fusions (fewer saved intermediates) are not modelled",
@@ -56,9 +63,8 @@ RESIDUALS = {   # by the first of these names a row's key contains
                   "step's foreach temporaries beyond what the stage code makes",
     "zero-fig6": "not accounted for: the fit is past the next size the paper lists; the CUDA "
                  "context and NCCL's buffers take none of the 32 GB here",
-    "zero-offload": "DeepSpeed's example keeps its checkpoints on the CPU (cpu_checkpointing), "
-                    "which zerospec refuses without model parallelism: 84 MB a layer stays on "
-                    "the GPU; the paper does not give its 13B run's batch",
+    "zero-offload": "the paper does not give its 13B run's batch; DeepSpeed's 10B example's "
+                    "(10 sequences) is searched",
 }
 
 
@@ -109,38 +115,42 @@ def residual_table() -> Table:
     return t
 
 
-def _offload_run(layers: int):
-    return measure(TrainConfig.of(model=gpt(layers, OFFLOAD_SHAPE["d"], OFFLOAD_SHAPE["heads"]),
-                                  stage=2, n_d=1, offload_optimizer="cpu",
-                                  checkpoint_activations=1, contiguous_checkpoints=True),
+def _offload_run(layers: int, host: bool = True):
+    """One meta step of DeepSpeed's example at ``layers`` layers; ``host`` False: with
+    cpu_checkpointing off, the checkpoints kept on the GPU (what the example's key buys)."""
+    cfg = TrainConfig.of(model=gpt(layers, OFFLOAD_SHAPE["d"], OFFLOAD_SHAPE["heads"]),
+                         **OFFLOAD_SETTINGS)
+    return measure(cfg if host else cfg.replace(cpu_checkpointing=False),
                    micro_batch=OFFLOAD_SHAPE["micro_batch"], trace=True)
 
 
-def offload_checkpoints(layers: int) -> int:
-    """The most bytes of activation checkpoints the GPU holds in ZeRO-Offload's step of
-    ``layers`` layers (the ledger's "checkpoints" at its snapshots): what DeepSpeed's example
-    moves to the host instead (cpu_checkpointing)."""
-    return max(snap.current.get("checkpoints", 0) for snap in _offload_run(layers).memory(0).snapshots)
+def offload_checkpoints(layers: int, host: bool = True) -> tuple[int, int]:
+    """The peak bytes of activation checkpoints ZeRO-Offload's step of ``layers`` layers holds,
+    (on the GPU, on the host): the ledgers' "checkpoints" peaks."""
+    r = _offload_run(layers, host)
+    return r.memory(0).peak.get("checkpoints", 0), r.host(0).peak.get("checkpoints", 0)
 
 
-def _offload_step(layers: int, capacity: int) -> tuple[int, int, bool]:
+def _offload_step(layers: int, capacity: int, host: bool) -> tuple[int, int, bool]:
     """(Ψ, the allocated peak on a device without a limit, whether it runs on ``capacity``)."""
-    r = _offload_run(layers)
+    r = _offload_run(layers, host)
     free = replay(r.classes[0].allocations)
     runs = free.peak_reserved <= capacity or replay(r.classes[0].allocations, capacity).oom is None
     return r.psi_padded, free.peak_allocated, runs
 
 
 @memoised
-def zero_offload_fit(capacity: int = DGX2.memory_bytes) -> tuple[Prediction, int, int]:
-    """The most layers of OFFLOAD_SHAPE on one GPU of ``capacity`` bytes with ZeRO-Offload:
+def zero_offload_fit(capacity: int = DGX2.memory_bytes, host: bool = True,
+                     ) -> tuple[Prediction, int, int]:
+    """The most layers of OFFLOAD_SHAPE on one GPU of ``capacity`` bytes with ZeRO-Offload as
+    DeepSpeed's example runs it (``host`` False: its checkpoints kept on the GPU):
     (Ψ at L_a, the most whose allocated peak fits, and at L, the most at or below L_a whose step
     runs through the allocator there; L_a; L), as Figure 6's search (cached_memory.py)."""
     seen: dict[int, tuple[int, int, bool]] = {}
 
     def at(L: int) -> tuple[int, int, bool]:
         if L not in seen:
-            seen[L] = _offload_step(L, capacity)
+            seen[L] = _offload_step(L, capacity, host)
         return seen[L]
     L_a = L = largest(lambda L: at(L)[1], capacity, probes=(40, 56)).value or 0
     while L > 0 and not at(L)[2]:
@@ -194,13 +204,17 @@ def validation_table() -> Table:
 
 
 def offload_residual_table() -> Table:
-    """ZeRO-Offload's row in parts: the two fits in layers and the checkpoint bytes the GPU holds
-    at the allocator's fit, which DeepSpeed's example keeps on the host."""
-    (p, L_a, L) = zero_offload_fit()
+    """ZeRO-Offload's row in parts: the fits in layers, Ψ and the checkpoint bytes on the GPU and
+    on the host at the allocator's fit, as DeepSpeed's example runs (its checkpoints on the host)
+    and with cpu_checkpointing off (what that key moves)."""
     t = Table("validation_offload", "ZeRO-Offload's one-V100 fit, in parts",
-              ["layers, allocated fit", "layers, allocator fit", "Ψ at the allocator fit",
-               "checkpoints on the GPU there (B)"])
-    t.add(L_a, L, f"{p.reserved:,}", f"{offload_checkpoints(L):,}")
+              ["activation checkpoints", "layers, allocated fit", "layers, allocator fit",
+               "Ψ at the allocator fit", "checkpoints on the GPU there (B)",
+               "checkpoints on the host there (B)"])
+    for host, name in ((True, "on the host (the example)"), (False, "on the GPU")):
+        p, L_a, L = zero_offload_fit(host=host)
+        gpu, cpu = offload_checkpoints(L, host)
+        t.add(name, L_a, L, f"{p.reserved:,}", f"{gpu:,}", f"{cpu:,}")
     return t
 
 

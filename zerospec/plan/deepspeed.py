@@ -7,8 +7,11 @@ GPU and traffic per step in the same ledgers every test reads:
 
 * ``stage``; the batch keys → the micro-batch per GPU (DeepSpeed's rule for N_d GPUs); fp16/bf16 →
   the precision; ``reduce_bucket_size`` → C_B buckets (``bucket_elements``) for stages 1–3;
-  ``contiguous_gradients`` → M_D for gradients at stages 2–3; P_a, P_a+cpu and
-  ``contiguous_memory_optimization`` where the step has checkpoints (and N_m >= 2 for P_a);
+  ``contiguous_gradients`` → M_D for gradients at stages 2–3; ``partition_activations`` (P_a),
+  ``cpu_checkpointing`` (P_a+cpu, or with P_a off the whole checkpoint on the host) and
+  ``contiguous_memory_optimization`` where the step has checkpoints, at every N_m as DeepSpeed
+  reads them (at N_m = 1 a partition over a group of one: the whole checkpoint);
+  ``contiguous_memory_optimization`` without ``partition_activations`` is DeepSpeed's assertion;
 * stage 1 with ``use_multi_rank_bucket_allreduce`` (DeepSpeed's default) → ZeRO-1's all-reduce
   variant (3Ψ); stage 2's all-reduce variant is not modelled: its reduce-scatter path is measured;
 * stage 3: ``stage3_param_persistence_threshold`` and ``stage3_max_reuse_distance`` →
@@ -37,10 +40,11 @@ from .ds_zeropp import zeropp_kwargs as _zeropp_kwargs, zeropp_rows as _zeropp_r
 
 
 
-def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activations: int = 0,
+def config_kwargs(ds: DeepSpeedConfig, n_d: int, checkpoint_activations: int = 0,
                   gpus_per_node: int | None = None) -> tuple[dict, list[str]]:
-    """scale.measure's keyword arguments for a DeepSpeed config on N_d × N_m GPUs (nodes of
-    ``gpus_per_node``; None: one node), and one line per setting that does not reach the meta step
+    """scale.measure's keyword arguments for a DeepSpeed config on N_d data-parallel ranks (of N_m
+    GPUs each: nothing here depends on N_m; nodes of ``gpus_per_node``; None: one node), whether
+    the step has activation checkpoints, and one line per setting that does not reach the meta step
     (with why), then every key of the file zerospec does not read
     (:attr:`DeepSpeedConfig.not_modelled`)."""
     s, b = ds.stage, ds.batch(n_d)
@@ -76,21 +80,37 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, n_m: int = 1, checkpoint_activa
     if kw.get("qgz") and kw.pop("bucket_elements", None):
         left.append("reduce_bucket_size with zero_quantized_gradients: qgZ's all-to-all reduces "
                     "each unit's gradient as one tensor (DeepSpeed: each bucket)")
-    if ds.partition_activations:
-        if n_m >= 2 and checkpoint_activations:
-            kw["partition_activations"] = True
-            kw["cpu_checkpointing"] = ds.cpu_checkpointing
-        else:
-            left.append(f"partition_activations: splits checkpoints over the model-parallel group; "
-                        f"no effect with N_m = {n_m}" + ("" if checkpoint_activations else
-                                                        " and no checkpointing"))
-    if ds.contiguous_memory_optimization:
-        if checkpoint_activations:
-            kw["contiguous_checkpoints"] = True
-        else:
-            left.append("contiguous_memory_optimization: no checkpoints to make contiguous")
+    _activation_kwargs(ds, checkpoint_activations, kw, left)
     left += [f"{k} ({why})" for k, why in ds.not_modelled]
     return kw, left
+
+
+def _activation_kwargs(ds: DeepSpeedConfig, checkpoint_activations: int, kw: dict,
+                       left: list) -> None:
+    """activation_checkpointing's three keys as DeepSpeed 0.19.8 reads them
+    (deepspeed/runtime/activation_checkpointing/checkpointing.py), at every N_m: configure()
+    asserts contiguous_memory_optimization needs partition_activations (an error here too);
+    partition_activations splits each checkpoint over mp_size ranks (get_partition_size), 1
+    without an mpu: the whole checkpoint, kept in a copy of its own; cpu_checkpointing puts the
+    part on the host (partition_activations()), or without partitioning the whole checkpoint
+    (CheckpointFunction.forward's elif CPU_CHECKPOINT). They act only on checkpoints: without
+    them each key is listed."""
+    if ds.contiguous_memory_optimization and not ds.partition_activations and \
+            checkpoint_activations:
+        raise ValueError(f"{ds.path!r}: activation_checkpointing.contiguous_memory_optimization "
+                         f"= true needs activation_checkpointing.partition_activations = true: "
+                         f"DeepSpeed's checkpointing.configure() asserts it (\"Contiguous "
+                         f"Checkpointing is only available with partitioned activations\")")
+    for key, ours in (("partition_activations", "partition_activations"),
+                      ("cpu_checkpointing", "cpu_checkpointing"),
+                      ("contiguous_memory_optimization", "contiguous_checkpoints")):
+        if not getattr(ds, key):
+            continue
+        if checkpoint_activations:
+            kw[ours] = True
+        else:
+            left.append(f"{key}: acts on activation checkpoints; the step has none "
+                        f"(--checkpoint-activations K)")
 
 
 def deepspeed_measured_table(ds: DeepSpeedConfig, name: str, n_d: int,

@@ -80,8 +80,10 @@ FEATURES = (
     _f("sac", "selective activation checkpointing (torchtitan)", neutral=True,
        flag="selective_ac", serves=("ac",), activation_checkpointing="selective-op"),
     _f("mp", "model parallelism (Megatron)", n_m=2),
-    _f("pa", "P_a", neutral=True, needs=(MP, AC), partition_activations=True),
-    _f("pa_cpu", "P_a+cpu", neutral=True, needs=(MP, AC, ("partition_activations", True)),
+    # P_a over a group of one without MP (DeepSpeed's mp_size 1: the whole checkpoint), and
+    # cpu_checkpointing with or without P_a (DeepSpeed's elif CPU_CHECKPOINT branch): zero_r/partition.py
+    _f("pa", "P_a", neutral=True, needs=(AC,), partition_activations=True),
+    _f("pa_cpu", "P_a+cpu (checkpoints on the host)", neutral=True, needs=(AC,),
        cpu_checkpointing=True),
     _f("md", "M_D (contiguous checkpoints)", neutral=True, needs=(AC,),
        contiguous_checkpoints=True),
@@ -162,13 +164,13 @@ REFUSED = {
     _pair("meta", "torch"): "real processes run real tensors; meta tensors have no values to "
     "send",
 }
-# what a feature needs (hpZ's nodes, P_a's MP, the prefetcher's offloaded parameters) is in its
+# what a feature needs (hpZ's nodes, P_a's checkpoints, the prefetcher's offloaded parameters) is in its
 # ``needs``: a pair with a feature it needs composes as that feature does
 
 
 def needed(name: str) -> list[str]:
     """The features ``name`` turns on through its ``needs`` (the prefetcher: offloaded
-    parameters and ZeRO-Offload; P_a: MP and checkpointing)."""
+    parameters and ZeRO-Offload; P_a: checkpointing)."""
     needs = set(BY_NAME[name].needs)
     return [f.name for f in FEATURES if f.sets and set(f.sets) <= needs]
 
@@ -177,9 +179,10 @@ def needed(name: str) -> list[str]:
 # gathered, so qwZ quantizes fewer gathers; qgZ's all-to-alls follow the nodes; under MP qwZ
 # quantizes each MP index's copy of a replicated parameter (a row-parallel bias) in a group shared
 # with that index's own slice, so the copies dequantize differently and the activations the MP
-# ranks hold alike drift apart, and P_a's all-gather of the checkpoint assembles one MP rank's
-# slice with the others' (tests/unit/zero/test_zeropp.py)
-NOT_NEUTRAL = {_pair("ds3", "qwz"), _pair("ds3", "qgz"), _pair("nodes", "qgz"), _pair("pa", "qwz")}
+# ranks hold alike drift apart (tests/unit/zero/test_zeropp.py); P_a's all-gather of a checkpoint
+# would then assemble one MP rank's slice with the others', but the pair runs without MP (P_a over
+# a group of one), where nothing is assembled
+NOT_NEUTRAL = {_pair("ds3", "qwz"), _pair("ds3", "qgz"), _pair("nodes", "qgz")}
 
 
 def _served(names) -> dict:

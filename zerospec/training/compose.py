@@ -114,14 +114,17 @@ def _feature_groups(cfg: TrainConfig, mesh: Mesh, rank: int) -> dict:
 
 def _checkpoint_keeper(ctx, cfg: TrainConfig, mp):
     """How a checkpoint is kept between forward and backward (zero_r/): None: whole, on the
-    device; ZeRO-R's P_a (P_a+cpu: on the host); M_D's contiguous buffer, of P_a's parts if any."""
+    device; ZeRO-R's P_a over the MP group, or over a group of one without MP (the whole
+    checkpoint, as DeepSpeed's mp_size 1); on the host with cpu_checkpointing (P_a+cpu; without
+    P_a the whole checkpoint); M_D's contiguous buffer, of P_a's parts if any."""
+    part = mp if cfg.partition_activations else None      # None: a group of one
     if cfg.contiguous_checkpoints and not cfg.cpu_checkpointing:   # M_D (P_a+cpu: none on device)
         kind, k = ac_mode(cfg.activation_checkpointing)   # a selective mode's blocks, if any
         n = count(cfg.segment_blocks, cfg.model.n_layer, k if kind == "selective-layer" else 0,
                   kind == "selective-op")
-        return Contiguous(ctx.memory, n, mp if cfg.partition_activations else None)
-    if mp is not None and cfg.partition_activations:
-        return Partitioned(mp, cfg.cpu_checkpointing, ctx.host)
+        return Contiguous(ctx.memory, n, part)
+    if cfg.partition_activations or cfg.cpu_checkpointing:
+        return Partitioned(ctx.comm, part, cfg.cpu_checkpointing, ctx.host)
     return None
 
 

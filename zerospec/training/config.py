@@ -205,12 +205,15 @@ def check_zero_r(cfg) -> None:
         raise ValueError(f"activation_checkpointing={cfg.activation_checkpointing!r} checkpoints "
                          f"blocks K, 2K, …: K must be at most n_layer={cfg.model.n_layer}")
     checkpoints = cfg.segment_blocks or kind != "none"   # Megatron's segments or torchtitan's
-    if cfg.partition_activations and (cfg.n_m < 2 or not checkpoints):
-        raise ValueError(f"partition_activations (P_a) splits activation checkpoints over the "
-                         f"model-parallel group: it needs n_m >= 2 and checkpoint_activations >= 1 "
-                         f"or an activation_checkpointing mode, got n_m={cfg.n_m}, "
-                         f"checkpoint_activations={cfg.checkpoint_activations}, "
-                         f"activation_checkpointing={cfg.activation_checkpointing!r}")
+    for name in ("partition_activations", "cpu_checkpointing"):
+        if getattr(cfg, name) and not checkpoints:
+            what = {"partition_activations": "P_a splits activation checkpoints over the "
+                    "model-parallel group", "cpu_checkpointing": "P_a+cpu keeps activation "
+                    "checkpoints on the host"}[name]
+            raise ValueError(f"{name}=True: {what}; it needs "
+                             f"checkpoint_activations >= 1 or an activation_checkpointing mode, "
+                             f"got checkpoint_activations={cfg.checkpoint_activations}, "
+                             f"activation_checkpointing={cfg.activation_checkpointing!r}")
     for name in ("stage3_persistence_threshold", "stage3_max_reuse_distance"):
         v = getattr(cfg, name)                # an integer >= 0 (its section checked)
         if v and cfg.stage != 3:
@@ -229,6 +232,3 @@ def check_zero_r(cfg) -> None:
         raise ValueError("contiguous_checkpoints (M_D) copies activation checkpoints into one "
                          "buffer: it needs checkpoint_activations >= 1 or an "
                          "activation_checkpointing mode, got neither")
-    if cfg.cpu_checkpointing and not cfg.partition_activations:
-        raise ValueError("cpu_checkpointing (P_a+cpu) moves the partitioned checkpoints to host "
-                         "memory: it needs partition_activations=True")

@@ -160,11 +160,14 @@ class ZeroROptions(Section):
         "blocks; give one of the two", parse="ac_mode", metavar="MODE")
     partition_activations: bool = option(
         False, "--partition-activations", "P_a: keep 1/N_m of each checkpoint per MP rank, "
-        "all-gathered before the recompute (needs --mp >= 2 and --checkpoint-activations or "
+        "all-gathered before the recompute; at --mp 1 the partition is over a group of one, the "
+        "whole checkpoint (DeepSpeed's partition_activations; needs --checkpoint-activations or "
         "--activation-checkpointing)")
     cpu_checkpointing: bool = option(
-        False, "--cpu-checkpointing", "P_a+cpu: keep the partitioned checkpoints in host memory "
-        "(needs --partition-activations)")
+        False, "--cpu-checkpointing", "P_a+cpu: keep the checkpoints in host memory, none on the "
+        "device; with --partition-activations each MP rank's 1/N_m, without it the whole "
+        "checkpoint (DeepSpeed's cpu_checkpointing runs either way; at --mp 1 the two are one "
+        "run)")
     contiguous_checkpoints: bool = option(
         False, "--contiguous-checkpoints", "M_D: copy the checkpoints into one buffer per step "
         "(spec/allocator.md)")

@@ -89,9 +89,10 @@ def test_a_rank_that_returns_fails_only_the_groups_it_belongs_to():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(n_m=3), "n_m=3 must divide n_head=4"),
-    (dict(n_m=2, partition_activations=True), "needs n_m >= 2 and checkpoint_activations >= 1"),
-    (dict(checkpoint_activations=1, partition_activations=True), "got n_m=1"),
-    (dict(n_m=2, checkpoint_activations=1, cpu_checkpointing=True), "needs partition_activations=True"),
+    (dict(n_m=2, partition_activations=True), "partition_activations=True: P_a splits .*needs "
+     "checkpoint_activations >= 1 or an activation_checkpointing mode, got checkpoint_activations=0"),
+    (dict(cpu_checkpointing=True), "cpu_checkpointing=True: P_a\\+cpu keeps .*got "
+     "checkpoint_activations=0"),
 ])
 def test_model_parallel_configs_that_cannot_run_are_refused_naming_the_values(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -117,9 +118,8 @@ def test_meta_representatives_give_every_rank_s_ledgers_of_the_thread_grid(stage
 @pytest.mark.parametrize("argv,named", [
     (["--ranks", "4", "--mp", "3"], "--ranks 4 must be a multiple of --mp 3"),
     (["--ranks", "4", "--mp", "0"], "'0'"),
-    (["--ranks", "4", "--partition-activations"], "got n_m=1"),
-    (["--ranks", "4", "--mp", "2", "--checkpoint-activations", "1", "--cpu-checkpointing"],
-     "needs partition_activations=True")])
+    (["--ranks", "4", "--partition-activations"], "got checkpoint_activations=0"),
+    (["--ranks", "4", "--mp", "2", "--cpu-checkpointing"], "cpu_checkpointing=True")])
 def test_zerospec_train_refuses_a_grid_or_p_a_it_cannot_run_in_one_line(capsys, argv, named):
     from tests.support.cli import assert_usage_error
     assert_usage_error(capsys, "train", "--steps", "1", *argv, named=named)

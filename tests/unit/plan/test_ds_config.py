@@ -97,7 +97,7 @@ def test_values_deepspeed_refuses_are_refused_naming_key_and_value(doc, named):
 
 def test_the_configs_settings_reach_the_meta_step():
     """Micro-batch (DeepSpeed's rule), precision, buckets and contiguous gradients become
-    scale.measure's keywords; P_a without model parallelism is reported, not dropped."""
+    scale.measure's keywords; P_a on a step without checkpoints is reported, not dropped."""
     ds = ds_config.parse({"train_batch_size": 64, "gradient_accumulation_steps": 2,
                           "bf16": {"enabled": True},
                           "activation_checkpointing": {"partition_activations": True},
@@ -106,10 +106,52 @@ def test_the_configs_settings_reach_the_meta_step():
     assert kw == {"precision": "bf16", "micro_batch": 4, "bucket_elements": 10**7,
                   "contiguous_gradients": True}
     assert any(n.startswith("gradient_accumulation_steps 2") for n in left)
-    assert any(n.startswith("partition_activations") and "N_m = 1" in n for n in left)
-    kw, left = config_kwargs(ds, 8, n_m=2, checkpoint_activations=1)   # P_a where it applies
-    assert kw["partition_activations"] and not kw["cpu_checkpointing"]
+    assert any(n.startswith("partition_activations") and "has none" in n for n in left)
+    kw, left = config_kwargs(ds, 8, checkpoint_activations=1)   # P_a where there are checkpoints
+    assert kw["partition_activations"] and "cpu_checkpointing" not in kw
     assert not any(n.startswith("partition_activations") for n in left)
+
+
+# DeepSpeed 0.19.8, deepspeed/runtime/activation_checkpointing/checkpointing.py: each key acts
+# alone (CheckpointFunction.forward: `if PARTITION_ACTIVATIONS` … `elif CPU_CHECKPOINT`), and
+# mp_size is 1 without an mpu, so none of them depends on N_m
+ACT = ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization")
+OURS = {"partition_activations": "partition_activations", "cpu_checkpointing": "cpu_checkpointing",
+        "contiguous_memory_optimization": "contiguous_checkpoints"}
+
+
+@pytest.mark.parametrize("on", [("partition_activations",), ("cpu_checkpointing",),
+                                ("partition_activations", "cpu_checkpointing"),
+                                ("partition_activations", "contiguous_memory_optimization"),
+                                ACT], ids="+".join)
+def test_the_activation_keys_reach_the_step_as_deepspeed_reads_them_at_every_n_m(on):
+    """Each activation_checkpointing key that is on becomes its switch, at N_m = 1 as at
+    N_m = 2 (nothing read depends on N_m), and a TrainConfig takes them on one GPU; cpu_checkpointing
+    without partition_activations is DeepSpeed's unpartitioned copy to the host."""
+    from zerospec.model.gpt import GPTConfig
+    from zerospec.training.config import TrainConfig
+    ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1,
+                          "activation_checkpointing": {k: True for k in on}})
+    kw, left = config_kwargs(ds, 1, checkpoint_activations=1)
+    assert {k for k in OURS.values() if kw.get(k)} == {OURS[k] for k in on}
+    assert not any(n.startswith(ACT) for n in left)
+    m = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=16)
+    kw.pop("micro_batch")
+    for n_m in (1, 2):
+        assert TrainConfig.of(model=m, n_d=1, n_m=n_m, checkpoint_activations=1, **kw)
+
+
+def test_contiguous_checkpoints_without_partitioned_activations_is_deepspeeds_error():
+    """DeepSpeed's checkpointing.configure() asserts contiguous_memory_optimization needs
+    partition_activations: on a step with checkpoints the reader raises, naming both keys;
+    without checkpoints (configure never runs) it is listed, not an error."""
+    ds = ds_config.parse({"train_micro_batch_size_per_gpu": 1, "activation_checkpointing": {
+        "contiguous_memory_optimization": True, "cpu_checkpointing": True}})
+    with pytest.raises(ValueError, match="contiguous_memory_optimization = true needs "
+                                         "activation_checkpointing.partition_activations"):
+        config_kwargs(ds, 4, checkpoint_activations=1)
+    _, left = config_kwargs(ds, 4)
+    assert any(n.startswith("contiguous_memory_optimization") for n in left)
 
 
 def _write(tmp_path, doc) -> str:
@@ -170,3 +212,17 @@ def test_the_closed_form_section_lists_the_keys_it_does_not_model(capsys, tmp_pa
     notes = " ".join(json.loads(out)["tables"][0]["notes"])
     assert rc == 0 and "zero_optimization.sub_group_size (not read" in notes
     assert "zero_optimization.offload_optimizer.fast_init (how the NVMe files" in notes
+
+
+def test_explain_refuses_deepspeeds_contiguous_checkpoints_without_partitioning_in_one_line(
+        capsys, tmp_path):
+    """`plan --explain --deepspeed-config` with contiguous_memory_optimization but not
+    partition_activations, on a step with checkpoints: exit 2, one line naming the key (the error
+    DeepSpeed's configure() raises); a selective --activation-checkpointing mode has checkpoints
+    too."""
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+                            "activation_checkpointing": {"contiguous_memory_optimization": True}})
+    for ac in (("--checkpoint-activations", "1"), ("--activation-checkpointing", "selective-op")):
+        assert_usage_error(capsys, "plan", "--explain", "--preset", "t4-1.16B-24x1920", "--gpus",
+                           "8", "--seq", "64", "--deepspeed-config", cfg, *ac,
+                           named="contiguous_memory_optimization = true needs")
