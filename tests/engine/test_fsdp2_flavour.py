@@ -64,3 +64,10 @@ def test_with_hpz_it_trains_as_fully_shard_with_reshard_after_forward_h():
     the root unsharded, as torchtitan sets them); losses and weights after every step."""
     row = _row(n_d=4, gpus_per_node=4, hpz=2)
     assert_equal_every_step(row["zerospec"], row["peer"])
+
+
+def test_with_cpu_offload_it_trains_as_fully_shard_with_cpu_offload_policy_bit_for_bit():
+    """--offload-optimizer cpu: every fully_shard with CPUOffloadPolicy (fp32 shards, their
+    gradients and AdamW on the host); losses and weights after every step equal FSDP2's."""
+    row = _row(offload_optimizer="cpu")
+    assert_equal_every_step(row["zerospec"], row["peer"])
