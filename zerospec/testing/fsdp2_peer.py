@@ -34,8 +34,9 @@ def build(cfg):
                                         fully_shard)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=cfg.policy.dtype, reduce_dtype=torch.float32)
-    # the flavour's offload is CPUOffloadPolicy (zero/fsdp2_offload.py); not pinned: pinning needs
-    # an accelerator, and decides only whether host pages are locked and the D2H copy is async
+    # the flavour's offload is CPUOffloadPolicy (zero/fsdp2_offload.py); not pinned: pin_memory()
+    # raises without an accelerator, and decides only whether host pages are locked and the
+    # D2H copy is asynchronous
     off = {"offload_policy": CPUOffloadPolicy(pin_memory=False) if cfg.offload_optimizer == "cpu"
            else OffloadPolicy()}
     model = GPT.from_init(cfg.model, cfg.seed)

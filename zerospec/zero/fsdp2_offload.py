@@ -108,7 +108,7 @@ def check(cfg) -> None:
         raise ValueError(f"offload_mode={cfg.offload_mode!r} chooses what ZeRO-Offload's gradient "
                          f"crosses PCIe as; with flavour='fsdp2' CPUOffloadPolicy copies the fp32 "
                          f"reduce-scatter output down and the fp32 shards up before each "
-                         f"all-gather: accepted 'paper' (the default), which it ignores")
+                         f"all-gather, its own choice: accepted only the default, 'paper'")
     if cfg.offload_params not in (None, "cpu"):
         raise ValueError(f"offload_params={cfg.offload_params!r}: with flavour='fsdp2' the "
                          f"parameters go where CPUOffloadPolicy puts them, the host; FSDP2 has no "
