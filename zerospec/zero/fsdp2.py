@@ -78,6 +78,7 @@ class FSDP2Parameters(Collectives, Parameters):
         self._ag_prev: torch.Tensor | None = None     # forward: the last group's flat AG output
         self._prefetched: dict[int, torch.Tensor] = {}   # backward: flat AG outputs ahead of use
         self._rs_prev: torch.Tensor | None = None     # the reduce-scatter input kept in flight
+        self._all_reduced: list[torch.Tensor] = []    # HSDP: outputs held to the final callback
         self._root_grads: dict[int, torch.Tensor] = {}
         self._in_backward: dict[int, list[torch.Tensor]] = {}   # unsharded until post-backward
         self._lowest: int | None = None   # backward: the lowest unit unsharded so far
@@ -191,6 +192,9 @@ class FSDP2Parameters(Collectives, Parameters):
         if self._rs_prev is not None:
             self.memory.free(self._rs_prev)
             self._rs_prev = None
+        for out in self._all_reduced:   # finalize_backward drops _all_reduce_state
+            self.memory.free(out)
+        self._all_reduced.clear()
         for flat in self._prefetched.values():
             self.memory.free(flat)
         self._prefetched.clear()

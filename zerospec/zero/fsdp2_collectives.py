@@ -17,7 +17,8 @@ function).
   the output (1/N, fp32) becomes the sharded gradient (:meth:`Collectives._grad_out`). The input
   is kept until the next group's post-backward (``reduce_scatter_max_input_buffers`` = 1,
   ``_fsdp_param_group.py::post_backward``), the last one until the final callback
-  (``_fsdp_state.py::_root_post_backward_final_callback``).
+  (``_fsdp_state.py::_root_post_backward_final_callback``). With HSDP (MiCS's replicas) the
+  all-reduced output is held by its group (``_all_reduce_state``) until that callback too.
 * **Streams** (``_fsdp_param_group.py::FSDPCommContext.lazy_init`` makes them): the flat
   all-gather buffers are made on the all-gather copy-in stream, the reduce-scatter outputs on the
   reduce-scatter stream, everything else on the default stream; the caching allocator reuses a
@@ -153,8 +154,13 @@ class Collectives:
             self.shard_ready(j, out, "mean")
             if not self._grad_out(j, out):
                 done.append(out)
-        for out in done:   # the group's reduce output goes once every view is used
-            self.memory.free(out)
+        if getattr(self, "replicas", None) is not None and self.replicas.n_ranks > 1:
+            # HSDP: FSDPParamGroup._all_reduce_state keeps the all-reduced output until the
+            # final callback's finalize_backward (_fsdp_param_group.py, post_backward)
+            self._all_reduced.extend(done)
+        else:
+            for out in done:   # the group's reduce output goes once every view is used
+                self.memory.free(out)
         self._rs_prev = rs_in
 
     def _grad_out(self, j: int, out: torch.Tensor) -> bool:

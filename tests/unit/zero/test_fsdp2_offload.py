@@ -118,3 +118,20 @@ def test_offloaded_parameters_are_the_same_run():
     b = train(TrainConfig.of(n_d=N, model=M, steps=1, offload_params="cpu", **OFF))
     assert a.memory[0].peak == b.memory[0].peak and a.host[0].peak == b.host[0].peak
     assert [(x.op, x.numel) for x in a.comm.records(0)] == [(x.op, x.numel) for x in b.comm.records(0)]
+
+
+def test_with_mics_each_all_reduced_output_stays_on_the_device_to_the_end_of_backward():
+    """HSDP (MiCS, partition groups of p = 2 of 4 ranks): each group's all-reduced fp32 output
+    is held by its group (_all_reduce_state) until the final callback, after its part went down:
+    rs_buffer peaks at a group's padded input beside every output reduced so far (blocks last to
+    first, the root's last), and nothing is left after backward."""
+    p = 2
+    c = lambda n: -(-n // p)                                     # noqa: E731  (a chunk over p)
+    groups = [[BLOCK]] * L + [list(ROOT)]                        # in backward's order
+    held, peaks = 0, []
+    for g in groups:
+        held += sum(c(n) for n in g)
+        peaks.append(sum(p * c(n) for n in g) + held)
+    r = train(TrainConfig.of(n_d=4, model=M, steps=1, shard_group=p, **OFF))
+    assert r.memory[0].peak["rs_buffer"] == 4 * max(peaks)
+    assert at(r.memory[0], "backward@1") == {}
