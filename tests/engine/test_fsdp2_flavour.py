@@ -12,7 +12,8 @@ micro-step order on both sides. **With hpZ** (N = 4, h = 2: reshard_after_forwar
 blocks) the reduce-scatter sums four terms, zerospec's in rank order, gloo's in its own, so
 equal bits are not implied by the argument above; for this model and data they are equal, and
 the test asserts it (test_hsdp.py's derived bounds, losses to 1e-6 relative and weights to
-lr/10, are the fallback should either order change).
+lr/10, are the fallback should either order change). **With CPUOffloadPolicy → equal bits**: the
+copies are exact and the host's addition and Adam are the same fp32 arithmetic.
 Marked ``slow``: gloo processes cost ~10 s a run.
 """
 from __future__ import annotations
@@ -63,4 +64,16 @@ def test_with_hpz_it_trains_as_fully_shard_with_reshard_after_forward_h():
     """hpZ, h = 2 on N = 4: the blocks' integer reshard_after_forward = 2 (the last block and
     the root unsharded, as torchtitan sets them); losses and weights after every step."""
     row = _row(n_d=4, gpus_per_node=4, hpz=2)
+    assert_equal_every_step(row["zerospec"], row["peer"])
+
+
+@pytest.mark.parametrize("g", [1, 2], ids=["G=1", "G=2"])
+def test_with_cpu_offload_it_trains_as_fully_shard_with_cpu_offload_policy_bit_for_bit(g):
+    """--offload-optimizer cpu: every fully_shard with CPUOffloadPolicy (fp32 shards, their
+    gradients and AdamW on the host; G = 2: the second micro-step added on the host); losses and
+    weights after every step equal FSDP2's. On gloo the device is the CPU, so FSDP2's copies up
+    and down are no-ops (``Tensor.to`` of the same device): what runs is its offload path
+    (per-parameter all-gather inputs, the accumulation's blocking copy), what the ledger's tests
+    count is the copies' bytes (tests/unit/zero/test_fsdp2_offload.py)."""
+    row = _row(offload_optimizer="cpu", grad_accum_steps=g)
     assert_equal_every_step(row["zerospec"], row["peer"])

@@ -121,11 +121,12 @@ def summary(result, backend: str) -> str:
                 if cfg.cpu_checkpointing else ", P_a" if cfg.partition_activations else "")
              + (f", {cfg.n_ranks // cfg.gpus_per_node} nodes × {cfg.gpus_per_node} GPUs"
                 if cfg.gpus_per_node else "") + (f", hpZ h = {cfg.hpz}" if cfg.hpz > 1 else "")
-             + (f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
+             + (", FSDP2's CPUOffloadPolicy" if cfg.offload_optimizer and cfg.flavour == "fsdp2"
+                else f", optimizer offloaded to {cfg.offload_optimizer} ({cfg.offload_mode})"
                 if cfg.offload_optimizer else "")
              + (f", parameters offloaded to {cfg.offload_params} ({cfg.offload_partition} "
-                f"partition{', prefetch' if cfg.offload_prefetch else ''})" if cfg.offload_params
-                else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
+                f"partition{', prefetch' if cfg.offload_prefetch else ''})"
+                if cfg.offload_params and cfg.flavour != "fsdp2" else "") + (f", DPU from step {cfg.dpu}" if cfg.dpu else "")
              + (f", MiCS partition groups of {cfg.shard_group}" if cfg.shard_group else "")
              + (", qwZ" if cfg.qwz else "") + (", qgZ" if cfg.qgz else ""),
              f"model states on rank 0: {result.model_states(0):,} B"

@@ -191,6 +191,8 @@ def save(runs: dict[str, OffloadBytes], out, title: str, name: str = "link_bytes
 def run_label(cfg) -> str:
     """A step's stage and offload settings, short: "ZeRO-2", "ZeRO-3, Offload (DeepSpeed)"."""
     parts = [f"ZeRO-{cfg.stage}" if cfg.stage else "DP"]
+    if cfg.offload_optimizer and cfg.flavour == "fsdp2":   # its own policy (zero/fsdp2_offload.py)
+        return ", ".join(parts + ["CPUOffloadPolicy"])
     if cfg.offload_optimizer:
         mode = "DeepSpeed" if cfg.offload_mode == "deepspeed" else "paper"
         parts.append(f"Offload {cfg.offload_optimizer} ({mode})")

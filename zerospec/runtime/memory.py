@@ -26,7 +26,8 @@ import torch
 # grad32: DeepSpeed's ZeRO-Offload gradient partition cast to fp32 (zerospec/offload/)
 # param32, shard_grad32: the FSDP2 flavour's fp32 sharded parameters (what Adam updates) and fp32
 # sharded gradients; ag_buffer, rs_buffer: its flat all-gather and reduce-scatter buffers
-# (zerospec/zero/fsdp2.py)
+# (zerospec/zero/fsdp2_collectives.py; under CPUOffloadPolicy also the fp32 copy of each shard up
+# and the reduce-scatter output on its way down, zerospec/zero/fsdp2_offload.py)
 CATEGORIES = ("param16", "grad16", "master32", "exp_avg", "exp_avg_sq", "gathered",
               "activations", "checkpoints", "recomputed", "buffer", "bucket", "secondary16",
               "grad32", "param32", "shard_grad32", "ag_buffer", "rs_buffer")

@@ -13,6 +13,7 @@ which dtype, how gradients are cast and averaged.
 (hpZ). ``cfg.grad_accum_steps`` = G: G forward-backwards per step, each loss divided by G
 (torchtitan's ``rescale_accumulated_loss``, with no ``set_requires_gradient_sync``), micro-step k
 of rank r on zerospec's rows (global micro-batch k·N + r, training/step.py).
+``cfg.offload_optimizer`` = "cpu": every ``fully_shard`` with ``CPUOffloadPolicy``.
 """
 from __future__ import annotations
 
@@ -29,18 +30,24 @@ from .oracles import GPT, ZerospecAdam, full_weights, mean_losses, zerospec_rank
 def build(cfg):
     """(model, zerospec's Adam) wrapped as torchtitan wraps Llama, on this process group."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
+                                        fully_shard)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=cfg.policy.dtype, reduce_dtype=torch.float32)
+    # the flavour's offload is CPUOffloadPolicy (zero/fsdp2_offload.py); not pinned: pin_memory()
+    # raises without an accelerator, and decides only whether host pages are locked and the
+    # D2H copy is asynchronous
+    off = {"offload_policy": CPUOffloadPolicy(pin_memory=False) if cfg.offload_optimizer == "cpu"
+           else OffloadPolicy()}
     model = GPT.from_init(cfg.model, cfg.seed)
     last, h = len(model.h) - 1, cfg.hpz if cfg.hpz > 1 else True
     for i, blk in enumerate(model.h):
         fully_shard(blk, mesh=mesh, mp_policy=policy,
-                    reshard_after_forward=h if i < last else False)
+                    reshard_after_forward=h if i < last else False, **off)
     # torchtitan passes True for the root; the benchmark's torch (1963fc8) kept the root unsharded
     # after forward whatever it was given, torch 2.13 only for the default (None, _fsdp_state.py
     # l.205): None runs the benchmark's rule here
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None, **off)
     return model, ZerospecAdam(model.parameters(), cfg.adam)
 
 

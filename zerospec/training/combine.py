@@ -153,13 +153,16 @@ REFUSED = {
     _pair("fsdp2", "qgz"): "the FSDP2 flavour is its MixedPrecisionPolicy: gradients "
     "reduce-scattered in fp32 (reduce_dtype); qgZ's int4 all-to-all replaces exactly that "
     "collective",
-    _pair("fsdp2", "offload"): "ZeRO-Offload keeps an fp32 master and Adam's states on the host "
-    "and sends 16-bit gradients down; the FSDP2 flavour has no master apart: its fp32 sharded "
-    "parameters are what Adam updates and what each step all-gathers on the device (FSDP2's "
-    "CPUOffloadPolicy moves the parameters themselves, another layout)",
-    _pair("fsdp2", "nvme"): "ZeRO-Offload's NVMe tier keeps an fp32 master and Adam's states in "
-    "swap files; the FSDP2 flavour has no master apart: its fp32 sharded parameters are what "
-    "Adam updates and what each step all-gathers on the device",
+    _pair("fsdp2", "nvme"): "FSDP2 offloads through its OffloadPolicy, whose one tier is "
+    "CPUOffloadPolicy, the host (_fsdp_api.py): the flavour with ZeRO-Offload's cpu tier is that "
+    "policy; states in NVMe swap files are a layout FSDP2 has no place for",
+    _pair("fsdp2", "prefetch"): "FSDP2 copies each shard up inside its group's all-gather "
+    "(FSDPParam.all_gather_inputs), which its own prefetch issues one group ahead "
+    "(_backward_prefetch, the forward's implicit prefetch); ZeRO-Infinity's prefetcher brings "
+    "chunks up ahead of their gathers: two rules for when parameters come up",
+    _pair("fsdp2", "dpu"): "under CPUOffloadPolicy the host's fp32 shards are what AdamW updates "
+    "in place and what each all-gather copies up; the delayed update would write them while "
+    "FWD-BWD fetch them: there is no stale copy to train on",
     _pair("meta", "checkpoints"): "checkpoint files hold values; meta tensors have none",
     _pair("meta", "torch"): "real processes run real tensors; meta tensors have no values to "
     "send",

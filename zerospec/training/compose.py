@@ -22,6 +22,7 @@ from ..zero.exact import with_exact
 from ..zero import fsdp2
 from ..zero.fetch import ParamFetcher
 from ..zero.fsdp2 import FSDP2Parameters
+from ..zero.fsdp2_offload import CPUOffloaded
 from ..zero.hpz import with_hpz
 from ..zero.mics import with_mics
 from ..zero.stage3_deepspeed import DeepSpeedParameters, reused_within
@@ -144,13 +145,16 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
         root, keep = fsdp2.groups(cfg.model, cfg.tiles)
         # hpZ: its integer reshard_after_forward on the blocks it reshards (zero/fsdp2.py)
         cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep, "hpz": cfg.hpz}
+        if cfg.offload_optimizer == "cpu":   # FSDP2's CPUOffloadPolicy (zero/fsdp2_offload.py):
+            cls = CPUOffloaded               # --offload-params cpu is the same run
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
     if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
         cls = with_zeropp(cls)
         kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
                       gpus_per_node=cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m)   # DP ranks
-    if cfg.offload_optimizer:   # ZeRO-Offload: states and Adam on the host (zerospec/offload/)
+    if cfg.offload_optimizer and cfg.flavour != "fsdp2":   # ZeRO-Offload: states and Adam on
+        # the host (zerospec/offload/); the FSDP2 flavour's is its own policy (above)
         cls = with_offload(cls, params=cfg.offload_params is not None)
         kwargs.update(offload=cfg.offload_optimizer, offload_mode=cfg.offload_mode,
                       nvme_path=cfg.nvme_path)

@@ -14,7 +14,7 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision
 from ..zero import STAGES
-from ..zero import hpz, mics, zeropp
+from ..zero import fsdp2_offload, hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 from ..offload import check as check_offload
@@ -102,6 +102,7 @@ class TrainConfig:
         check_zero_r(self)
         hpz.check(self)
         check_offload(self)
+        fsdp2_offload.check(self)   # offload under the FSDP2 flavour: CPUOffloadPolicy
         mics.check(self)
         zeropp.check(self)
         check_tiles(self)

@@ -223,7 +223,9 @@ class OffloadOptions(Section):
     everything on the device."""
     offload_optimizer: str | None = option(
         None, "--offload-optimizer", "fp32 master, momentum, variance and Adam on the host (nvme: "
-        "the states in swap files between steps); needs --stage 2 or 3; default off",
+        "the states in swap files between steps); needs --stage 2 or 3; with --flavour fsdp2, "
+        "cpu is FSDP2's CPUOffloadPolicy (fp32 shards, their gradients and AdamW on the host, "
+        "copied up before each all-gather; spec/fsdp2.md); default off",
         choices=TIERS)
     offload_mode: str = option(
         "paper", "--offload-mode", "paper: fp16 gradients down (4 bytes per parameter per step "
@@ -231,7 +233,9 @@ class OffloadOptions(Section):
     offload_params: str | None = option(
         None, "--offload-params", "ZeRO-Infinity's parameter offload: stage 3's fp16 chunks on "
         "the host (cpu) or in NVMe swap files (nvme), fetched NVMe -> host -> device for each "
-        "use; needs --stage 3 and --offload-optimizer", choices=TIERS)
+        "use; needs --stage 3 and --offload-optimizer (with --flavour fsdp2, cpu is the same "
+        "run as --offload-optimizer cpu alone: CPUOffloadPolicy keeps the shards on the host)",
+        choices=TIERS)
     offload_partition: str = option(
         "bandwidth", "--offload-partition", "where offloaded parameters live: bandwidth (C-I8: "
         "every rank 1/N, each PCIe link 1/N per fetch, then an all-gather) or owner (the "

@@ -1,5 +1,7 @@
 """Stage 3 as FSDP2 and torchtitan run it: ``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=
-bf16, reduce_dtype=fp32)`` on every transformer block and on the root (spec/fsdp2.md).
+bf16, reduce_dtype=fp32)`` on every transformer block and on the root (spec/fsdp2.md); its
+collectives and their buffers are zero/fsdp2_collectives.py's, its ``CPUOffloadPolicy``
+zero/fsdp2_offload.py's.
 
 What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2's code (torch's
 ``distributed/fsdp/_fully_shard``, cited by file and function) or torchtitan's
@@ -11,32 +13,14 @@ What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2'
   8Ψ/N, and fp32 sharded gradients 4Ψ/N (``shard_grad32``), which exist from the reduce-scatter
   that writes them to the next step's ``zero_grad`` (set to None: torchtitan calls it at the start
   of each step). 16Ψ/N once a backward has run, 12Ψ/N before.
-* **All-gather** (``_fsdp_collectives.py::foreach_all_gather``): the shard cast to param_dtype
-  into a flat copy-in buffer (``flat_foreach_copy_input``, 1/N of the group), one flat output of
-  the whole padded group (``all_gather_comm.allocate``), then ``foreach_all_gather_copy_out``
-  copies it into per-parameter unsharded tensors (``alloc_all_gather_outputs``: the group's real
-  elements, ``gathered``). In forward the flat output is freed only at the next group's
-  ``wait_for_unshard`` (implicit prefetch, ``_fsdp_param_group.py``), in backward right after the
-  copy-out; backward prefetches the previous group's all-gather (``_backward_prefetch``).
-  The flat buffers are ``ag_buffer``.
-* **Reduce-scatter** (``_fsdp_collectives.py::foreach_reduce``): autograd's unsharded gradients
-  are param_dtype (``grad16``); one fp32 ``reduce_scatter_input`` of the padded group
-  (``rs_buffer``) takes their cast, the unsharded gradients are freed (``unsharded_grads.clear()``),
-  the output (1/N, fp32) becomes the sharded gradient. The input is kept until the next group's
-  post-backward (``reduce_scatter_max_input_buffers`` = 1, ``_fsdp_param_group.py::post_backward``),
-  the last one until the final callback (``_fsdp_state.py::_root_post_backward_final_callback``).
-* **Streams** (``_fsdp_param_group.py::FSDPCommContext.lazy_init`` makes them): the flat
-  all-gather buffers are made on the all-gather copy-in stream, the sharded gradients on the
-  reduce-scatter stream, everything else on the default stream; the caching allocator reuses a
-  block only on its own stream, so the allocator model replays each on its stream
-  (``RankContext.on_stream``, spec/allocator.md).
 * **What stays gathered.** The root group (embeddings, final norm, LM head) is all-gathered at
   the root's pre-forward and kept until its post-backward at the end of backward: FSDP2 does not
   reshard the root after forward (``_fsdp_state.py::_lazy_init``: ``post_forward_mesh_info =
   None``; unconditionally in the benchmark's torch, 1963fc8, for the default only in torch 2.13,
-  while torchtitan passes True), and its gradients are reduce-scattered together, once the last of them (the
-  embedding's) is complete. torchtitan keeps the last block gathered from forward to backward
-  (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``).
+  while torchtitan passes True), and its gradients are reduce-scattered together, once the last
+  of them (the embedding's) is complete. torchtitan keeps the last block gathered from forward
+  to backward (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``). Backward
+  prefetches the previous group's all-gather (``_fsdp_param_group.py::_backward_prefetch``).
 * **hpZ** (``hpz`` = h): ``reshard_after_forward = h`` on the blocks torchtitan reshards: a 1/h
   clone of the padded unit in param_dtype (``secondary16``) from post-forward to the backward
   unshard that gathers from it over h ranks (``_fsdp_param.py::to_sharded_post_forward``).
@@ -52,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from ..model import gpt
+from .fsdp2_collectives import Collectives
 from .stage3_params import Parameters
 
 
@@ -65,7 +50,7 @@ def groups(cfg, tiles: int = 1) -> tuple[frozenset[int], frozenset[int]]:
     return root, frozenset(blocks[-per_block:])
 
 
-class FSDP2Parameters(Parameters):
+class FSDP2Parameters(Collectives, Parameters):
     """P_os+g+p with FSDP2's states, buffers and resharding as torchtitan sets them (module)."""
 
     master_apart = False       # the fp32 sharded parameters are what Adam updates
@@ -93,6 +78,7 @@ class FSDP2Parameters(Parameters):
         self._ag_prev: torch.Tensor | None = None     # forward: the last group's flat AG output
         self._prefetched: dict[int, torch.Tensor] = {}   # backward: flat AG outputs ahead of use
         self._rs_prev: torch.Tensor | None = None     # the reduce-scatter input kept in flight
+        self._all_reduced: list[torch.Tensor] = []    # HSDP: outputs held to the final callback
         self._root_grads: dict[int, torch.Tensor] = {}
         self._in_backward: dict[int, list[torch.Tensor]] = {}   # unsharded until post-backward
         self._lowest: int | None = None   # backward: the lowest unit unsharded so far
@@ -167,79 +153,6 @@ class FSDP2Parameters(Parameters):
             self._lowest = i if self._lowest is None else min(self._lowest, i)
         return full
 
-    def _all_gather(self, group: list[int]) -> torch.Tensor:
-        """The group's flat all-gather output: the copy-in cast of its shards (1/N), then one
-        output of the whole padded group, each unit gathered into its part; a unit resharded
-        to 1/h after forward is gathered from that shard over the post-forward mesh."""
-        if len(group) == 1 and group[0] in self._post_forward:
-            return self._all_gather_post_forward(group[0])
-        units = [self.units[j] for j in group]
-        copy_in, out = self._ag_buffers(sum(u.chunk for u in units), sum(u.padded for u in units))
-        a = b = 0
-        for j, u in zip(group, units):
-            chunk = copy_in[a:a + u.chunk]
-            chunk.copy_(self.param32[j])                                     # fp32 -> param_dtype
-            self.gather_unit(j, out[b:b + u.padded], chunk)
-            a, b = a + u.chunk, b + u.padded
-        self.memory.free(copy_in)
-        return out
-
-    def _all_gather_post_forward(self, i: int) -> torch.Tensor:
-        """foreach_all_gather from the post-forward shard: its copy-in (1/h, already
-        param_dtype), the padded unit's output, over the h ranks."""
-        sec = self._post_forward[i]
-        copy_in, out = self._ag_buffers(sec.numel(), self.units[i].padded)
-        self.hpz_comm.all_gather(out, copy_in.copy_(sec))
-        self.memory.free(copy_in)
-        return out
-
-    def _ag_buffers(self, n_in: int, n_out: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """foreach_all_gather's copy-in and output, both made on the all-gather copy-in stream
-        (its `with device_handle.stream(all_gather_copy_in_stream)`): the allocator reuses their
-        blocks only for that stream's requests (spec/allocator.md)."""
-        with self.ctx.on_stream("all_gather_copy_in"):
-            return (self.memory.alloc("ag_buffer", (n_in,), self.dtype, zero=False),
-                    self.memory.alloc("ag_buffer", (n_out,), self.dtype, zero=False))
-
-    def _to_sharded_post_forward(self, i: int, full16: torch.Tensor) -> None:
-        """to_sharded_post_forward: a clone of this rank's 1/h of the padded unit (its padding
-        zero, as the sharded parameters' is), kept until backward's unshard."""
-        u = self.units[i]
-        c = u.padded // self.h
-        lo = self.hpz_comm.rank * c
-        n = max(0, min(c, u.numel - lo))
-        sec = self.memory.alloc("secondary16", (c,), self.dtype, zero=False)   # 2·padded/h B
-        sec[:n].copy_(full16[lo:lo + n])
-        sec[n:].zero_()
-        self._post_forward[i] = sec
-
-    def _unshard(self, group: list[int]) -> list[torch.Tensor]:
-        """unshard + wait_for_unshard: each unit's unsharded tensor, copied out of the flat
-        output (prefetched, or gathered now)."""
-        flat = self._prefetched.pop(group[0], None) if len(group) == 1 else None
-        if flat is None:
-            flat = self._all_gather(group)
-        if self._ag_prev is not None:   # wait_for_unshard frees the previous group's output
-            self._free_ag_prev()
-        fulls, b = [], 0
-        for j in group:
-            u = self.units[j]
-            full = self.memory.alloc("gathered", (u.numel,), self.dtype, zero=False)
-            full.copy_(flat[b:b + u.numel])                                  # copy-out
-            fulls.append(full)
-            b += u.padded
-            if j in self._post_forward:   # to_unsharded frees the post-forward shard
-                self.memory.free(self._post_forward.pop(j))
-        if self.ctx.phase_name == "forward":
-            self._ag_prev = flat
-        else:
-            self.memory.free(flat)
-        return fulls
-
-    def _free_ag_prev(self) -> None:
-        self.memory.free(self._ag_prev)
-        self._ag_prev = None
-
     def release(self, i: int, full16: torch.Tensor) -> None:
         """A use is over. Forward: post_forward reshards (``free_storage``: the storage resized
         to 0, which autograd's view of it no longer holds). Backward: the unit stays unsharded
@@ -253,11 +166,6 @@ class FSDP2Parameters(Parameters):
                 self._to_sharded_post_forward(i, full16)
             self._reshard(full16)
 
-    def _reshard(self, full16: torch.Tensor) -> None:
-        self.memory.free(full16)
-        full16.untyped_storage().resize_(0)      # _fsdp_param.py: free_storage
-
-    # -- gradients out ---------------------------------------------------------------------------
     def grad_slot(self, i: int) -> torch.Tensor:
         # autograd's unsharded gradients: the parameters' own sizes, no padding
         return self.memory.alloc("grad16", (self.units[i].numel,), self.dtype, zero=False)
@@ -278,47 +186,15 @@ class FSDP2Parameters(Parameters):
             group = sorted(self._root_grads)
             self._reduce(group, [self._root_grads.pop(j) for j in group])
 
-    def _reduce(self, group: list[int], slots: list[torch.Tensor]) -> None:
-        """foreach_reduce for one group: fp32 input of the padded group, the unsharded gradients
-        freed, each unit's 1/N fp32 output kept as its sharded gradient."""
-        if self._rs_prev is not None:    # at most one input in flight
-            self.memory.free(self._rs_prev)
-            self._rs_prev = None
-        units = [self.units[j] for j in group]
-        rs_in = self.memory.alloc("rs_buffer", (sum(u.padded for u in units),), torch.float32,
-                                  zero=False)
-        parts, at = [], 0
-        for u, s in zip(units, slots):
-            part = rs_in[at:at + u.padded]
-            part[:u.numel].copy_(s[:u.numel])                                # param_dtype -> fp32
-            part[u.numel:].zero_()
-            parts.append(part)
-            at += u.padded
-        for s in slots:
-            self.memory.free(s)
-        added = []
-        for j, u, part in zip(group, units, parts):
-            # made on the reduce-scatter stream (foreach_reduce's `with
-            # device_handle.stream(reduce_scatter_stream)`); the input above, on the default one
-            with self.ctx.on_stream("reduce_scatter"):
-                out = self.memory.alloc("shard_grad32", (u.chunk,), rs_in.dtype, zero=False)
-            self.reduce_unit(j, out, part)
-            self.shard_ready(j, out, "mean")
-            if self.grad32[j] is None:
-                self.grad32[j] = out
-            else:   # a later micro-step: added into the fp32 sharded gradient
-                self.grad32[j].add_(out)
-                added.append(out)
-        for out in added:   # the group's reduce output goes once every view is added
-            self.memory.free(out)
-        self._rs_prev = rs_in
-
     def end_backward(self) -> None:
         """The final callback: the last reduce-scatter input goes; anything prefetched or held
         that backward did not use is let go."""
         if self._rs_prev is not None:
             self.memory.free(self._rs_prev)
             self._rs_prev = None
+        for out in self._all_reduced:   # finalize_backward drops _all_reduce_state
+            self.memory.free(out)
+        self._all_reduced.clear()
         for flat in self._prefetched.values():
             self.memory.free(flat)
         self._prefetched.clear()

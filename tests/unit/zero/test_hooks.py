@@ -10,6 +10,7 @@ from zerospec.zero import DataParallel, Parameters
 from zerospec.zero.stage3_deepspeed import DeepSpeedParameters
 from zerospec.zero.exact import FullAccumulation, ShardedAccumulation, _Exact
 from zerospec.zero.fsdp2 import FSDP2Parameters
+from zerospec.zero.fsdp2_offload import CPUOffloaded
 from zerospec.zero.hooks import HOOKS
 from zerospec.zero.hpz import SecondaryPartition
 from zerospec.zero.mics import ReplicatedShards
@@ -17,7 +18,7 @@ from zerospec.zero.zeropp import Quantized
 
 FEATURES = (_Exact, FullAccumulation, ShardedAccumulation, DeepSpeedParameters, Quantized,
             SecondaryPartition, HostOptimizer, HostParams, Prefetching, ReplicatedShards,
-            FSDP2Parameters)
+            FSDP2Parameters, CPUOffloaded)
 
 
 @pytest.mark.parametrize("feature", FEATURES, ids=lambda c: c.__name__)
