@@ -103,16 +103,17 @@ def test_activations_at_the_end_of_forward_differ_by_named_terms(plain):
     assert f["Activation"] + f["Inputs"] == zs["forward"]["activations"] + 4 + norms - rope
 
 
-def test_selective_op_saves_torchtitans_list_beside_zerospecs(selective):
-    """With per-op selective checkpointing, each block keeps its input and the outputs of its
-    odd-numbered matmuls. torchtitan 0.3.0 fuses q/k/v (``fuse_qkv=True``), so its matmuls are
-    wqkv, wo, w1, w3, w2 and it keeps wqkv, w1 and w2; on the CPU the attention kernel
-    (``_scaled_dot_product_flash_attention_for_cpu``) is not in its save list. zerospec's list
-    (torchtitan at 9dec370: wq, wk, wv, wo, w1, w3, w2) keeps wq, wv, w1, w2 and SDPA's output
-    and logsumexp. With MHA the difference per block is the logsumexp (b·h·s fp32); outside the
-    blocks it is the final norm's CPU upcast, as without checkpointing."""
+def test_selective_op_differs_by_the_attention_output_torchtitans_cpu_run_recomputes(selective):
+    """With per-op selective checkpointing each block keeps its input and the outputs of its
+    odd-numbered matmuls — in both, with q/k/v fused (torchtitan 0.3.0's ``fuse_qkv=True``,
+    zerospec's c_attn): wqkv, w1 and w2 of wqkv, wo, w1, w3, w2. zerospec's list (torchtitan at
+    9dec370) also keeps the flash SDPA op's output and logsumexp (b·s·d bf16 + b·h·s fp32 per
+    block); torchtitan 0.3.0's list has no CPU attention op
+    (``_scaled_dot_product_flash_attention_for_cpu``), so its run recomputes them. Outside the
+    blocks: the loss and the final norm's CPU upcast, as without checkpointing."""
     tt, zs = selective
-    lse = L * B * H * S * 4
+    attention = L * (BSD * 2 + B * H * S * 4)
     final_norm = 2 * BSD * 2 + B * S * 2
     f, z = tt["forward"], zs["forward"]
-    assert f["Activation"] + f["Inputs"] == z["activations"] + z["checkpoints"] + 4 - lse + final_norm
+    assert f["Activation"] + f["Inputs"] == (z["activations"] + z["checkpoints"] + 4
+                                             + final_norm - attention)
