@@ -15,10 +15,13 @@ one ~1 min), skipped with the reason when torchtitan is not importable.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.support.memtracker import ledger_phases
-from zerospec.model.presets import PUBLISHED, llama
+from zerospec.evaluation import validation
+from zerospec.model.presets import llama, preset
 from zerospec.testing.titan_peer import TitanRun, missing, tracked_step
 from zerospec.training.config import TrainConfig
 from zerospec.training.scale import measure
@@ -33,7 +36,15 @@ N, B, S = 8, 2, 256
 L, D, H, KV, F, V, ROPE_LEN = 6, 256, 16, 16, 768, 2048, 131072
 HD = D // H
 CFG = llama(L, D, H, KV, F, V, S, 5e5)
-BLOCK = D * (H + 2 * KV) * HD + H * HD * D + 3 * D * F + 2 * D   # wqkv, wo, w1/w2/w3, 2 norms
+
+
+def block(cfg) -> int:
+    """Parameters of one block: wqkv, wo, w1/w2/w3, two norms."""
+    d, hd = cfg.n_embd, cfg.n_embd // cfg.n_head
+    return d * (cfg.n_head + 2 * cfg.n_kv_head) * hd + cfg.n_head * hd * d + 3 * d * cfg.d_ff + 2 * d
+
+
+BLOCK = block(CFG)
 BSD = B * S * D                                                  # elements of one b·s·d tensor
 
 
@@ -117,3 +128,80 @@ def test_selective_op_differs_by_the_attention_output_torchtitans_cpu_run_recomp
     f, z = tt["forward"], zs["forward"]
     assert f["Activation"] + f["Inputs"] == (z["activations"] + z["checkpoints"] + 4
                                              + final_norm - attention)
+
+
+# -- torchtitan's 8-GPU configuration (spec/validation.md): Llama 3.1 8B, seq 8,192, local batch 2,
+# FSDP over 8, selective per-op checkpointing; zerospec's side is the validation row's own step
+EIGHT_B = TitanRun("8B", 8, validation.TORCHTITAN_BATCH, validation.TORCHTITAN_SEQ, "selective-op")
+CFG_8B = dataclasses.replace(preset(validation.TORCHTITAN_PRESET).model,
+                             block_size=validation.TORCHTITAN_SEQ)
+
+
+@pytest.fixture(scope="module")
+def eight_b():
+    """(torchtitan's readings, the flavour's ledger, the validation row's allocated peak)."""
+    settings = validation.TORCHTITAN_SETTINGS
+    assert settings["activation_checkpointing"] == EIGHT_B.ac and EIGHT_B.n == 8
+    zs = ledger_phases(measure(TrainConfig.of(model=CFG_8B, n_d=EIGHT_B.n, **settings),
+                               micro_batch=EIGHT_B.batch, trace=True).memory(0))
+    return tracked_step(EIGHT_B), zs, validation.torchtitan_step(EIGHT_B.n).allocated
+
+
+def named_8b(tt, zs) -> dict[str, int]:
+    """Each difference zerospec − torchtitan at the end of forward, by its mechanism, from the
+    shape: the wrapping's extra gathered units, the RoPE caches, SDPA's kept output, the final
+    norm's CPU upcast, the loss."""
+    c, n = CFG_8B, EIGHT_B
+    hd, bsd = c.n_embd // c.n_head, n.batch * n.seq * c.n_embd
+    return {
+        "Unsharded Param": 2 * c.vocab_size * c.n_embd + 2 * block(c),
+        "Buffer": -c.n_layer * ROPE_LEN * (hd // 2) * 8,
+        "Activation": c.n_layer * (bsd * 2 + n.batch * c.n_head * n.seq * 4)
+        - (2 * bsd * 2 + n.batch * n.seq * 2) - 4,
+    }
+
+
+def test_8b_model_states_match_torchtitans_term_by_term(eight_b):
+    """At torchtitan's 8B shape: fp32 shards, gradients and AdamW states as at the small shape."""
+    tt, zs, _ = eight_b
+    q = 4 * CFG_8B.psi // EIGHT_B.n
+    assert tt["step"]["Sharded Param"] == zs["step"]["param32"] == q
+    assert tt["step"]["Sharded Grad"] == zs["step"]["shard_grad32"] == q
+    assert tt["step"]["OptState"] == (zs["step"]["exp_avg"] + zs["step"]["exp_avg_sq"]
+                                      + 4 * tt["counts"]["parameters"])
+
+
+def test_8b_forward_differs_by_the_named_terms_only(eight_b):
+    """At the end of forward at 8B, every category differs by the mechanisms the small shape
+    named: the gathered embeddings and last block, the per-layer RoPE caches, SDPA's output and
+    logsumexp (kept by zerospec's list, recomputed on the CPU), the final norm's upcast, the loss."""
+    tt, zs, _ = eight_b
+    f, z, d = tt["forward"], zs["forward"], named_8b(tt, zs)
+    assert z["gathered"] - f["Unsharded Param"] == d["Unsharded Param"]
+    assert 0 - f["Buffer"] == d["Buffer"]
+    assert z["activations"] + z["checkpoints"] - (f["Activation"] + f["Inputs"]) == d["Activation"]
+
+
+def test_torchtitan_peer_table(eight_b, md_snapshot):
+    """spec/validation.md's "torchtitan as a peer": FSDPMemTracker on torchtitan's own 8B step
+    beside zerospec's ledger, bytes at the end of forward by category, the rise to each peak (the
+    loss's backward temporaries), and the step's peaks; "named" is the difference the mechanisms
+    give (for the peak: their sum)."""
+    tt, zs, allocated = eight_b
+    f, z, d = tt["forward"], zs["forward"], named_8b(tt, zs)
+    pairs = {"Sharded Param": z["param32"], "Unsharded Param": z["gathered"], "Buffer": 0,
+             "OptState": z["exp_avg"] + z["exp_avg_sq"],
+             "Activation": z["activations"] + z["checkpoints"]}
+    rows = ["| at | FSDPMemTracker (torchtitan) | zerospec | zerospec − tracker | named |",
+            "|---|---|---|---|---|"]
+    for cat, zb in pairs.items():
+        tb = f[cat] + (f["Inputs"] if cat == "Activation" else 0)
+        named = d.get(cat, 4 * tt["counts"]["parameters"] * -(cat == "OptState"))
+        rows.append(f"| end of forward: {cat} | {tb:,} | {zb:,} | {zb - tb:,} | {named:,} |")
+    peak, named = tt["peak"]["Total"], sum(d.values()) - 4 * tt["counts"]["parameters"]
+    rise = (peak - (f["Total"]), allocated - z["Total"])
+    rows += [f"| rise from the end of forward to the peak | {rise[0]:,} | {rise[1]:,} | "
+             f"{rise[1] - rise[0]:,} | |",
+             f"| peak of the step | {peak:,} | {allocated:,} | {allocated - peak:,} | {named:,} |",
+             f"| peak: zerospec / tracker | | | | {allocated / peak:.2f} |"]
+    assert md_snapshot == "\n".join(rows)
