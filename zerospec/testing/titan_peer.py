@@ -63,7 +63,8 @@ def missing() -> str | None:
     try:
         import torchtitan.models.llama3  # noqa: F401
     except ImportError as exc:   # the titan extra: pip install -e ".[titan]"
-        return f"torchtitan is not importable (the titan extra: pip install -e \".[titan]\"): {exc}"
+        return (f"torchtitan is not importable (pip install -e \".[titan]\" && pip install --no-deps "
+                f"\"torchtitan==0.3.0\"): {exc}")
     return None
 
 
