@@ -130,6 +130,19 @@ def test_selective_op_differs_by_the_attention_output_torchtitans_cpu_run_recomp
                                              + final_norm - attention)
 
 
+
+def test_each_block_keeps_its_odd_matmuls_outputs_by_the_trackers_module_reading(selective):
+    """FSDPMemTracker's per-module reading: each block's forward grows the activations by the
+    outputs of wqkv, w1 and w2 and its own output (the next block's input), b·s·2 bytes each per
+    feature: (h + 2·kv)·head_dim + d_ff + d + d; zerospec's checkpoint of a block is that plus
+    SDPA's output and logsumexp (its input is the previous block's output)."""
+    tt, zs = selective
+    kept = B * S * 2 * ((H + 2 * KV) * HD + F + D + D)
+    blocks = {m: g for m, g in tt["modules"].items() if m.startswith("layers.")}
+    assert sorted(blocks) == [f"layers.{i}" for i in range(L)]
+    assert set(blocks.values()) == {kept}
+    assert zs["forward"]["checkpoints"] == L * (kept + BSD * 2 + B * H * S * 4)
+
 # -- torchtitan's 8-GPU configuration (spec/validation.md): Llama 3.1 8B, seq 8,192, local batch 2,
 # FSDP over 8, selective per-op checkpointing; zerospec's side is the validation row's own step
 EIGHT_B = TitanRun("8B", 8, validation.TORCHTITAN_BATCH, validation.TORCHTITAN_SEQ, "selective-op")

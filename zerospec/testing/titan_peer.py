@@ -23,14 +23,15 @@ What is changed, each because the CPU build cannot run torchtitan's choice:
   compiled FlexAttention, whose backward has no CPU kernel (``flex_attention``:
   "FlexAttention does not support backward on CPU"); the input is one document per sequence,
   for which both compute causal attention;
-* the ``spmd_backend`` is ``partial_dtensor`` (plain ``fully_shard``) and AdamW is torch's
-  ``fused=True`` on the CPU (torchtitan's default implementation, ``fused``), lr and
-  weight decay as torchtitan's defaults do not change memory.
+* the ``spmd_backend`` is ``partial_dtensor`` (plain ``fully_shard``, what it is without tensor
+  parallelism), and AdamW is torch's for-loop one (``foreach=False``), as the other tracker tests
+  run it: torchtitan's default implementation, ``fused``, raises the tracker's optimizer-state
+  peak far above the states under fake CPU tensors.
 
 ``tracked_step`` returns the tracker's bytes per category (``Sharded Param``, ``Activation``, …)
 at the end of forward, backward and the step of the second iteration, its ``peak``, and the
 counts the tests need to name terms (parameter tensors, the buffers' bytes: torchtitan's RoPE
-caches).
+caches), and the tracker's per-module reading: what each block's forward keeps.
 """
 from __future__ import annotations
 
@@ -139,6 +140,7 @@ def _tracked_step(run: TitanRun) -> dict[str, dict]:
                     snaps["step"] = tracker.get_tracker_snapshot("current")
                     optim.zero_grad()
             snaps["peak"] = tracker.get_tracker_snapshot("peak")
+            modules = _forward_growth(tracker)
             counts = {"parameters": len(list(model.parameters())),
                       "buffers": sum(b.numel() * b.element_size() for b in model.buffers())}
     finally:
@@ -146,4 +148,20 @@ def _tracked_step(run: TitanRun) -> dict[str, dict]:
     out = {at: {(c.value if hasattr(c, "value") else c): b for c, b in s[torch.device("cpu")].items()}
            for at, s in snaps.items()}
     out["counts"] = counts
+    out["modules"] = modules
+    return out
+
+
+def _forward_growth(tracker) -> dict[str, int]:
+    """Per top-level module and block (``tok_embeddings``, ``layers.0``, …, ``norm``,
+    ``lm_head``): how much its forward of the last iteration grew the tracker's Activation bytes,
+    from after its pre-forward hooks to before its post-forward hooks — what it keeps for backward
+    and its output."""
+    out = {}
+    for stats in tracker.memory_tracking.values():
+        fqn = stats.mod_fqn.split(".", 1)[1] if "." in stats.mod_fqn else ""
+        if not fqn or fqn.count(".") > 1 or fqn == "layers":
+            continue
+        snaps = {state.value: s[-1][torch.device("cpu")] for state, s in stats.snapshots.items()}
+        out[fqn] = snaps["Before Post-Forward"]["Activation"] - snaps["After Pre-Forward"]["Activation"]
     return out
