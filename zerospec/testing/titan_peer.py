@@ -23,10 +23,12 @@ What is changed, each because the CPU build cannot run torchtitan's choice:
   compiled FlexAttention, whose backward has no CPU kernel (``flex_attention``:
   "FlexAttention does not support backward on CPU"); the input is one document per sequence,
   for which both compute causal attention;
-* the ``spmd_backend`` is ``partial_dtensor`` (plain ``fully_shard``, what it is without tensor
-  parallelism), and AdamW is torch's for-loop one (``foreach=False``), as the other tracker tests
-  run it: torchtitan's default implementation, ``fused``, raises the tracker's optimizer-state
-  peak far above the states under fake CPU tensors.
+* the ``spmd_backend`` is ``partial_dtensor`` (plain ``fully_shard`` on the FSDP mesh): with its
+  default, ``spmd_types``, this setup stops in ``fully_shard`` ("When dp_mesh_dims is provided,
+  all parameters must be DTensors on the full SPMD mesh");
+* AdamW is torch's for-loop one (``foreach=False``), as the other tracker tests run it:
+  torchtitan's default implementation, ``fused``, raises the tracker's optimizer-state peak far
+  above the states under fake CPU tensors.
 
 ``tracked_step`` returns the tracker's bytes per category (``Sharded Param``, ``Activation``, …)
 at the end of forward, backward and the step of the second iteration, its ``peak``, and the
