@@ -118,3 +118,15 @@ def test_the_costliest_units_are_handed_out_first_then_xdists_order():
         del waiting[order[-1]]
     assert order == ["the shared grid", "tests/claims/test_buffers.py", "tests/unit/test_layers.py",
                      "tests/unit/test_no_dates.py"]
+
+
+def test_the_files_that_take_the_reports_measurement_share_one_worker():
+    """Every test file that imports the report's cached measurement (tests/support/report.py's
+    ``m`` fixture) is in one scheduling unit, so that a run measures it once, not once a worker."""
+    import re
+    readers = sorted(path.relative_to(scheduling.ROOT).as_posix()
+                     for path in (scheduling.ROOT / "tests").rglob("test_*.py")
+                     if re.search(r"^from tests\.support\.report import [^\n]*\bm\b", path.read_text(),
+                                  re.MULTILINE))
+    assert len(readers) >= 2, readers
+    assert {scheduling.UNITS.get(path) for path in readers} == {"the report's measurement"}, readers

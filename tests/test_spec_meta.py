@@ -494,7 +494,7 @@ def test_the_suite_runs_without_xdist():
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly",
-                           "-o", "addopts=-p no:cacheprovider", "-q", "--collect-only",
+                           "-o", "addopts=-p no:cacheprovider -p no:anyio", "-q", "--collect-only",
                            "tests/unit/tools/test_benchtable.py"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -53,7 +53,7 @@ def test_the_table_names_known_features_and_a_reason_for_each_refusal():
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids="+".join)
-def test_every_pair_builds_or_raises_the_tables_message(pair, tmp_path):
+def test_every_pair_builds_or_raises_the_tables_message(pair, request):
     """A composing pair is a valid TrainConfig at the highest stage both run at; a refused pair
     raises exactly the table's message, from TrainConfig or, for the run-level features, from
     train() before any rank starts."""
@@ -64,8 +64,8 @@ def test_every_pair_builds_or_raises_the_tables_message(pair, tmp_path):
         return
     with pytest.raises(ValueError) as e:
         cfg = _config(pair)
-        if run:
-            _run(pair, cfg, tmp_path)
+        if run:   # a directory only where a run is asked for (most pairs: a config alone)
+            _run(pair, cfg, request.getfixturevalue("tmp_path"))
     inner = {*pair, *combine.needed(pair[0]), *combine.needed(pair[1])}
     assert str(e.value) in [combine.message(a, b) for a, b in combine.refused_pairs()
                             if {a, b} <= inner and combine.refusal(a, b) in combine.REFUSED.values()]

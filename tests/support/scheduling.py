@@ -63,7 +63,8 @@ def _report_in_one_process():
 # 25 s of CPU on 2 workers); the other worker takes the remaining files, of about the same total.
 SHARED_GRID = frozenset({"tests/claims/test_communication.py", "tests/claims/test_memory.py",
                          "tests/claims/test_equivalence.py", "tests/claims/test_tables_spec.py",
-                         "tests/claims/test_compute.py",
+                         "tests/claims/test_compute.py", "tests/claims/test_activations.py",
+                         "tests/claims/test_accumulation.py",
                          "tests/claims/test_scale.py"})   # its meta steps, which the tables read
 
 # Files that start rank processes (zerospec/cluster/processes.py: a forkserver per test process,
@@ -75,9 +76,16 @@ PROCESS_LAUNCHES = frozenset({f"tests/engine/test_{name}.py" for name in (
     | {"spec/engine.md", "tests/unit/cluster/test_helper.py"})   # and the report's helper process
 # Files that read C30's storage trace (zerospec/evaluation/cached_memory.py's c30_trace, memoised per
 # process: two paper-scale meta steps, ~3 s of CPU): the claim tests and the report's figure; and
-# the model-parallel runs M_D's tests compare against (test_model_parallel.py's mp_run, ~2.5 s).
+# the model-parallel runs M_D's tests compare against (test_model_parallel.py's mp_run, ~2.5 s);
+# and the odd runs test_allocator.py's slot tests share with tests/unit/zero_r/test_buffers.py and
+# tests/unit/zero/test_stage3_deepspeed.py.
 C30_TRACES = frozenset({"tests/claims/test_allocator.py", "tests/unit/cli/test_report.py",
-                        "tests/claims/test_model_parallel.py"})
+                        "tests/claims/test_model_parallel.py", "tests/unit/zero_r/test_buffers.py",
+                        "tests/unit/zero/test_stage3_deepspeed.py"})
+# Files that read the report's small measurement (tests/support/report.py: every variant on 4
+# ranks, cached per process, up to 1.5 s of CPU): on one worker it is measured once, not twice.
+REPORT_MEASUREMENT = frozenset({"tests/claims/test_memory_report.py",
+                                "tests/unit/report/test_measure.py"})
 # The units that cost most CPU in the default run (docs/performance.md, "Where the time goes"),
 # most first: handed out before the rest, so that the run ends on small files and both workers
 # finish together (xdist alone orders units by their number of tests, and a unit of few, long
@@ -87,12 +95,13 @@ START_FIRST = ("the process launches", "the C30 traces and M_D's runs", "the sha
                    "claims/test_memory_observed", "claims/test_buffers", "test_spec_meta",
                    "claims/test_model_parallel_at_scale", "unit/training/test_scale",
                    "unit/cli/test_plan", "claims/test_checkpoints",
-                   "claims/test_model_parallel_training", "claims/test_offload",
-                   "claims/test_memory_report", "claims/test_accumulation",
-                   "unit/comm/test_posted")))
+                   "claims/test_model_parallel_training", "claims/test_offload")),
+               "the report's measurement",
+               "tests/unit/comm/test_posted.py")
 UNITS = {**dict.fromkeys(SHARED_GRID, "the shared grid"),
          **dict.fromkeys(PROCESS_LAUNCHES, "the process launches"),
-         **dict.fromkeys(C30_TRACES, "the C30 traces and M_D's runs")}
+         **dict.fromkeys(C30_TRACES, "the C30 traces and M_D's runs"),
+         **dict.fromkeys(REPORT_MEASUREMENT, "the report's measurement")}
 _MISSING = sorted(path for path in [*UNITS, *START_FIRST]
                   if path not in UNITS.values() and not (ROOT / path).is_file())
 assert not _MISSING, f"tests/support/scheduling.py groups files that do not exist: {_MISSING}"
@@ -107,8 +116,8 @@ def next_unit(waiting) -> str:
 
 @pytest.hookimpl(optionalhook=True)   # xdist's hook: `pytest -p no:xdist` must still run
 def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile, with the files of each of SHARED_GRID, PROCESS_LAUNCHES and C30_TRACES as
-    one unit, START_FIRST's units handed out first (None: xdist's own choice)."""
+    """--dist loadfile, with the files of each of SHARED_GRID, PROCESS_LAUNCHES, C30_TRACES and
+    REPORT_MEASUREMENT as one unit, START_FIRST's units handed out first (None: xdist's own choice)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling

@@ -148,11 +148,14 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist") \
             and config.getoption("numprocesses", None):
         return                                    # the xdist controller runs no test
+    if config.option.collectonly:
+        return          # no test runs, so nothing to count, and no torch to import for the wrappers
     install()
 
 
 def pytest_collection_finish(session):
-    _find_cached_codes()
+    if not session.config.option.collectonly:
+        _find_cached_codes()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -228,7 +231,8 @@ SKIPPED = re.compile(r"run that skipped (\d+) tests")
 def _full_default_run(config) -> bool:
     return (config.args_source == pytest.Config.ArgsSource.TESTPATHS
             and config.getoption("markexpr") == DEFAULT_MARKEXPR and not config.getoption("keyword")
-            and not config.getoption("deselect") and not config.getoption("lf", False))
+            and not config.getoption("deselect") and not config.getoption("lf", False)
+            and not config.option.collectonly)
 
 
 @pytest.hookimpl(trylast=True)

@@ -6,6 +6,7 @@ dependency is a dependency, whenever it is paid.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ def layer(module: str) -> int:
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
 
 
-def imports(path: Path) -> set[str]:
+@functools.cache   # three tests read every module's imports: each file is parsed once a run
+def imports(path: Path) -> frozenset[str]:
     """The zerospec modules ``path`` imports, inside functions too (``from pkg import sub`` resolves
     to ``pkg.sub``)."""
     me = module_name(path)
@@ -49,7 +51,7 @@ def imports(path: Path) -> set[str]:
             for a in node.names:
                 sub = f"{target}.{a.name}"
                 out.add(sub if sub in MODULES else target)
-    return out
+    return frozenset(out)
 
 
 def dynamic_import(node: ast.Call) -> bool:
