@@ -29,7 +29,7 @@ SCALE = "test_tables_spec/test_scale_7_5b_on_64_gpus.md"
 TABLE1 = "test_tables_spec/test_scale_table1_measured.md"
 FRAG = "test_allocator/test_fragmentation_table_of_eight_configurations.md"
 P_A = "test_model_parallel_at_scale/test_p_a_at_100b_table.md"
-FIG6 = "test_evaluation/test_figure6_table.md"
+FIG6 = "test_evaluation_allocator/test_figure6_table.md"
 # every snapshot the block reads, as spec/ pointers name them (tools/specsync.py refreshes them too)
 SNAPSHOTS = tuple(f"tests/claims/__snapshots__/{name}" for name in
                   (MEMORY, COMM, EQUAL, SCALE, TABLE1, FRAG, P_A, FIG6))

@@ -262,7 +262,7 @@ FIGURES = {f.name: f for f in [
     Figure("paper_figure4", "evaluation.md", (f"{SNAP}/test_evaluation/test_figure4_tables.md",),
            _paper(("test_figure4_tables",
                    lambda: "\n\n".join(_pf().bare(t) for t in _pf().figure4()))), _draw_paper(4)),
-    Figure("paper_figure6", "evaluation.md", (f"{SNAP}/test_evaluation/test_figure6_table.md",),
+    Figure("paper_figure6", "evaluation.md", (f"{SNAP}/test_evaluation_allocator/test_figure6_table.md",),
            _paper(("test_figure6_table", lambda: _pf().bare(_pf().figure6()[0]))), _draw_paper(6)),
     Figure("fragmentation_by_config_100B", "evaluation.md", (FIG7_DATA,),
            lambda: {FIG7_DATA: figure7_curves_data("100B")}, _draw_paper(7)),

@@ -1,4 +1,4 @@
-"""The evaluation (§10) in simulation: Table 3's configurations, Figure 6's model sizes, throughput.
+"""The evaluation (§10) in simulation: Table 3's configurations, throughput, cached memory.
 
 Each configuration (C1–C5, zerospec/evaluation/configs.py) runs the stage code on meta tensors at the
 paper's shapes; model sizes come from a memory-fit search over those steps' measured peaks, and
@@ -18,7 +18,7 @@ from zerospec.paper import theory
 from zerospec.paper.hardware import DGX2
 from zerospec.evaluation import tables as pf
 from zerospec.evaluation import runs as pr
-from zerospec.evaluation.configs import BUCKET_ELEMENTS, CONFIGS, FIG6
+from zerospec.evaluation.configs import BUCKET_ELEMENTS, CONFIGS
 from zerospec.training.scale import measure
 from zerospec.training.config import TrainConfig
 from tools import specfigures
@@ -76,37 +76,6 @@ def test_each_table3_configuration_runs_the_zero_dp_stage_and_zero_r_options_it_
                            for c in CONFIGS.values())
                  + f" ({min(buckets.values())} buckets of B per gradient stream)",
                  "Table 3 (C46)", "meta, 2 × 2 grid, 4 × 8192")
-
-
-# -- C47: Figure 6 ---------------------------------------------------------------------------------------
-def figure6() -> dict[str, int]:
-    """The most layers (hidden 8192, 64 heads) each configuration fits in 32 GB at 400 GPUs,
-    MP 16, 16 sequences per GPU (zerospec/evaluation/runs.py)."""
-    return {n: L for n, (L, _, _) in pr.figure6().items()}
-
-
-@pytest.mark.slow   # 20 meta steps of 8–222 layers: ~15 s
-@pytest.mark.claim("C47", status="differs", page=f"{PAGE}#the-largest-model-per-configuration-c47")
-def test_largest_model_per_configuration_keeps_the_papers_order_and_exceeds_its_sizes(
-        claim_values):
-    """Figure 6: C1 40B < C3 50B < C2 60B < C4 140B < C5 150B. Measured by memory-fit search,
-    the order is the paper's, and every size is above the paper's (by 17–68%): our peak has
-    no fragmentation, allocator cache or framework memory, which the paper's 32 GB had (C47)."""
-    psi = {n: gpt(L, FIG6["d"], FIG6["heads"]).psi for n, L in figure6().items()}
-    paper = {n: ev.params(ev.MAX_SIZE_BY_CONFIG[n]) for n in CONFIGS}
-    assert sorted(psi, key=psi.get) == sorted(paper, key=paper.get) == ["C1", "C3", "C2", "C4", "C5"]
-    assert all(psi[n] > paper[n] for n in CONFIGS)
-    claim_values(", ".join(f"{n} {psi[n] / 1e9:.0f}B" for n in CONFIGS),
-                 ", ".join(f"{n} {ev.MAX_SIZE_BY_CONFIG[n]}" for n in CONFIGS) + " (C47; C3 inferred)",
-                 "400 GPUs, MP 16, batch 16, 32 GB, meta")
-
-
-@pytest.mark.slow
-def test_figure6_table(md_snapshot):
-    """spec/evaluation.md's Figure 6 table: per configuration, the largest L that fits and its
-    Ψ, the measured peaks at L and L + 1 (bytes, the fit's evidence), and the paper's size."""
-    assert all(at <= DGX2.memory_bytes < above for _, at, above in pr.figure6().values())
-    assert md_snapshot == pf.bare(pf.figure6()[0])
 
 
 # -- C49: 170B needs C5 ----------------------------------------------------------------------------------
