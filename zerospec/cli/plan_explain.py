@@ -61,10 +61,10 @@ def explain_run(args, machine) -> tuple[list, dict]:
     if (args.preset is None) == (args.hf_config is None):
         raise ValueError("--explain needs one model: --preset NAME (`zerospec scale --list` lists "
                          "them) or --hf-config CONFIG.JSON, with one --gpus and one --stage")
-    ds = args.deepspeed_config
-    # checkpoints: Megatron's segments or a torchtitan mode (DeepSpeed's activation keys act on them)
-    ckpt = args.checkpoint_activations or int(
-        getattr(args, "activation_checkpointing", "none") not in (None, "none"))
+    ds, ckpt = args.deepspeed_config, args.checkpoint_activations or 0
+    # whether the step keeps checkpoints, by Megatron's segments or a torchtitan mode: DeepSpeed's
+    # activation keys act on either (the run itself keeps the one rule it was given)
+    has_ckpt = ckpt or int(getattr(args, "activation_checkpointing", "none") not in (None, "none"))
     not_modelled = {}
     gpus, n_m = _one(args.gpus, "--gpus", 64), _one(args.mp, "--mp", 1)
     stage = _one(args.stage, "--stage", None if ds is None else ds.stage)
@@ -80,7 +80,7 @@ def explain_run(args, machine) -> tuple[list, dict]:
         if stage != ds.stage:
             raise ValueError(f"--stage {stage} contradicts {ds.path}'s zero_optimization.stage "
                              f"{ds.stage}; drop one")
-        settings, left = config_kwargs(ds, gpus // n_m, ckpt, flags.get("gpus_per_node"))
+        settings, left = config_kwargs(ds, gpus // n_m, has_ckpt, flags.get("gpus_per_node"))
         settings = merge(ds, settings, flags)
         if micro is not None and micro != settings["micro_batch"]:
             raise ValueError(f"--micro-batch {micro} contradicts {ds.path}'s micro-batch "

@@ -226,3 +226,17 @@ def test_explain_refuses_deepspeeds_contiguous_checkpoints_without_partitioning_
         assert_usage_error(capsys, "plan", "--explain", "--preset", "t4-1.16B-24x1920", "--gpus",
                            "8", "--seq", "64", "--deepspeed-config", cfg, *ac,
                            named="contiguous_memory_optimization = true needs")
+
+
+def test_explain_runs_a_torchtitan_mode_as_the_steps_one_checkpointing_rule(capsys, tmp_path):
+    """`plan --explain --activation-checkpointing selective-op`, alone and with DeepSpeed's
+    activation keys (which act on its checkpoints): the step runs with that one rule, not with
+    Megatron's segments beside it (the pair the table refuses)."""
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+                            "activation_checkpointing": {"cpu_checkpointing": True}})
+    base = ("plan", "--explain", "--preset", "t4-1.16B-24x1920", "--gpus", "8", "--seq", "64",
+            "--activation-checkpointing", "selective-op", "--format", "json")
+    for extra in (("--stage", "2"), ("--deepspeed-config", cfg)):
+        rc, out, err = run_cli(capsys, *base, *extra)
+        assert rc == 0, err
+        assert json.loads(out)["summary"]["peak_allocated_bytes"] > 0
