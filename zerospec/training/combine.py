@@ -130,9 +130,6 @@ REFUSED = {
     _pair("qgz", "cb"): "qgZ quantizes each unit's gradient in groups inside its shard, the "
     "approximation spec/zeropp.md bounds; fused into C_B's buckets the groups would straddle "
     "units, another approximation than the one measured",
-    _pair("mics", "hpz"): "hpZ's secondary partition and MiCS's partition group are two splits of "
-    "the same ranks for the same gathers: MiCS gathers inside its group already, there is no "
-    "second layout to hold",
     _pair("dpu", "loss_scale"): "an overflow found one step late would skip an update whose "
     "parameters the device has already used: the delayed update cannot be undone",
     _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "

@@ -48,6 +48,14 @@ def check(cfg) -> None:
         raise ValueError(f"shard_group={p} with qgz: qgZ's two hops run inside and across the "
                          f"nodes of the partition group, so it must be whole nodes of "
                          f"gpus_per_node={g}; accepted: a multiple of {g} dividing {cfg.n_d}")
+    h = getattr(cfg, "hpz", 1)
+    if h > 1 and p % h:
+        # hpZ's secondary partition is a split of the partition group (FSDP2's HSDP asks the
+        # same of an integer reshard_after_forward: a factor of the shard mesh's size,
+        # torch/distributed/fsdp/_fully_shard/_fsdp_init.py: _get_post_forward_mesh_info)
+        raise ValueError(f"hpz={h} with shard_group={p}: hpZ's secondary partition splits MiCS's "
+                         f"partition group of p={p} ranks, so h must divide p; accepted hpz: "
+                         f"{', '.join(str(d) for d in divisors(p) if g is None or g % d == 0)}")
 
 class ReplicatedShards:
     """A stage over its partition group, whose gradient shards are all-reduced across the
