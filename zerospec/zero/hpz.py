@@ -23,6 +23,15 @@ and backward copies it up (``from_host``) and gathers it over the h ranks: +2Ψ/
 on the device. ``offload_params="nvme"`` has no home for it: DeepSpeed passes the same
 ``remote_device`` to ``torch.empty``, and "nvme" is no torch device (:func:`check` says so).
 
+**With MiCS** (``shard_group`` = p, zero/mics.py) the stage shards over the rank's partition
+group, so forward's gather runs over those p ranks, crossing nodes when p exceeds the GPUs per
+node, and units are padded for p. The secondary partition is h consecutive ranks of the DP
+group, which lie inside one partition group because h divides p (mics.check) and inside one node
+because h divides the GPUs per node: backward gathers over them, and each GPU holds 2Ψ_p/h, Ψ_p
+padded for p. FSDP2's HSDP builds the same layout from an integer ``reshard_after_forward``, a
+factor of the shard mesh's size (torch/distributed/fsdp/_fully_shard/_fsdp_init.py:
+``_get_post_forward_mesh_info`` views the mesh as (-1, h)).
+
 **With the FSDP2 flavour** (zero/fsdp2.py) hpZ is FSDP2's integer ``reshard_after_forward = h``,
 which that stage class runs itself: its post-forward shard is freed at the block's backward
 unshard, and the blocks it keeps unsharded keep none (training/step.py does not add this class).

@@ -14,6 +14,9 @@ group at the accumulation boundary (grad_sync), once per step whatever G is. The
 holds the same mean gradient shard, so the overflow vote and the clipping norm, taken over the
 partition group, are the global ones, and the replicas step identically.
 
+With hpZ (zero/hpz.py) a partition group spanning nodes keeps forward's gathers across them
+and backward's inside each node: hpZ's secondary partition is h ranks of the group (h | p).
+
 Arithmetic: with exact sums (fp64 of fp16 gradients, zerospec/zero/exact.py) the second hop sums
 fp64 partial sums and the one division is by N·G: the result is the exact mean, so MiCS trains
 bit-identically to the flat stage at N. Without them, each hop's mean is rounded to the gradient
