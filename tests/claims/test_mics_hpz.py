@@ -122,9 +122,11 @@ def test_on_meta_the_representatives_hold_and_send_what_the_threads_do():
 
 @pytest.mark.parametrize("kw, named", [
     ({"n_d": 8, "gpus_per_node": 4, "shard_group": 2, "hpz": 4},
-     r"hpz=4 with shard_group=2: .* h must divide p; accepted hpz: 1, 2$"),
+     r"hpz \(zero_hpz_partition_size\)=4 with shard_group \(mics_shard_size\)=2: .* "
+     r"h must divide p; accepted hpz: 1, 2$"),
     ({"n_d": 12, "gpus_per_node": 4, "shard_group": 6, "hpz": 4},
-     r"hpz=4 with shard_group=6: .* h must divide p; accepted hpz: 1, 2$")])
+     r"hpz \(zero_hpz_partition_size\)=4 with shard_group \(mics_shard_size\)=6: .* "
+     r"h must divide p; accepted hpz: 1, 2$")])
 def test_an_h_that_does_not_divide_p_is_refused_naming_both(kw, named):
     """hpZ's secondary partition is a split of MiCS's partition group: an h that does not divide
     p has no layout; ValueError naming h, p and the h that would do."""

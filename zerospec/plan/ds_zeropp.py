@@ -23,9 +23,13 @@ def hpz_check(ds: DeepSpeedConfig, n_d: int, gpus_per_node: int | None) -> None:
                          f"partition inside a node, so it needs the GPUs per node; accepted: "
                          f"--gpus-per-node G or --machine NAME (h must divide G)")
     from types import SimpleNamespace
-    from ..zero.hpz import check
-    check(SimpleNamespace(n_ranks=n_d, gpus_per_node=gpus_per_node, hpz=h, stage=3, n_m=1,
-                          offload_params=ds.offload_param and ds.offload_param.device))
+    from ..zero import hpz, mics
+    cfg = SimpleNamespace(n_ranks=n_d, n_d=n_d, gpus_per_node=gpus_per_node, hpz=h, stage=3, n_m=1,
+                          offload_params=ds.offload_param and ds.offload_param.device,
+                          shard_group=ds.mics_shard_size, qgz=False)
+    hpz.check(cfg)
+    if ds.mics_shard_size > 0 and n_d % ds.mics_shard_size == 0:   # h | p (zero/mics.py)
+        mics.check(cfg)
 
 
 def zeropp_kwargs(ds: DeepSpeedConfig, gpus_per_node: int | None, left: list[str],
@@ -55,7 +59,10 @@ def zeropp_rows(ds: DeepSpeedConfig, psi: int, n_d: int, row) -> None:
     """What each ZeRO++ / MiCS key the file sets moves, in closed form (D2, D6, M1, M2)."""
     from ..paper import theory
     h, p = ds.zero_hpz_partition_size, ds.mics_shard_size
-    m = f"{fmt_count(psi * theory.ring_factor(n_d))} fp16 elements (M(N−1)/N)"
+    # backward's all-gather without hpZ: over every rank, or over MiCS's partition group of p
+    m = (f"{fmt_count(psi * theory.ring_factor(p))} fp16 elements (M(p−1)/p, MiCS's group)"
+         if 0 < p and n_d % p == 0 else f"{fmt_count(psi * theory.ring_factor(n_d))} fp16 "
+         f"elements (M(N−1)/N)")
     effect = {
         "zero_hpz_partition_size": h > 1 and
         f"hpZ: backward's all-gather inside {h} ranks of a node: 0 across nodes instead of {m} "

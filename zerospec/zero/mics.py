@@ -56,8 +56,9 @@ def check(cfg) -> None:
         # hpZ's secondary partition is a split of the partition group (FSDP2's HSDP asks the
         # same of an integer reshard_after_forward: a factor of the shard mesh's size,
         # torch/distributed/fsdp/_fully_shard/_fsdp_init.py: _get_post_forward_mesh_info)
-        raise ValueError(f"hpz={h} with shard_group={p}: hpZ's secondary partition splits MiCS's "
-                         f"partition group of p={p} ranks, so h must divide p; accepted hpz: "
+        raise ValueError(f"hpz (zero_hpz_partition_size)={h} with shard_group (mics_shard_size)="
+                         f"{p}: hpZ's secondary partition splits MiCS's partition group of {p} "
+                         f"ranks, so h must divide p; accepted hpz: "
                          f"{', '.join(str(d) for d in divisors(p) if g is None or g % d == 0)}")
 
 class ReplicatedShards:

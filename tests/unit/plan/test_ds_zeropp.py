@@ -13,7 +13,7 @@ from tests.support.cli import assert_usage_error, run_cli
 from zerospec.model.gpt import GPTConfig
 from zerospec.model.hf_config import to_hf
 from zerospec.plan import ds_config
-from zerospec.plan.deepspeed import MICS_NOTE, config_kwargs
+from zerospec.plan.deepspeed import MICS_NOTE, config_kwargs, deepspeed_table
 from zerospec.plan.nodes import node_bytes
 from zerospec.training.scale import measure
 from zerospec.training.config import TrainConfig
@@ -73,6 +73,36 @@ def test_mics_shard_size_shards_over_p_and_says_deepspeed_refuses_the_key():
     nb = node_bytes(mics)
     assert {c for c in nb.sent if nb.node_total(c, "inter")} == {"replica all-reduce (MiCS)"}
     assert MICS_NOTE in left and "removed" in MICS_NOTE and "HSDP" in MICS_NOTE
+
+
+def test_hpz_beside_mics_gathers_backward_inside_the_node_of_a_group_spanning_two():
+    """zero_hpz_partition_size = 2 with mics_shard_size = 8 on 2 nodes × 4: MiCS's group spans
+    both nodes; backward's all-gather crosses with 0 bytes (> 0 with MiCS alone), the secondary
+    shards are held, and the closed form's hpZ row counts what it spares over the group of p."""
+    keys = (("zero_hpz_partition_size", 2), ("mics_shard_size", 8))
+    (mics, _), (both, _) = stepped(keys[1:]), stepped(keys)
+    assert node_bytes(mics).node_total("backward all-gather", "inter") > 0
+    assert node_bytes(both).node_total("backward all-gather", "inter") == 0
+    assert both.memory(0).peak["secondary16"] > 0 == mics.memory(0).peak["secondary16"]
+    ds = ds_config.parse({**BASE, "zero_optimization": {"stage": 3, **dict(keys)}})
+    row = {r[0]: r for r in deepspeed_table(ds, 10 ** 9, 16, 4).rows}["zero_hpz_partition_size"]
+    assert "875M fp16 elements (M(p−1)/p, MiCS's group)" in row[2]   # 10⁹·7/8
+
+
+@pytest.mark.parametrize("gpus_per_node", [None, 4])
+def test_an_hpz_that_does_not_divide_mics_shard_size_is_refused_on_both_paths(gpus_per_node):
+    """zero_hpz_partition_size = 4 with mics_shard_size = 2: the closed form and the measured
+    step refuse it alike, naming both keys."""
+    ds = ds_config.parse({**BASE, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4,
+                                                        "mics_shard_size": 2}})
+    named = r"zero_hpz_partition_size\)=4 with shard_group \(mics_shard_size\)=2: .* accepted hpz: 1, 2"
+    with pytest.raises(ValueError, match=named):
+        deepspeed_table(ds, 10 ** 9, 8, 4)
+    if gpus_per_node:
+        kw, _ = config_kwargs(ds, 8, gpus_per_node=gpus_per_node)
+        kw.pop("micro_batch")
+        with pytest.raises(ValueError, match=named):
+            TrainConfig.of(stage=3, n_d=8, model=SMALL, **kw)
 
 
 def test_the_keys_are_zero3_settings():
