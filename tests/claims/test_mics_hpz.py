@@ -132,3 +132,15 @@ def test_an_h_that_does_not_divide_p_is_refused_naming_both(kw, named):
     p has no layout; ValueError naming h, p and the h that would do."""
     with pytest.raises(ValueError, match=named):
         TrainConfig.of(stage=3, model=ODD, **kw)
+
+
+@pytest.mark.slow
+def test_the_fsdp2_flavours_hsdp_with_an_integer_reshard_after_forward_trains_as_hsdp():
+    """FSDP2's own form of the pair: HSDP's shard dimension of p = 4 with reshard_after_forward
+    = h = 2 (a factor of it, _fsdp_init.py: _get_post_forward_mesh_info): backward gathers over
+    the node's h ranks from the post-forward shards, bit for bit HSDP alone."""
+    cfg = BASE.replace(flavour="fsdp2", precision="bf16")
+    got = train(cfg.replace(hpz=H))
+    assert_same_training(got, train(cfg))
+    assert {(c.group, c.group_size, c.link) for c in got.comm.records(
+        phase="backward", op="all_gather")} == {("hpz", H, "intra")}
