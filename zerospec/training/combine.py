@@ -94,6 +94,8 @@ FEATURES = (
        stage3_persistence_threshold=100, stage3_max_reuse_distance=10 ** 6),
     _f("nodes", "nodes", neutral=True, gpus_per_node=2),
     _f("hpz", "hpZ", (3,), neutral=True, needs=(NODES,), hpz=2),
+    # beside hpZ the walk's partition group (p = 2) fits its node of 4, so h = 2 = p: valid, the
+    # secondary partition is the group itself; tests/claims/test_mics_hpz.py spans nodes (p > G)
     _f("mics", "MiCS", (1, 2, 3), shard_group=2),
     _f("qwz", "qwZ", (3,), qwz=True),
     _f("qgz", "qgZ", (3,), qgz=True),
