@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.runs import assert_same_training
 from zerospec.cluster.threads import VirtualCluster
-from zerospec.model.gpt import ODD
+from zerospec.model.gpt import ODD, GPTConfig
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
 from zerospec.training.scale import measure
@@ -144,3 +144,15 @@ def test_the_fsdp2_flavours_hsdp_with_an_integer_reshard_after_forward_trains_as
     assert_same_training(got, train(cfg))
     assert {(c.group, c.group_size, c.link) for c in got.comm.records(
         phase="backward", op="all_gather")} == {("hpz", H, "intra")}
+
+
+@pytest.mark.slow
+def test_with_model_parallelism_the_groups_lie_in_each_mp_indexs_dp_group():
+    """N_m = 2 on 2 nodes × 4 GPUs (2 DP ranks per node), p = 4 DP ranks over both nodes, h = 2:
+    every backward all-gather is hpZ's inside the node, and the run is MiCS's bit for bit."""
+    m = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=4, n_embd=16)   # 2 | heads
+    cfg = TrainConfig.of(stage=3, n_d=4, n_m=2, model=m, steps=2, gpus_per_node=4, shard_group=4)
+    got = train(cfg.replace(hpz=2))
+    assert_same_training(got, train(cfg))
+    assert {(c.group, c.group_size, c.link) for c in got.comm.records(
+        phase="backward", op="all_gather")} == {("hpz", 2, "intra")}
