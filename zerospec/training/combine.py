@@ -133,11 +133,6 @@ REFUSED = {
     _pair("mics", "hpz"): "hpZ's secondary partition and MiCS's partition group are two splits of "
     "the same ranks for the same gathers: MiCS gathers inside its group already, there is no "
     "second layout to hold",
-    _pair("dpu", "loss_scale"): "an overflow found one step late would skip an update whose "
-    "parameters the device has already used: the delayed update cannot be undone",
-    _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "
-    "parameters the device holds; offloaded parameters are on the host, where that update writes "
-    "them while FWD-BWD fetch them: there is no stale copy to train on",
     _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket; FSDP2's unit of "
     "fusion is its parameter group, reduce-scattered through the group's own fp32 buffer "
     "(foreach_reduce): a bucket across groups is another engine",
