@@ -112,6 +112,21 @@ def test_an_overflow_under_dpu_skips_its_own_update_and_halves_the_next_backward
     assert scales[t + 1] == grown[t - 1] / 2
 
 
+@pytest.mark.claim("P4")
+def test_each_gradient_is_voted_on_once_and_the_pending_one_before_the_next_forward():
+    """The overflow vote (an all-reduce of one fp32 flag) on step t's gradient: in step t's
+    update through the warm-up, none at the deferred step N, and from N + 1 in the delayed
+    update of t − 1, booked before the step's forward; the last step's gradient is still
+    pending, so the run takes STEPS − 1 votes."""
+    r = scaled(3, 3, False)[0]
+    for t in range(1, STEPS + 1):
+        recs = r.comm.records(0, step=t)
+        votes = [x for x in recs if x.op == "all_reduce" and x.numel == 1]
+        assert [(x.phase, x.dtype) for x in votes] == [("step", torch.float32)] * (t != WARMUP)
+        first_forward = min(x.seq for x in recs if x.phase == "forward")
+        assert all((x.seq < first_forward) == (t > WARMUP) for x in votes), f"step {t}"
+
+
 # -- offloaded parameters ----------------------------------------------------------------------
 PARAMS = [{"offload_params": "cpu"}, {"offload_params": "cpu", "offload_prefetch": True}] + [
     pytest.param(kw, marks=pytest.mark.slow) for kw in (
