@@ -152,8 +152,9 @@ def test_dpu_with_offloaded_parameters_trains_as_dpu_with_them_on_the_device(whe
 @pytest.mark.claim("B8")
 def test_under_dpu_the_host_holds_the_stale_fp16_copy_and_the_updates_through_fwd_bwd():
     """While FWD-BWD of step t > N run, the host holds rank 0's fp16 chunks twice: the copy they
-    fetch and the delayed update's result, which param_sync writes over it; in the warm-up, and
-    without DPU, param_sync has consumed the result before the next forward."""
+    fetch and the delayed update's result, which param_sync writes over it; in the warm-up
+    param_sync has consumed the result before the next forward. PCIe carries per step, phase and
+    direction what it carries without DPU."""
     held = {}
     phase = RankContext.phase
 
@@ -167,3 +168,10 @@ def test_under_dpu_the_host_holds_the_stale_fp16_copy_and_the_updates_through_fw
         r = train(cfg(3, steps=4, dpu=WARMUP, offload_params="cpu"))
     m = 2 * sum(u.chunk for u in r.units)          # fp16 bytes of rank 0's chunks
     assert held == {1: m, 2: m, 3: 2 * m, 4: 2 * m}
+    sync = train(cfg(3, steps=4, offload_params="cpu"))
+    assert r.comm.link_bytes(0, step=4, phase="forward", op="from_host") > 0   # the fetches
+    for t in range(1, 5):
+        for phase in ("forward", "backward", "step", "param_sync"):
+            for op in ("to_host", "from_host"):
+                assert r.comm.link_bytes(0, step=t, phase=phase, op=op) == \
+                    sync.comm.link_bytes(0, step=t, phase=phase, op=op), (t, phase, op)
