@@ -128,33 +128,17 @@ def test_each_gradient_is_voted_on_once_and_the_pending_one_before_the_next_forw
 
 
 # -- offloaded parameters ----------------------------------------------------------------------
-PARAMS = [{"offload_params": "cpu"}, {"offload_params": "cpu", "offload_prefetch": True}] + [
-    pytest.param(kw, marks=pytest.mark.slow) for kw in (
-        {"offload_params": "nvme"}, {"offload_params": "cpu", "offload_partition": "owner"},
-        {"offload_params": "cpu", "stage3_persistence_threshold": 100,
-         "stage3_max_reuse_distance": 10 ** 6})]
+PARAMS = [{"offload_params": "cpu"}] + [pytest.param(kw, marks=pytest.mark.slow) for kw in (
+    {"offload_params": "cpu", "offload_prefetch": True}, {"offload_params": "nvme"},
+    {"offload_params": "cpu", "offload_partition": "owner"},
+    {"offload_params": "cpu", "stage3_persistence_threshold": 100,
+     "stage3_max_reuse_distance": 10 ** 6})]
 
 
 @functools.lru_cache(maxsize=None)
-def dpu_run(steps: int = 4, **kw):
-    return train(cfg(3, steps=steps, dpu=WARMUP, **kw))
-
-
-@pytest.mark.parametrize("where", PARAMS, ids=["cpu", "cpu-prefetch", "nvme", "owner", "ds3"])
-@pytest.mark.claim("B8")
-def test_dpu_with_offloaded_parameters_trains_as_dpu_with_them_on_the_device(where):
-    """FWD-BWD fetch the host's fp16 copy, which the delayed update leaves alone until
-    param_sync: the same stale values reach the device as without parameter offload, so every
-    loss and master weight equals that run's bit for bit (two delayed steps after N = 2)."""
-    assert_same_training(dpu_run(**where), dpu_run())
-
-
-@pytest.mark.claim("B8")
-def test_under_dpu_the_host_holds_the_stale_fp16_copy_and_the_updates_through_fwd_bwd():
-    """While FWD-BWD of step t > N run, the host holds rank 0's fp16 chunks twice: the copy they
-    fetch and the delayed update's result, which param_sync writes over it; in the warm-up
-    param_sync has consumed the result before the next forward. PCIe carries per step, phase and
-    direction what it carries without DPU."""
+def dpu_run(**kw):
+    """Stage 3 with DPU from step 2, 4 steps (two delayed updates), and what rank 0's host holds
+    in fp16 parameters at the end of each step's forward."""
     held = {}
     phase = RankContext.phase
 
@@ -165,7 +149,25 @@ def test_under_dpu_the_host_holds_the_stale_fp16_copy_and_the_updates_through_fw
         if ctx.rank == 0 and name == "forward":
             held[ctx.step] = ctx.host.current["param16"]
     with mock.patch.object(RankContext, "phase", watched):
-        r = train(cfg(3, steps=4, dpu=WARMUP, offload_params="cpu"))
+        return train(cfg(3, steps=4, dpu=WARMUP, **kw)), held
+
+
+@pytest.mark.parametrize("where", PARAMS, ids=["cpu", "cpu-prefetch", "nvme", "owner", "ds3"])
+@pytest.mark.claim("B8")
+def test_dpu_with_offloaded_parameters_trains_as_dpu_with_them_on_the_device(where):
+    """FWD-BWD fetch the host's fp16 copy, which the delayed update leaves alone until
+    param_sync: the same stale values reach the device as without parameter offload, so every
+    loss and master weight equals that run's bit for bit (two delayed steps after N = 2)."""
+    assert_same_training(dpu_run(**where)[0], dpu_run()[0])
+
+
+@pytest.mark.claim("B8")
+def test_under_dpu_the_host_holds_the_stale_fp16_copy_and_the_updates_through_fwd_bwd():
+    """While FWD-BWD of step t > N run, the host holds rank 0's fp16 chunks twice: the copy they
+    fetch and the delayed update's result, which param_sync writes over it; in the warm-up
+    param_sync has consumed the result before the next forward. PCIe carries per step, phase and
+    direction what it carries without DPU."""
+    r, held = dpu_run(offload_params="cpu")
     m = 2 * sum(u.chunk for u in r.units)          # fp16 bytes of rank 0's chunks
     assert held == {1: m, 2: m, 3: 2 * m, 4: 2 * m}
     sync = train(cfg(3, steps=4, offload_params="cpu"))

@@ -59,14 +59,14 @@ def test_dpu_with_loss_scaling_and_offloaded_parameters_runs_from_the_cli(capsys
     master digest of the same command with the parameters on the device."""
     import json
     from tests.support.cli import run_cli
-    base = ["train", "--format", "json", "--stage", "3", "--steps", "4", "--ranks", "4",
+    base = ["train", "--format", "json", "--stage", "3", "--steps", "3", "--ranks", "4",
             "--model", "odd", "--offload-optimizer", "cpu", "--dpu", "2", "--loss-scale", "1024"]
     rc, out, err = run_cli(capsys, *base, "--offload-params", "cpu", "--offload-prefetch")
     rc2, ref, _ = run_cli(capsys, *base)
     assert rc == rc2 == 0 and err == "", err
     got, ref = json.loads(out), json.loads(ref)
     assert got["config"]["offload"]["offload_params"] == "cpu" and got["config"]["offload"]["dpu"] == 2
-    assert len(got["losses"]) == 4 and got["losses"] == ref["losses"]
+    assert len(got["losses"]) == 3 and got["losses"] == ref["losses"]
     assert got["master_sha256"] == ref["master_sha256"]
 
 
