@@ -10,7 +10,9 @@ Offloaded parameters: the host's Adam writes the fp32 master and a separate fp16
 copy FWD-BWD fetch is overwritten only in param_sync, so it is the stale copy. The reference is
 DPU with the parameters on the device, bit for bit.
 
-Runs: the ODD model (units divide by no N) on N = 4 virtual GPUs, warm-up N_dpu = 2, 5 steps.
+Runs: the ODD model (units divide by no N) on N = 4 virtual GPUs, warm-up N_dpu = 2; 5 steps with
+loss scaling (an overflow at step 3 is skipped at 4 and the update resumes at 5), 4 with offloaded
+parameters (two delayed updates).
 """
 from __future__ import annotations
 
