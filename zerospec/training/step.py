@@ -117,7 +117,9 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
     ops = {"forward": Counter(), "backward": Counter()}
     delayed = cfg.dpu and rank.ctx.step > cfg.dpu   # B8: the pending update, before FWD-BWD
     if delayed:   # on a GPU the host runs it while FWD-BWD use the parameters it has not updated
-        with phase("step"):   # its overflow vote first: the scale it sets is this backward's
+        # its overflow vote first, as DeepSpeed decides before its CPU step (stage_1_and_2.py:
+        # step → check_overflow → _update_scale): the scale it sets is this step's backward's
+        with phase("step"):
             report = rank.updater.step()
     stage.zero_grad()   # after the delayed update, which reads the previous step's sums
     for k in range(G):      # micro-batch k of rank r: rows (k·N + r)·mb …, mb = batch/(N·G)
