@@ -32,7 +32,7 @@ from .loss_scale import LossScaler, found_overflow
 @dataclasses.dataclass(frozen=True)
 class StepReport:
     skipped: bool
-    scale: float          # the loss scale this step's gradients carried
+    scale: float          # the loss scale the updated gradients carried (DPU: the last step's)
     norm: float | None    # pre-clip global norm of the unscaled gradient (None: clipping off)
     deferred: bool = False  # DPU's step N: no update now, the gradient's comes next step (B8)
 

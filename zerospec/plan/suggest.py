@@ -67,8 +67,8 @@ def step_peak(ex, *, checkpoint_activations=None, micro_batch=None, seq=None, n_
 
 
 def _buildable(ex, **changes) -> int | None:
-    """:func:`step_peak`, or None where the changed run is one the stages refuse (offloaded
-    parameters beside DPU, say): a change the user could not make is not suggested."""
+    """:func:`step_peak`, or None where the changed run is one the stages refuse (hpZ beside
+    MiCS, say): a change the user could not make is not suggested."""
     try:
         return step_peak(ex, **changes)
     except ValueError:

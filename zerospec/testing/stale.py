@@ -4,9 +4,11 @@ step stale, built without the DPU code path so that the test is not that code co
 Step k computes its gradient at the parameters the device had at the start of step k − 1 (for
 k > N; at the current ones for k ≤ N) and applies the update at once, with the plain stage (no
 offload, no deferral): the parameters are set back for FWD-BWD, and the step's param_sync
-refreshes them from the masters, which never saw the stale copy. A DPU run applies update k one
-step later, so its masters after step t equal this run's after step t − 1 (t ≥ N) and its losses
-equal this run's at every step (tests/claims/test_offload.py).
+refreshes them from the masters, which never saw the stale copy (a step skipped for an
+overflow has no param_sync: the parameters are put back as they were before the set-back). A DPU
+run applies update k one step later, so its masters after step t equal this run's after step
+t − 1 (t ≥ N) and its losses equal this run's at every step (tests/claims/test_offload.py,
+tests/claims/test_offload_dpu.py).
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ def _stale_rank(ctx, cfg, units, init, batches, warmup: int, on_step) -> RankOut
                 p.copy_(q)
         idx, tgt = batches[step - 1]
         train_step(rank, cfg, idx, tgt, out)
+        if out.reports[-1].skipped:   # an overflow: no param_sync, the parameters are as they were
+            for p, q in zip(params, now):
+                p.copy_(q)
         before = now
         if on_step is not None:
             on_step(step, rank.stage)

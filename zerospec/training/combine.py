@@ -132,11 +132,6 @@ REFUSED = {
     _pair("qgz", "cb"): "qgZ quantizes each unit's gradient in groups inside its shard, the "
     "approximation spec/zeropp.md bounds; fused into C_B's buckets the groups would straddle "
     "units, another approximation than the one measured",
-    _pair("dpu", "loss_scale"): "an overflow found one step late would skip an update whose "
-    "parameters the device has already used: the delayed update cannot be undone",
-    _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "
-    "parameters the device holds; offloaded parameters are on the host, where that update writes "
-    "them while FWD-BWD fetch them: there is no stale copy to train on",
     _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket; FSDP2's unit of "
     "fusion is its parameter group, reduce-scattered through the group's own fp32 buffer "
     "(foreach_reduce): a bucket across groups is another engine",

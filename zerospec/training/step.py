@@ -117,6 +117,8 @@ def train_step(rank: Rank, cfg: TrainConfig, idx: torch.Tensor, tgt: torch.Tenso
     ops = {"forward": Counter(), "backward": Counter()}
     delayed = cfg.dpu and rank.ctx.step > cfg.dpu   # B8: the pending update, before FWD-BWD
     if delayed:   # on a GPU the host runs it while FWD-BWD use the parameters it has not updated
+        # its overflow vote first, as DeepSpeed decides before its CPU step (stage_1_and_2.py:
+        # step → check_overflow → _update_scale): the scale it sets is this step's backward's
         with phase("step"):
             report = rank.updater.step()
     stage.zero_grad()   # after the delayed update, which reads the previous step's sums

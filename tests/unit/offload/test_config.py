@@ -5,7 +5,6 @@ import pytest
 
 from tests.support.cli import assert_usage_error
 from zerospec.model.gpt import ODD
-from zerospec.optim.loss_scale import LossScale
 from zerospec.training.config import TrainConfig
 from zerospec.training.sections import OffloadOptions
 
@@ -38,8 +37,6 @@ from zerospec.training.sections import OffloadOptions
     ({"stage": 2, "offload_optimizer": "cpu", "nvme_path": "/tmp"}, "needs offload_optimizer='nvme' or offload_params='nvme'"),
     ({"stage": 2, "dpu": 2}, "dpu=2 delays ZeRO-Offload's host update: it needs offload_optimizer"),
     ({"stage": 2, "offload_optimizer": "cpu", "dpu": -1}, "dpu (warm-up steps"),
-    ({"stage": 2, "offload_optimizer": "cpu", "dpu": 2, "loss_scale": LossScale()},
-     "dynamic loss scaling with DPU is refused: an overflow found one step late"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bad_offload_setting_is_one_error_naming_it(kw, named):
     with pytest.raises(ValueError) as e:
@@ -56,15 +53,21 @@ def test_the_cli_refuses_them_in_one_line(capsys, argv, named):
     assert_usage_error(capsys, "train", "--steps", "1", *argv, named=named)
 
 
-def test_dpu_with_loss_scaling_is_refused_in_the_config_and_the_cli(capsys):
-    """DPU applies step t's update at step t + 1, so an overflow seen with loss scaling would come
-    a step late, after the device already used the parameters: the pair is refused, naming both
-    (TrainConfig: ValueError; `train`: one line, exit 2)."""
-    from zerospec.optim.loss_scale import LossScale
-    with pytest.raises(ValueError, match=r"(?i)loss scaling with DPU"):
-        TrainConfig.of(stage=2, n_d=2, offload_optimizer="cpu", dpu=1, loss_scale=LossScale(1024.0))
-    assert_usage_error(capsys, "train", "--steps", "1", "--stage", "2", "--offload-optimizer",
-                       "cpu", "--dpu", "1", "--loss-scale", "1024", named="loss scaling with DPU")
+def test_dpu_with_loss_scaling_and_offloaded_parameters_runs_from_the_cli(capsys):
+    """``--dpu`` beside ``--loss-scale``, ``--offload-params cpu`` and ``--offload-prefetch``
+    trains (exit 0), and the parameters' tier moves bytes, not values: the exact losses and the
+    master digest of the same command with the parameters on the device."""
+    import json
+    from tests.support.cli import run_cli
+    base = ["train", "--format", "json", "--stage", "3", "--steps", "3", "--ranks", "4",
+            "--model", "odd", "--offload-optimizer", "cpu", "--dpu", "2", "--loss-scale", "1024"]
+    rc, out, err = run_cli(capsys, *base, "--offload-params", "cpu", "--offload-prefetch")
+    rc2, ref, _ = run_cli(capsys, *base)
+    assert rc == rc2 == 0 and err == "", err
+    got, ref = json.loads(out), json.loads(ref)
+    assert got["config"]["offload"]["offload_params"] == "cpu" and got["config"]["offload"]["dpu"] == 2
+    assert len(got["losses"]) == 3 and got["losses"] == ref["losses"]
+    assert got["master_sha256"] == ref["master_sha256"]
 
 
 def test_a_dpu_run_refuses_a_checkpoint_it_could_not_resume_from():
