@@ -124,12 +124,6 @@ REFUSED = {
     "(torchtitan's rule per block) and --checkpoint-activations K (Megatron's segments of K "
     "blocks, every block inside one) are two rules for which blocks keep what; give one "
     "(torchtitan's full is --checkpoint-activations 1)",
-    _pair("qgz", "accum"): "qgZ's int4 all-to-all rounds every partial sum, and accumulation's "
-    "claim is the exact fp64 sum of every micro-batch gradient (spec/accumulation.md): the "
-    "quantized hop would break it",
-    _pair("qgz", "cb"): "qgZ quantizes each unit's gradient in groups inside its shard, the "
-    "approximation spec/zeropp.md bounds; fused into C_B's buckets the groups would straddle "
-    "units, another approximation than the one measured",
     _pair("mics", "hpz"): "hpZ's secondary partition and MiCS's partition group are two splits of "
     "the same ranks for the same gathers: MiCS gathers inside its group already, there is no "
     "second layout to hold",

@@ -95,11 +95,39 @@ class Quantized:
         return quantized_all_gather(full, chunk, self.comm, self.quant_group[i], self.memory)
 
     # -- qgZ ---------------------------------------------------------------------------------------
+    def _quantizes(self, i: int) -> bool:
+        return self.qgz and self.units[i].name not in self.qgz_fallback
+
     def reduce_unit(self, i: int, out: torch.Tensor, slot: torch.Tensor, post: bool = False) -> None:
-        if not self.qgz or self.units[i].name in self.qgz_fallback:
+        if not self._quantizes(i):
             return super().reduce_unit(i, out, slot, post)
         quantized_reduce_scatter(out, slot, self.local_comm, self.global_comm,
                                  self.nodes.n_nodes, self.quant_group[i], self.memory)
+
+    def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+        """With exact sums and no buckets, a quantized unit's micro-batch gradient goes through
+        :meth:`reduce_sum` and is added into the shard's fp64 sum (see the module doc); all else
+        as the stage does it (buckets hand every unit to ``reduce_sum`` themselves)."""
+        if not (self.exact_sums and self.fused is self.comm and self._quantizes(i)):
+            return super().grad_ready(i, slot)
+        part = self.memory.alloc("buffer", (self.units[i].chunk,), torch.float64, zero=False)
+        self.reduce_sum(i, part, slot)
+        if self.grad_buffer is None:       # M_D's reused slot stays
+            self.memory.free(slot)
+        self.grad_for_step(i).add_(part)   # exact: fp16 values times N, summed in fp64
+        self.memory.free(part)
+
+    def reduce_sum(self, i: int, out: torch.Tensor, slot: torch.Tensor) -> None:
+        """qgZ under exact sums: the micro-batch's quantized mean, rounded to fp16 as qgZ's
+        reduction always is, times N: the sum over the ranks it stands for, exact in fp64 (an fp16
+        value times N ≤ 2^13 has at most 24 significant bits), so the one division by N·G gives
+        back the mean of the G quantized means, rounded once."""
+        if not self._quantizes(i):
+            return super().reduce_sum(i, out, slot)
+        mean = self.memory.alloc("buffer", (self.units[i].chunk,), slot.dtype, zero=False)
+        self.reduce_unit(i, mean, slot)
+        out.copy_(mean).mul_(self.ctx.n_ranks)   # exact (see above)
+        self.memory.free(mean)
 
 
 def _wire(memory, codes: torch.Tensor, inv: torch.Tensor):
