@@ -21,9 +21,19 @@ Every reduction adds dequantized values (D3): codes under different scales are n
 Cross-node bytes per GPU: (n−1)·c/2 of int4, (n−1)/n · P/2 bytes per node for a unit of P padded
 elements, a quarter of fp16's (D2: M → 0.25M), plus scales. DeepSpeed falls back to a plain
 reduce-scatter for a 1-D tensor and for one whose size is not a multiple of 2N; zerospec reduces
-a unit's flat gradient as one tensor (DeepSpeed: a bucket), so a unit whose parameters are all 1-D
-(the final LayerNorm) or whose padded size is not a multiple of 2N goes as stage 3's fp16
-reduce-scatter, listed in ``qgz_fallback`` and booked as the reduce-scatter it is.
+a unit's flat gradient as one tensor (DeepSpeed: each parameter's, one tensor of the list its
+bucket hands over), so a unit whose parameters are all 1-D (the final LayerNorm) or whose padded
+size is not a multiple of 2N goes as stage 3's fp16 reduce-scatter, listed in ``qgz_fallback`` and
+booked as the reduce-scatter it is.
+
+**With C_B's buckets** each unit waits whole in a bucket and is reduced on its own when the bucket
+is flushed, through :meth:`reduce_unit` (zero_r/unit_buckets.py, after DeepSpeed's
+``all_to_all_quant_reduce``, which takes the bucket as a list): the same bits as without buckets.
+**With exact sums** (gradient accumulation, zero/exact.py) each micro-batch's gradient goes
+through qgZ's reduction (:meth:`reduce_sum`), as DeepSpeed's stage 3 reduces every micro-step
+(``stage3.py: __avg_scatter_grads``); the mean, rounded to fp16 as DeepSpeed's dequantize
+(``dequantize<__half>``) rounds it, times N is added into the fp64 shard: the sum is exact over
+the quantized reductions (spec/zeropp.md, "qgZ with gradient accumulation").
 
 Both are approximate by design: bounds in comm/quantize.py and tests/unit/zero/test_zeropp.py,
 training's divergence from stage 3 measured in spec/zeropp.md. Wire buffers (codes, scales) are

@@ -38,6 +38,9 @@ when its results are delivered, so at most one exists at a time. One bucket at a
 no overlap of a bucket's collective with filling the next (DeepSpeed double-buffers): the bytes and
 the counts are the paper's subject here, not the time.
 
+Under qgZ a bucket cannot fuse columns (its quantization groups lie inside a unit's chunks): the
+buckets then hold units whole, each reduced on its own (:mod:`.unit_buckets`).
+
 Stage 3's just-in-time parameter gathers are not bucketed: a bucket over several units would gather
 units before their use (DeepSpeed stage 3's prefetch), a different memory schedule; stages 1 and 2
 gather their updated parameters after the step through the bucket.
