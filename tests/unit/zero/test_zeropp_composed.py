@@ -116,10 +116,15 @@ def test_two_micro_batches_of_the_same_tokens_train_as_one(monkeypatch):
 @pytest.mark.slow
 def test_accumulation_under_qgz_moves_quantized_codes_every_micro_batch():
     """Each micro-batch: the quantized units' int4 codes and fp32 scales (qgZ's bytes, as at
-    G = 1), and the fall-back unit's fp64 reduce-scatter (accumulation's); nothing else."""
+    G = 1), and the fall-back unit's fp64 reduce-scatter (accumulation's); nothing else. What is
+    held is accumulation's: an fp64 gradient shard, 8 bytes per owned element, and no buffer left."""
     acc, one = train(_cfg(grad_accum_steps=2)), train(_cfg())
     exact = train(_cfg(grad_accum_steps=2, qgz=False))
+    owned = sum(u.chunk for u in acc.config.units())
     for rank in range(4):
+        assert acc.memory[rank].current["grad16"] == 8 * owned
+        assert acc.memory[rank].current["buffer"] == 0       # qgZ's buffers all freed
+        assert acc.model_states(rank) == exact.model_states(rank)
         def a2a(r):
             return Counter({k: v for k, v in _wire(r, rank, 2).items() if k[0] == "all_to_all"})
         assert a2a(acc) == Counter({k: 2 * v for k, v in a2a(one).items()}) != Counter()
