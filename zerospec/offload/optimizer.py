@@ -162,12 +162,9 @@ class HostOptimizer:
         shard = self.memory.alloc("buffer" if exact else "grad16", (u.chunk,), dtype, zero=False)
         down = functools.partial(self._grad_down, i, shard)
         if self.fused is not self.comm:   # the bucket casts to the shard's dtype: exact still
-            self.fused.reduce_scatter(shard, slot, op, then=down)
-        elif exact:
-            wide = self.memory.alloc("buffer", (u.padded,), torch.float64, zero=False)
-            wide.copy_(slot)               # exact; the wire carries fp64 so the sum stays exact
-            self.comm.reduce_scatter(shard, wide, op)
-            self.memory.free(wide)
+            self.fused.reduce_scatter(shard, slot, op, then=down, unit=i)
+        elif exact:   # the stage's hook: an fp64 reduce-scatter, or qgZ's (zero/zeropp.py)
+            self.reduce_sum(i, shard, slot)
         else:   # the stage's hook: a reduce-scatter, or qgZ's all-to-alls (zero/zeropp.py)
             self.reduce_unit(i, shard, slot)
         if self.grad_buffer is None:

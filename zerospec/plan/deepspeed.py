@@ -77,9 +77,6 @@ def config_kwargs(ds: DeepSpeedConfig, n_d: int, checkpoint_activations: int = 0
         hpz_check(ds, n_d, None)
     kw.update(_zeropp_kwargs(ds, gpus_per_node, left))
     kw.update(_offload_kwargs(ds, kw, left))
-    if kw.get("qgz") and kw.pop("bucket_elements", None):
-        left.append("reduce_bucket_size with zero_quantized_gradients: qgZ's all-to-all reduces "
-                    "each unit's gradient as one tensor (DeepSpeed: each bucket)")
     _activation_kwargs(ds, checkpoint_activations, kw, left)
     left += [f"{k} ({why})" for k, why in ds.not_modelled]
     return kw, left

@@ -126,12 +126,6 @@ REFUSED = {
     "(torchtitan's rule per block) and --checkpoint-activations K (Megatron's segments of K "
     "blocks, every block inside one) are two rules for which blocks keep what; give one "
     "(torchtitan's full is --checkpoint-activations 1)",
-    _pair("qgz", "accum"): "qgZ's int4 all-to-all rounds every partial sum, and accumulation's "
-    "claim is the exact fp64 sum of every micro-batch gradient (spec/accumulation.md): the "
-    "quantized hop would break it",
-    _pair("qgz", "cb"): "qgZ quantizes each unit's gradient in groups inside its shard, the "
-    "approximation spec/zeropp.md bounds; fused into C_B's buckets the groups would straddle "
-    "units, another approximation than the one measured",
     _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket; FSDP2's unit of "
     "fusion is its parameter group, reduce-scattered through the group's own fp32 buffer "
     "(foreach_reduce): a bucket across groups is another engine",

@@ -59,11 +59,14 @@ def build_rank(ctx, cfg: TrainConfig, units, init, resume=None) -> Rank:
     keep = _checkpoint_keeper(ctx, cfg, mp)
     cls, kwargs = _stage_class(cfg, units)
     kwargs.update(_feature_groups(cfg, mesh, ctx.rank))
-    kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements)   # ZeRO-R's C_B
+    # ZeRO-R's C_B; under qgZ buckets of whole units, each reduced through the stage's hooks
+    kwargs["buckets"] = buffers.for_rank(dp_ctx, units, cfg.bucket_elements, whole_units=cfg.qgz)
     with ctx.phase("setup"):
         if cfg.contiguous_gradients:   # M_D for gradients: one slot for every unit's gradient
             kwargs["grad_buffer"] = GradientSlot(ctx.memory, units, cfg.policy.dtype)
         stage = cls(dp_ctx, units, init, cfg.adam, cfg.policy, **kwargs)
+        if cfg.qgz and kwargs["buckets"] is not None:
+            kwargs["buckets"].stage = stage   # zero_r/unit_buckets.py: the stage's hooks reduce
         if resume is not None:
             resume.restore(stage, mp.index if mp is not None else 0)   # this MP index's slices
     meta = resume.meta if resume is not None else {}

@@ -57,6 +57,15 @@ class _Exact:
             return self.grad_buffer.slot(i)
         return self._alloc("grad16", self.units[i].padded, self.dtype)
 
+    def reduce_sum(self, i: int, out: torch.Tensor, slot: torch.Tensor) -> None:
+        """The hook for how unit i's fp16 micro-batch gradient ``slot`` becomes this rank's
+        shard of the sum over the ranks, in ``out`` (fp64): widened, then an fp64 reduce-scatter
+        (exact). qgZ's quantized sum: zero/zeropp.py; ZeRO-Offload and qgZ's buckets call it."""
+        wide = self.memory.alloc("buffer", (self.units[i].padded,), torch.float64, zero=False)
+        wide.copy_(slot)                   # exact; the wire carries fp64 so the sum stays exact
+        self.comm.reduce_scatter(out, wide, "sum")
+        self.memory.free(wide)
+
     def _done_with(self, slot: torch.Tensor) -> None:
         """The micro-batch's slot is read: freed, unless it is M_D's reused one."""
         if self.grad_buffer is None:
@@ -103,7 +112,7 @@ class ShardedAccumulation(_Exact):
 
     def grad_ready(self, i: int, slot: torch.Tensor) -> None:
         if self.fused is not self.comm:   # buckets: the bucket is fp64: the cast and the sums stay exact
-            self.fused.reduce_scatter(self.grad_acc[i], slot, "sum", accumulate=True)
+            self.fused.reduce_scatter(self.grad_acc[i], slot, "sum", accumulate=True, unit=i)
             self._done_with(slot)
             return
         u = self.units[i]

@@ -5,7 +5,8 @@ qwZ/qgZ, ZeRO-Offload and ZeRO-Infinity, hpZ, MiCS), in the order training/compo
 
 A feature overrides only these (tests/unit/zero/test_hooks.py checks every mixin), so one
 feature reaches another through the hook, never through its private method: qgZ's all-to-all is
-``reduce_unit``, which ZeRO-Offload calls before a shard goes down; qwZ's int8 gather is
+``reduce_unit``, which ZeRO-Offload calls before a shard goes down, and under exact sums
+``reduce_sum``, which ZeRO-Offload's exact path and qgZ's buckets of whole units call; qwZ's int8 gather is
 ``gather_unit``, which ZeRO-Infinity calls with the chunk it brought up; MiCS's replicas reduce a
 shard in ``shard_ready`` before ZeRO-Offload copies it down; hpZ's ``acquire`` stands in front
 of ZeRO-Infinity's, whose forward gathers are what it keeps secondary shards of; a unit the stage
@@ -51,6 +52,7 @@ class StageHooks(Protocol):
     def grad_ready(self, i: int, slot: torch.Tensor) -> None: ...
     def reduce_unit(self, i: int, out: torch.Tensor, slot: torch.Tensor,
                     post: bool = False) -> None: ...
+    def reduce_sum(self, i: int, out: torch.Tensor, slot: torch.Tensor) -> None: ...
     def shard_ready(self, i: int, shard: torch.Tensor, op: str) -> None: ...
     def end_backward(self) -> None: ...
 

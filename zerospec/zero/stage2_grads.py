@@ -37,7 +37,7 @@ class Gradients(OptimizerStates):
             # does while the reduction runs; reduce_gradients waits for the shard (comm/posted.py)
             self.reduce_unit(i, self.grad16[i], slot, post=True)
         else:   # buckets: copied into the current bucket, reduced when it is full (still in backward)
-            self.fused.reduce_scatter(self.grad16[i], slot, "mean")
+            self.fused.reduce_scatter(self.grad16[i], slot, "mean", unit=i)
         if self.grad_buffer is None:
             self.memory.free(slot)
 

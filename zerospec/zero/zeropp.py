@@ -21,9 +21,19 @@ Every reduction adds dequantized values (D3): codes under different scales are n
 Cross-node bytes per GPU: (n−1)·c/2 of int4, (n−1)/n · P/2 bytes per node for a unit of P padded
 elements, a quarter of fp16's (D2: M → 0.25M), plus scales. DeepSpeed falls back to a plain
 reduce-scatter for a 1-D tensor and for one whose size is not a multiple of 2N; zerospec reduces
-a unit's flat gradient as one tensor (DeepSpeed: a bucket), so a unit whose parameters are all 1-D
-(the final LayerNorm) or whose padded size is not a multiple of 2N goes as stage 3's fp16
-reduce-scatter, listed in ``qgz_fallback`` and booked as the reduce-scatter it is.
+a unit's flat gradient as one tensor (DeepSpeed: each parameter's, one tensor of the list its
+bucket hands over), so a unit whose parameters are all 1-D (the final LayerNorm) or whose padded
+size is not a multiple of 2N goes as stage 3's fp16 reduce-scatter, listed in ``qgz_fallback`` and
+booked as the reduce-scatter it is.
+
+**With C_B's buckets** each unit waits whole in a bucket and is reduced on its own when the bucket
+is flushed, through :meth:`reduce_unit` (zero_r/unit_buckets.py, after DeepSpeed's
+``all_to_all_quant_reduce``, which takes the bucket as a list): the same bits as without buckets.
+**With exact sums** (gradient accumulation, zero/exact.py) each micro-batch's gradient goes
+through qgZ's reduction (:meth:`reduce_sum`), as DeepSpeed's stage 3 reduces every micro-step
+(``stage3.py: __avg_scatter_grads``); the mean, rounded to fp16 as DeepSpeed's dequantize
+(``dequantize<__half>``) rounds it, times N is added into the fp64 shard: the sum is exact over
+the quantized reductions (spec/zeropp.md, "qgZ with gradient accumulation").
 
 Both are approximate by design: bounds in comm/quantize.py and tests/unit/zero/test_zeropp.py,
 training's divergence from stage 3 measured in spec/zeropp.md. Wire buffers (codes, scales) are
@@ -95,11 +105,39 @@ class Quantized:
         return quantized_all_gather(full, chunk, self.comm, self.quant_group[i], self.memory)
 
     # -- qgZ ---------------------------------------------------------------------------------------
+    def _quantizes(self, i: int) -> bool:
+        return self.qgz and self.units[i].name not in self.qgz_fallback
+
     def reduce_unit(self, i: int, out: torch.Tensor, slot: torch.Tensor, post: bool = False) -> None:
-        if not self.qgz or self.units[i].name in self.qgz_fallback:
+        if not self._quantizes(i):
             return super().reduce_unit(i, out, slot, post)
         quantized_reduce_scatter(out, slot, self.local_comm, self.global_comm,
                                  self.nodes.n_nodes, self.quant_group[i], self.memory)
+
+    def grad_ready(self, i: int, slot: torch.Tensor) -> None:
+        """With exact sums and no buckets, a quantized unit's micro-batch gradient goes through
+        :meth:`reduce_sum` and is added into the shard's fp64 sum (see the module doc); all else
+        as the stage does it (buckets hand every unit to ``reduce_sum`` themselves)."""
+        if not (self.exact_sums and self.fused is self.comm and self._quantizes(i)):
+            return super().grad_ready(i, slot)
+        part = self.memory.alloc("buffer", (self.units[i].chunk,), torch.float64, zero=False)
+        self.reduce_sum(i, part, slot)
+        if self.grad_buffer is None:       # M_D's reused slot stays
+            self.memory.free(slot)
+        self.grad_for_step(i).add_(part)   # exact: fp16 values times N, summed in fp64
+        self.memory.free(part)
+
+    def reduce_sum(self, i: int, out: torch.Tensor, slot: torch.Tensor) -> None:
+        """qgZ under exact sums: the micro-batch's quantized mean, rounded to fp16 as qgZ's
+        reduction always is, times N: the sum over the ranks it stands for, exact in fp64 (an fp16
+        value times N ≤ 2^13 has at most 24 significant bits), so the one division by N·G gives
+        back the mean of the G quantized means, rounded once."""
+        if not self._quantizes(i):
+            return super().reduce_sum(i, out, slot)
+        mean = self.memory.alloc("buffer", (self.units[i].chunk,), slot.dtype, zero=False)
+        self.reduce_unit(i, mean, slot)
+        out.copy_(mean).mul_(self.ctx.n_ranks)   # exact (see above)
+        self.memory.free(mean)
 
 
 def _wire(memory, codes: torch.Tensor, inv: torch.Tensor):

@@ -38,6 +38,9 @@ when its results are delivered, so at most one exists at a time. One bucket at a
 no overlap of a bucket's collective with filling the next (DeepSpeed double-buffers): the bytes and
 the counts are the paper's subject here, not the time.
 
+Under qgZ a bucket cannot fuse columns (its quantization groups lie inside a unit's chunks): the
+buckets then hold units whole, each reduced on its own (:mod:`.unit_buckets`).
+
 Stage 3's just-in-time parameter gathers are not bucketed: a bucket over several units would gather
 units before their use (DeepSpeed stage 3's prefetch), a different memory schedule; stages 1 and 2
 gather their updated parameters after the step through the bucket.
@@ -48,6 +51,8 @@ import contextlib
 import dataclasses
 
 import torch
+
+from .unit_buckets import UnitBuckets
 
 MODEL = "model"   # bucket_elements="model": one fused buffer of the whole model (C29's naive buffer)
 
@@ -66,11 +71,14 @@ def check(bucket_elements, stage: int, n_d: int) -> None:
                          f"all-gather bucket holds at least one element per rank (stage {stage})")
 
 
-def for_rank(ctx, units, bucket_elements):
+def for_rank(ctx, units, bucket_elements, whole_units: bool = False):
     """The buffers a stage reduces and gathers through: None (one collective per unit, the
-    interconnect itself), :class:`Buckets` (C_B) or :class:`FusedBuffers` (C29)."""
+    interconnect itself), :class:`Buckets` (C_B) or :class:`FusedBuffers` (C29); with
+    ``whole_units`` (qgZ), buckets that hold units whole (:mod:`.unit_buckets`)."""
     if bucket_elements is None:
         return None
+    if whole_units:
+        return UnitBuckets(ctx, units, None if bucket_elements == MODEL else bucket_elements)
     if bucket_elements == MODEL:
         return FusedBuffers(ctx, units)
     return Buckets(ctx, units, bucket_elements)
@@ -113,9 +121,11 @@ class Buckets:
         return tensor
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum", *,
-                       accumulate: bool = False, then=None) -> torch.Tensor:
+                       accumulate: bool = False, then=None, unit: int | None = None) -> torch.Tensor:
         """``input`` (a full unit, any dtype) is cast to ``output``'s dtype in the bucket;
-        ``then()``, if given, runs once ``output`` is whole (ZeRO-Offload copies it down then)."""
+        ``then()``, if given, runs once ``output`` is whole (ZeRO-Offload copies it down then).
+        ``unit``: the stage's index of the unit, which columns do not need (whole units do:
+        :mod:`.unit_buckets`)."""
         n = self.ctx.n_ranks
         self._add("reduce_scatter", op, output.dtype, input.view(n, -1), output.view(1, -1),
                   accumulate, then)
