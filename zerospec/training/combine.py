@@ -148,11 +148,6 @@ REFUSED = {
     _pair("fsdp2", "ds3"): "DeepSpeed's persistence threshold and reuse distance decide which "
     "units stay gathered; in the FSDP2 flavour reshard_after_forward, as torchtitan sets it, "
     "decides the same: two rules for one choice",
-    _pair("fsdp2", "qwz"): "the FSDP2 flavour is its MixedPrecisionPolicy: parameters "
-    "all-gathered in param_dtype; qwZ's int8 gather replaces exactly that collective",
-    _pair("fsdp2", "qgz"): "the FSDP2 flavour is its MixedPrecisionPolicy: gradients "
-    "reduce-scattered in fp32 (reduce_dtype); qgZ's int4 all-to-all replaces exactly that "
-    "collective",
     _pair("fsdp2", "nvme"): "FSDP2 offloads through its OffloadPolicy, whose one tier is "
     "CPUOffloadPolicy, the host (_fsdp_api.py): the flavour with ZeRO-Offload's cpu tier is that "
     "policy; states in NVMe swap files are a layout FSDP2 has no place for",

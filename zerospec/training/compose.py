@@ -149,8 +149,9 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
             cls = CPUOffloaded               # --offload-params cpu is the same run
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
-    if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
-        cls = with_zeropp(cls)
+    if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py); the
+        # FSDP2 flavour takes them as its custom comms (zero/fsdp2_quant.py)
+        cls = with_zeropp(cls) if cfg.flavour != "fsdp2" else cls
         kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
                       gpus_per_node=cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m)   # DP ranks
     if cfg.offload_optimizer and cfg.flavour != "fsdp2":   # ZeRO-Offload: states and Adam on
