@@ -151,10 +151,6 @@ REFUSED = {
     _pair("fsdp2", "nvme"): "FSDP2 offloads through its OffloadPolicy, whose one tier is "
     "CPUOffloadPolicy, the host (_fsdp_api.py): the flavour with ZeRO-Offload's cpu tier is that "
     "policy; states in NVMe swap files are a layout FSDP2 has no place for",
-    _pair("fsdp2", "prefetch"): "FSDP2 copies each shard up inside its group's all-gather "
-    "(FSDPParam.all_gather_inputs), which its own prefetch issues one group ahead "
-    "(_backward_prefetch, the forward's implicit prefetch); ZeRO-Infinity's prefetcher brings "
-    "chunks up ahead of their gathers: two rules for when parameters come up",
     _pair("fsdp2", "dpu"): "under CPUOffloadPolicy the host's fp32 shards are what AdamW updates "
     "in place and what each all-gather copies up; the delayed update would write them while "
     "FWD-BWD fetch them: there is no stale copy to train on",

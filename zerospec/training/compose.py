@@ -144,7 +144,9 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
     if cfg.flavour == "fsdp2":   # FSDP2 as torchtitan runs it (zero/fsdp2.py)
         root, keep = fsdp2.groups(cfg.model, cfg.tiles)
         # hpZ: its integer reshard_after_forward on the blocks it reshards (zero/fsdp2.py)
-        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep, "hpz": cfg.hpz}
+        # --offload-prefetch: its explicit forward prefetch, one group ahead (zero/fsdp2.py)
+        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep, "hpz": cfg.hpz,
+                                        "prefetch": cfg.offload_prefetch}
         if cfg.offload_optimizer == "cpu":   # FSDP2's CPUOffloadPolicy (zero/fsdp2_offload.py):
             cls = CPUOffloaded               # --offload-params cpu is the same run
     if cfg.exact:

@@ -84,12 +84,13 @@ class FSDP2Parameters(Collectives, Parameters):
                  root: frozenset = frozenset(), keep: frozenset = frozenset(), hpz: int = 1,
                  hpz_group=None, qwz: bool = False, qgz: bool = False,
                  quant_group_size: int | None = None, gpus_per_node: int | None = None,
-                 qgz_groups=None):
+                 qgz_groups=None, prefetch: bool = False):
         if buckets is not None or grad_buffer is not None:   # refused by training/combine.py
             raise ValueError("the FSDP2 flavour reduce-scatters each group's gradients through "
                              "its own fp32 buffer: C_B's buckets and M_D's gradient slot do not "
                              "apply (spec/combine.md)")
         self.root, self.keep = root, keep
+        self.prefetch = prefetch   # explicit forward prefetch, one group ahead (acquire)
         # qwZ, qgZ: FSDP2's custom comms on each group's flat buffers (zero/fsdp2_quant.py)
         if qwz:
             self.all_gather_comm = QuantizedAllGather(quant_group_size)
@@ -171,6 +172,8 @@ class FSDP2Parameters(Collectives, Parameters):
             full, = self._unshard([i])
             if i in self.keep and self.ctx.phase_name == "forward":
                 self._kept[i] = full
+            if self.prefetch and self.ctx.phase_name == "forward":
+                self._forward_prefetch(i + 1)
         if self.ctx.phase_name == "backward":
             # _backward_prefetch: the group before, one ahead; backward runs the groups in
             # reverse, so only a unit below every one unsharded so far is still to come (a
@@ -181,6 +184,16 @@ class FSDP2Parameters(Collectives, Parameters):
                 self._prefetched[j] = self._all_gather([j])
             self._lowest = i if self._lowest is None else min(self._lowest, i)
         return full
+
+    def _forward_prefetch(self, j: int) -> None:
+        """``set_modules_to_forward_prefetch([next block])`` on every block: after this group's
+        copy-out its pre-forward issues the next block's unshard (``_fsdp_state.py::
+        _pre_forward``, ``FSDPParamGroup._prefetch_unshard``), whose flat output is held beside
+        this group's until that block's copy-out; under CPUOffloadPolicy the shard's copy up is
+        inside it (``FSDPParam.all_gather_inputs``). The root prefetches nothing: it is
+        unsharded before the first block and after the last."""
+        if j < len(self.units) and j not in self.root and j not in self._prefetched:
+            self._prefetched[j] = self._all_gather([j])
 
     def release(self, i: int, full16: torch.Tensor) -> None:
         """A use is over. Forward: post_forward reshards (``free_storage``: the storage resized
