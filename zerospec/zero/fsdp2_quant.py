@@ -19,10 +19,12 @@ call on them, nothing else. What the comm sees, and so where quantization groups
   ``output_tensor`` the group's 1/N output (``op`` AVG: FSDP2's fp32 reduce_dtype,
   ``_get_gradient_divide_factors``). qgZ's hierarchical int4 all-to-all
   (zero/zeropp.py's two hops) runs on those rows, groups inside each destination's row; the mean
-  is taken once, in fp32, at the end. The comm is a one-dimensional flat tensor always, so
-  DeepSpeed's fall-back for 1-D tensors (a rule about its own buckets) has no object here; the
-  one fall-back is the packing's: int4 codes go two to a byte, so a group whose row C is odd
-  cannot give each destination whole bytes and goes as the plain fp32 reduce-scatter.
+  is taken once, in fp32, at the end. The comm's input is a one-dimensional flat tensor always,
+  so DeepSpeed's fall-backs (a 1-D tensor, a size not a multiple of 2N: rules about its own
+  buckets and kernel) have no object here; int4 codes go two to a byte, so a group whose row C
+  is odd has each row padded with one zero (a transient, ``buffer``) before it is quantized: the
+  zero lies in the row's last quantization group, whose absmax it leaves alone, or alone in a
+  group of its own, so no real element's value changes, and half a byte per row more travels.
 
 zerospec holds a group's reduce output unit by unit (the same bytes as FSDP2's one
 ``reduce_output``), so the reduce-scatter comm writes into that list of units' outputs, their
@@ -62,19 +64,18 @@ class QuantizedReduceScatter:
 
     def __call__(self, outputs: list[torch.Tensor], input: torch.Tensor, comm, memory) -> None:
         c = sum(o.numel() for o in outputs)
-        if c % 2 and len(outputs) == 1:   # int4 codes two to a byte: each destination's row
-            comm.reduce_scatter(outputs[0], input, "mean")   # must be whole bytes
-            return
-        if c % 2:   # the group's output in one piece, as FSDP2's, then into the units'
-            total = memory.alloc("rs_buffer", (c,), input.dtype, zero=False)
-            comm.reduce_scatter(total, input, "mean")
+        g = group_size(c, self.g)
+        if c % 2:   # int4 codes two to a byte: each row padded with one zero to whole bytes
+            x = memory.alloc("buffer", (comm.n_ranks, c + 1), input.dtype)
+            x[:, :c].copy_(input.view(comm.n_ranks, c))
+            total = quantized_mean(x.view(-1), self.local_comm, self.global_comm, self.n_nodes,
+                                   g, c + 1, memory)
+            memory.free(x)
         else:
-            total = quantized_mean(input, self.local_comm, self.global_comm, self.n_nodes,
-                                   group_size(c, self.g), c, memory)
+            total = quantized_mean(input, self.local_comm, self.global_comm, self.n_nodes, g, c,
+                                   memory)
         a = 0
         for o in outputs:
             o.copy_(total[a:a + o.numel()])
             a += o.numel()
-        if c % 2:
-            memory.free(total)
 
