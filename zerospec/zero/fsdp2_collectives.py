@@ -24,6 +24,11 @@ function).
   reduce-scatter stream, everything else on the default stream; the caching allocator reuses a
   block only on its own stream, so the allocator model replays each on its stream
   (``RankContext.on_stream``, spec/allocator.md).
+* **Custom comms** (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``:
+  qwZ, qgZ, zero/fsdp2_quant.py): one call per group on its flat buffers, laid out rank major as
+  FSDP2 lays them (row r: every unit's r-th chunk; ``foreach_all_gather_copy_out``'s
+  ``view(world_size, -1)``, ``foreach_reduce_scatter_copy_in``); without them each unit is
+  gathered and reduced on its own, in the same bytes (a group of one unit is the same layout).
 * **hpZ**'s post-forward shard (``_fsdp_param.py::to_sharded_post_forward``): a 1/h clone of the
   padded unit in param_dtype (``secondary16``), all-gathered over the h ranks at the unshard that
   frees it.
