@@ -138,9 +138,11 @@ REFUSED = {
     _pair("params", "dpu"): "the delayed update overlaps the host's Adam with FWD-BWD on the "
     "parameters the device holds; offloaded parameters are on the host, where that update writes "
     "them while FWD-BWD fetch them: there is no stale copy to train on",
-    _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket; FSDP2's unit of "
-    "fusion is its parameter group, reduce-scattered through the group's own fp32 buffer "
-    "(foreach_reduce): a bucket across groups is another engine",
+    _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket and gathers "
+    "each unit alone; FSDP2's unit of fusion is its parameter group, one fp32 reduce-scatter "
+    "buffer per group (foreach_reduce), and its one way to fuse modules, fully_shard([a, b]) "
+    "(_fully_shard.py: 'group together for communication'), fuses their all-gathers and "
+    "resharding too: a gradient bucket across groups is another engine",
     _pair("fsdp2", "contiguous_gradients"): "M_D for gradients writes every unit's gradient "
     "into one slot, reused as soon as the unit is reduced; FSDP2 holds the root group's "
     "unsharded gradients until the end of backward, while each block's are written: one slot "
