@@ -22,9 +22,9 @@ call on them, nothing else. What the comm sees, and so where quantization groups
   is taken once, in fp32, at the end. The comm's input is a one-dimensional flat tensor always,
   so DeepSpeed's fall-backs (a 1-D tensor, a size not a multiple of 2N: rules about its own
   buckets and kernel) have no object here; int4 codes go two to a byte, so a group whose row C
-  is odd has each row padded with one zero (a transient, ``buffer``) before it is quantized: the
-  zero lies in the row's last quantization group, whose absmax it leaves alone, or alone in a
-  group of its own, so no real element's value changes, and half a byte per row more travels.
+  is odd has each row padded with one zero (a transient, ``buffer``), and the padded row of
+  C + 1 is what is quantized (its groups chosen over C + 1): a zero never raises a group's
+  absmax, and half a byte per row more travels.
 
 zerospec holds a group's reduce output unit by unit (the same bytes as FSDP2's one
 ``reduce_output``), so the reduce-scatter comm writes into that list of units' outputs, their
@@ -64,16 +64,15 @@ class QuantizedReduceScatter:
 
     def __call__(self, outputs: list[torch.Tensor], input: torch.Tensor, comm, memory) -> None:
         c = sum(o.numel() for o in outputs)
-        g = group_size(c, self.g)
         if c % 2:   # int4 codes two to a byte: each row padded with one zero to whole bytes
             x = memory.alloc("buffer", (comm.n_ranks, c + 1), input.dtype)
             x[:, :c].copy_(input.view(comm.n_ranks, c))
             total = quantized_mean(x.view(-1), self.local_comm, self.global_comm, self.n_nodes,
-                                   g, c + 1, memory)
+                                   group_size(c + 1, self.g), c + 1, memory)
             memory.free(x)
         else:
-            total = quantized_mean(input, self.local_comm, self.global_comm, self.n_nodes, g, c,
-                                   memory)
+            total = quantized_mean(input, self.local_comm, self.global_comm, self.n_nodes,
+                                   group_size(c, self.g), c, memory)
         a = 0
         for o in outputs:
             o.copy_(total[a:a + o.numel()])
