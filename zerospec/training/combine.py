@@ -149,7 +149,9 @@ REFUSED = {
     "cannot hold both",
     _pair("fsdp2", "ds3"): "DeepSpeed's persistence threshold and reuse distance decide which "
     "units stay gathered; in the FSDP2 flavour reshard_after_forward, as torchtitan sets it, "
-    "decides the same: two rules for one choice",
+    "decides the same: two rules for one choice (FSDP2's one way to keep a parameter whole, "
+    "fully_shard's ignored_params, also leaves its gradient unreduced, _fully_shard.py: not a "
+    "persistent unit)",
     _pair("fsdp2", "nvme"): "FSDP2 offloads through its OffloadPolicy, whose one tier is "
     "CPUOffloadPolicy, the host (_fsdp_api.py): the flavour with ZeRO-Offload's cpu tier is that "
     "policy; states in NVMe swap files are a layout FSDP2 has no place for",
