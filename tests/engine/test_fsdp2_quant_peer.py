@@ -14,7 +14,10 @@ Tolerance, derived: **N = 2, one node → equal bits.** Per element, both sides 
 s = 2^b/(2|x|) in fp32, q = round(x·s) clamped, and q·(1/s) in fp32; qwZ casts it to bf16 (the
 parameters' dtype, as FSDP2's all-gather output); qgZ's one hop (one node: the hop across nodes
 moves nothing) sums two dequantized fp32 terms, one order, and halves them, exact. The rest is
-tests/engine/test_fsdp2_flavour.py's argument. Marked ``slow``: gloo processes.
+tests/engine/test_fsdp2_flavour.py's argument. With hpZ (h = 2 on N = 4) FSDP2 hands the same
+custom all-gather the post-forward mesh's gathers too, and the reduce-scatter sums four terms:
+equal for this model and data, as test_fsdp2_flavour.py's hpZ case. Marked ``slow``: gloo
+processes.
 """
 from __future__ import annotations
 
@@ -86,7 +89,8 @@ class Int4ReduceScatter(ReduceScatter):
     ({"qwz": True}, (Int8AllGather(), None)),
     ({"qgz": True}, (None, Int4ReduceScatter())),
     ({"qwz": True, "qgz": True}, (Int8AllGather(), Int4ReduceScatter())),
-], ids=["qwZ", "qgZ", "qwZ+qgZ"])
+    ({"qwz": True, "n_d": 4, "gpus_per_node": 4, "hpz": 2}, (Int8AllGather(), None)),
+], ids=["qwZ", "qgZ", "qwZ+qgZ", "qwZ+hpZ"])
 def test_quantized_flavour_trains_as_fully_shard_with_custom_quantized_comms_bit_for_bit(kw, comms):
     """Losses and every fp32 weight after every step equal FSDP2's with the custom comms
     (module docstring), and the quantization moved them off the unquantized run's."""

@@ -56,11 +56,14 @@ def groups(cfg, tiles: int = 1) -> tuple[frozenset[int], frozenset[int]]:
 
 def quant_rows(cfg) -> list[int]:
     """The rows qwZ's and qgZ's custom comms quantize (zero/fsdp2_quant.py): each group's flat
-    copy-in, in elements: the root group's units together, every other unit alone."""
+    copy-in, in elements: the root group's units together, every other unit alone, and with hpZ
+    each resharded block's post-forward shard."""
     units = cfg.units()
-    root, _ = groups(cfg.model, cfg.tiles)
+    root, keep = groups(cfg.model, cfg.tiles)
+    h = cfg.hpz if 1 < cfg.hpz < cfg.n_d else 1   # hpZ: post-forward shards, gathered over h
     return [sum(units[i].chunk for i in sorted(root))] + [
-        u.chunk for i, u in enumerate(units) if i not in root]
+        u.chunk for i, u in enumerate(units) if i not in root] + [
+        u.padded // h for i, u in enumerate(units) if h > 1 and i not in root | keep]
 
 
 def check(cfg) -> None:

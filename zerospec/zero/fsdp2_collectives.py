@@ -31,7 +31,8 @@ function).
   gathered and reduced on its own, in the same bytes (a group of one unit is the same layout).
 * **hpZ**'s post-forward shard (``_fsdp_param.py::to_sharded_post_forward``): a 1/h clone of the
   padded unit in param_dtype (``secondary16``), all-gathered over the h ranks at the unshard that
-  frees it.
+  frees it, through the group's custom comm if it has one (``FSDPParamGroup.unshard`` hands
+  ``foreach_all_gather`` its ``_all_gather_comm`` whichever mesh it gathers over).
 """
 from __future__ import annotations
 
@@ -84,7 +85,11 @@ class Collectives:
         sec = self._post_forward[i]
         copy_in = self._ag_buffer(sec.numel())
         out = self._ag_buffer(self.units[i].padded)
-        self.hpz_comm.all_gather(out, copy_in.copy_(sec))
+        copy_in.copy_(sec)
+        if self.all_gather_comm is not None:   # the group's comm, on the post-forward mesh too
+            self.all_gather_comm(out, copy_in, self.hpz_comm, self.memory)
+        else:
+            self.hpz_comm.all_gather(out, copy_in)
         self.memory.free(copy_in)
         return out
 

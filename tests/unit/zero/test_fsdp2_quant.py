@@ -149,3 +149,34 @@ def test_the_wire_carries_int8_and_int4_codes_and_one_fp32_scale_per_row(run):
     assert got == [*gather("forward", root), *gather("forward", block), *gather("forward", block),
                    *reduce(block), *gather("backward", block), *reduce(block), *reduce(root)]
     assert result.memory[0].peak["buffer"] == block + 4 + n * block + 4 * n
+
+
+def test_with_hpz_backward_gathers_the_post_forward_shards_through_the_same_int8_comm():
+    """hpZ (h = 2 on N = 4): FSDP2's unshard hands the group's custom comm to the post-forward
+    mesh's all-gather too, so backward's gather of a resharded block is each of the h ranks'
+    post-forward shard (1/h of the block forward gathered, already dequantized) through int8 and
+    back, over the h ranks."""
+    seen: dict = {}
+    acquire = FSDP2Parameters.acquire
+
+    def spy(self, i):
+        full = acquire(self, i)
+        if self.ctx.rank == 0 and i == 1:
+            seen.setdefault(self.ctx.phase_name, full.clone())
+        return full
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(FSDP2Parameters, "acquire", spy)
+    try:
+        cfg = TrainConfig.of(stage=3, n_d=4, model=M, steps=1, precision="bf16", flavour="fsdp2",
+                             qwz=True, gpus_per_node=4, hpz=2)
+        result = train(cfg)
+    finally:
+        mp.undo()
+    u = cfg.units()[1]
+    fwd = torch.cat([seen["forward"].float(), torch.zeros(u.padded - u.numel)])
+    half = u.padded // 2
+    want = torch.cat([_deq(fwd[j * half:(j + 1) * half], 8) for j in range(2)])
+    assert torch.equal(seen["backward"], want.to(torch.bfloat16)[:u.numel])
+    assert [(x.dtype, x.numel) for x in result.comm.records(0, phase="backward", group="hpz")
+            ][:2] == [(torch.int8, u.padded), (torch.float32, 2)]
