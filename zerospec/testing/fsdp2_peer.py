@@ -14,6 +14,10 @@ which dtype, how gradients are cast and averaged.
 (torchtitan's ``rescale_accumulated_loss``, with no ``set_requires_gradient_sync``), micro-step k
 of rank r on zerospec's rows (global micro-batch k·N + r, training/step.py).
 ``cfg.offload_optimizer`` = "cpu": every ``fully_shard`` with ``CPUOffloadPolicy``.
+``comms`` = (all-gather, reduce-scatter), either None: FSDP2's custom collectives
+(``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``) on every wrapped module,
+objects of its ``AllGather`` / ``ReduceScatter`` protocol the caller writes (qwZ, qgZ:
+tests/engine/test_fsdp2_quant_peer.py).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from ..model.data import BigramData
 from .oracles import GPT, ZerospecAdam, full_weights, mean_losses, zerospec_rank, zerospec_row
 
 
-def build(cfg):
+def build(cfg, comms=(None, None)):
     """(model, zerospec's Adam) wrapped as torchtitan wraps Llama, on this process group."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
@@ -48,13 +52,19 @@ def build(cfg):
     # after forward whatever it was given, torch 2.13 only for the default (None, _fsdp_state.py
     # l.205): None runs the benchmark's rule here
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None, **off)
+    all_gather, reduce_scatter = comms
+    for m in (*model.h, model):
+        if all_gather is not None:
+            m.set_custom_all_gather(all_gather)
+        if reduce_scatter is not None:
+            m.set_custom_reduce_scatter(reduce_scatter)
     return model, ZerospecAdam(model.parameters(), cfg.adam)
 
 
-def peer_run(cfg) -> dict:
+def peer_run(cfg, comms=(None, None)) -> dict:
     """``cfg.steps`` steps of the peer: this rank's losses and the full fp32 weights after each."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    model, opt = build(cfg)
+    model, opt = build(cfg, comms)
     data = BigramData(cfg.model.vocab_size, cfg.model.block_size, cfg.seed)
     out = {"losses": [], "weights": []}
     g = cfg.grad_accum_steps
@@ -75,14 +85,15 @@ def peer_run(cfg) -> dict:
     return out
 
 
-def _compare_rank(ctx, cfg) -> dict:
-    return {"zerospec": zerospec_rank(ctx, cfg, count=False, weights=True), "peer": peer_run(cfg)}
+def _compare_rank(ctx, cfg, comms) -> dict:
+    return {"zerospec": zerospec_rank(ctx, cfg, count=False, weights=True),
+            "peer": peer_run(cfg, comms)}
 
 
-def compare(cfg) -> dict:
+def compare(cfg, comms=(None, None)) -> dict:
     """Launch ``cfg.n_d`` gloo processes: zerospec's run of ``cfg`` (losses, weights after every
     step) and the peer's, as ``{"zerospec": row, "peer": {"losses", "weights"}}``."""
-    per_rank = processes.launch(_compare_rank, cfg.n_d, cfg, timeout=cfg.timeout)
+    per_rank = processes.launch(_compare_rank, cfg.n_d, cfg, comms, timeout=cfg.timeout)
     row = zerospec_row(cfg, cfg.stage, [x["zerospec"] for x in per_rank], True)
     peers = [x["peer"] for x in per_rank]
     return {"zerospec": row, "peer": {"losses": mean_losses(peers, cfg),

@@ -126,28 +126,23 @@ REFUSED = {
     "(torchtitan's rule per block) and --checkpoint-activations K (Megatron's segments of K "
     "blocks, every block inside one) are two rules for which blocks keep what; give one "
     "(torchtitan's full is --checkpoint-activations 1)",
-    _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket; FSDP2's unit of "
-    "fusion is its parameter group, reduce-scattered through the group's own fp32 buffer "
-    "(foreach_reduce): a bucket across groups is another engine",
+    _pair("fsdp2", "cb"): "C_B fuses several units' gradients into one bucket and gathers "
+    "each unit alone; FSDP2's unit of fusion is its parameter group, one fp32 reduce-scatter "
+    "buffer per group (foreach_reduce), and its one way to fuse modules, fully_shard([a, b]) "
+    "(_fully_shard.py: 'group together for communication'), fuses their all-gathers and "
+    "resharding too: a gradient bucket across groups is another engine",
     _pair("fsdp2", "contiguous_gradients"): "M_D for gradients writes every unit's gradient "
     "into one slot, reused as soon as the unit is reduced; FSDP2 holds the root group's "
     "unsharded gradients until the end of backward, while each block's are written: one slot "
     "cannot hold both",
     _pair("fsdp2", "ds3"): "DeepSpeed's persistence threshold and reuse distance decide which "
     "units stay gathered; in the FSDP2 flavour reshard_after_forward, as torchtitan sets it, "
-    "decides the same: two rules for one choice",
-    _pair("fsdp2", "qwz"): "the FSDP2 flavour is its MixedPrecisionPolicy: parameters "
-    "all-gathered in param_dtype; qwZ's int8 gather replaces exactly that collective",
-    _pair("fsdp2", "qgz"): "the FSDP2 flavour is its MixedPrecisionPolicy: gradients "
-    "reduce-scattered in fp32 (reduce_dtype); qgZ's int4 all-to-all replaces exactly that "
-    "collective",
+    "decides the same: two rules for one choice (FSDP2's one way to keep a parameter whole, "
+    "fully_shard's ignored_params, also leaves its gradient unreduced, _fully_shard.py: not a "
+    "persistent unit)",
     _pair("fsdp2", "nvme"): "FSDP2 offloads through its OffloadPolicy, whose one tier is "
     "CPUOffloadPolicy, the host (_fsdp_api.py): the flavour with ZeRO-Offload's cpu tier is that "
     "policy; states in NVMe swap files are a layout FSDP2 has no place for",
-    _pair("fsdp2", "prefetch"): "FSDP2 copies each shard up inside its group's all-gather "
-    "(FSDPParam.all_gather_inputs), which its own prefetch issues one group ahead "
-    "(_backward_prefetch, the forward's implicit prefetch); ZeRO-Infinity's prefetcher brings "
-    "chunks up ahead of their gathers: two rules for when parameters come up",
     _pair("fsdp2", "dpu"): "under CPUOffloadPolicy the host's fp32 shards are what AdamW updates "
     "in place and what each all-gather copies up; the delayed update would write them while "
     "FWD-BWD fetch them: there is no stale copy to train on",

@@ -147,13 +147,16 @@ def _stage_class(cfg: TrainConfig, units) -> tuple[type, dict]:
     if cfg.flavour == "fsdp2":   # FSDP2 as torchtitan runs it (zero/fsdp2.py)
         root, keep = fsdp2.groups(cfg.model, cfg.tiles)
         # hpZ: its integer reshard_after_forward on the blocks it reshards (zero/fsdp2.py)
-        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep, "hpz": cfg.hpz}
+        # --offload-prefetch: its explicit forward prefetch, one group ahead (zero/fsdp2.py)
+        cls, kwargs = FSDP2Parameters, {"root": root, "keep": keep, "hpz": cfg.hpz,
+                                        "prefetch": cfg.offload_prefetch}
         if cfg.offload_optimizer == "cpu":   # FSDP2's CPUOffloadPolicy (zero/fsdp2_offload.py):
             cls = CPUOffloaded               # --offload-params cpu is the same run
     if cfg.exact:
         kwargs["grad_accum_steps"] = cfg.grad_accum_steps
-    if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py)
-        cls = with_zeropp(cls)
+    if cfg.qwz or cfg.qgz:   # ZeRO++'s qwZ/qgZ: quantized collectives (zero/zeropp.py); the
+        # FSDP2 flavour takes them as its custom comms (zero/fsdp2_quant.py)
+        cls = with_zeropp(cls) if cfg.flavour != "fsdp2" else cls
         kwargs.update(qwz=cfg.qwz, qgz=cfg.qgz, quant_group_size=cfg.quant_group_size,
                       gpus_per_node=cfg.gpus_per_node and cfg.gpus_per_node // cfg.n_m)   # DP ranks
     if cfg.offload_optimizer and cfg.flavour != "fsdp2":   # ZeRO-Offload: states and Adam on

@@ -14,7 +14,7 @@ from ..optim.adam import AdamConfig
 from ..optim.loss_scale import LossScale
 from ..optim.precision import POLICIES, Precision
 from ..zero import STAGES
-from ..zero import fsdp2_offload, hpz, mics, zeropp
+from ..zero import fsdp2, fsdp2_offload, hpz, mics, zeropp
 from ..zero.exact import MAX_TERMS
 from ..zero_r import buffers, checkpointing
 from ..offload import check as check_offload
@@ -105,6 +105,7 @@ class TrainConfig:
         fsdp2_offload.check(self)   # offload under the FSDP2 flavour: CPUOffloadPolicy
         mics.check(self)
         zeropp.check(self)
+        fsdp2.check(self)      # qwZ/qgZ's groups under the FSDP2 flavour
         check_tiles(self)
 
     @property

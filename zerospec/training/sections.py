@@ -208,10 +208,11 @@ class MeshOptions(Section):
 class QuantOptions(Section):
     """ZeRO++'s quantized collectives (zerospec/zero/zeropp.py, spec/zeropp.md); off: stage 3."""
     qwz: bool = option(False, "--qwz", "zero_quantized_weights: stage 3's weight all-gathers as "
-                       "int8 (spec/zeropp.md; approximate)")
+                       "int8 (spec/zeropp.md; approximate; with --flavour fsdp2 FSDP2's custom "
+                       "all-gather, spec/fsdp2.md)")
     qgz: bool = option(False, "--qgz", "zero_quantized_gradients: stage 3's gradient "
                        "reduce-scatter as an int4 all-to-all, inside the node then across "
-                       "(approximate)")
+                       "(approximate; with --flavour fsdp2 FSDP2's custom reduce-scatter)")
     quant_group_size: int | None = option(
         None, "--quant-group-size", "elements per quantization scale; default DeepSpeed's (up "
         "to 8000)", parse="positive_int", metavar="G_Q")
@@ -247,7 +248,9 @@ class OffloadOptions(Section):
         "buffer per fetch", parse="int", metavar="N")
     offload_prefetch: bool = option(
         False, "--offload-prefetch", "C-I8's prefetcher for offloaded parameters (bandwidth "
-        "partition): before operator i, read i+3 from NVMe, copy i+2 up, all-gather i+1")
+        "partition): before operator i, read i+3 from NVMe, copy i+2 up, all-gather i+1; with "
+        "--flavour fsdp2, FSDP2's explicit forward prefetch: each block's all-gather, its copy "
+        "up inside, issued one block ahead (spec/fsdp2.md)")
     nvme_path: str | None = option(
         None, "--nvme-path", "an existing directory for the NVMe tier's swap files (default: a "
         "temporary one)", metavar="DIR")

@@ -27,6 +27,8 @@ What differs from the paper's P_os+g+p (zero/stage3_params.py), each from FSDP2'
 * **Gradient accumulation**: every micro-step reduce-scatters in fp32 and adds into the fp32
   sharded gradient (``foreach_reduce``); torchtitan divides each loss by G
   (``rescale_accumulated_loss``). Rounded sums, not zero/exact.py's (spec/fsdp2.md).
+* **qwZ, qgZ**: FSDP2's ``set_custom_all_gather`` / ``set_custom_reduce_scatter``, quantizing
+  each group's flat buffer (zero/fsdp2_quant.py).
 
 Compute runs in param_dtype on every device (FSDP2 computes in it on a CPU too), so a CPU run is
 bit-comparable with ``fully_shard`` on gloo (tests/engine/test_fsdp2_flavour.py).
@@ -35,8 +37,10 @@ from __future__ import annotations
 
 import torch
 
+from ..comm.quantize import group_size
 from ..model import gpt
 from .fsdp2_collectives import Collectives
+from .fsdp2_quant import QuantizedAllGather, QuantizedReduceScatter
 from .stage3_params import Parameters
 
 
@@ -50,6 +54,26 @@ def groups(cfg, tiles: int = 1) -> tuple[frozenset[int], frozenset[int]]:
     return root, frozenset(blocks[-per_block:])
 
 
+def quant_rows(cfg) -> list[int]:
+    """The rows qwZ's and qgZ's custom comms quantize (zero/fsdp2_quant.py): each group's flat
+    copy-in, in elements: the root group's units together, every other unit alone, and with hpZ
+    each resharded block's post-forward shard."""
+    units = cfg.units()
+    root, keep = groups(cfg.model, cfg.tiles)
+    h = cfg.hpz if 1 < cfg.hpz < cfg.n_d else 1   # hpZ: post-forward shards, gathered over h
+    return [sum(units[i].chunk for i in sorted(root))] + [
+        u.chunk for i, u in enumerate(units) if i not in root] + [
+        u.padded // h for i, u in enumerate(units) if h > 1 and i not in root | keep]
+
+
+def check(cfg) -> None:
+    """qwZ's and qgZ's group size under the flavour: a group lies inside each row its comms
+    quantize (ValueError naming the value, comm/quantize.py)."""
+    if cfg.flavour == "fsdp2" and (cfg.qwz or cfg.qgz):
+        for c in quant_rows(cfg):
+            group_size(c, cfg.quant_group_size, f"flat copy-in of an FSDP2 group")
+
+
 class FSDP2Parameters(Collectives, Parameters):
     """P_os+g+p with FSDP2's states, buffers and resharding as torchtitan sets them (module)."""
 
@@ -61,12 +85,21 @@ class FSDP2Parameters(Collectives, Parameters):
 
     def __init__(self, ctx, units, init, adam, precision=None, buckets=None, grad_buffer=None, *,
                  root: frozenset = frozenset(), keep: frozenset = frozenset(), hpz: int = 1,
-                 hpz_group=None):
+                 hpz_group=None, qwz: bool = False, qgz: bool = False,
+                 quant_group_size: int | None = None, gpus_per_node: int | None = None,
+                 qgz_groups=None, prefetch: bool = False):
         if buckets is not None or grad_buffer is not None:   # refused by training/combine.py
             raise ValueError("the FSDP2 flavour reduce-scatters each group's gradients through "
                              "its own fp32 buffer: C_B's buckets and M_D's gradient slot do not "
                              "apply (spec/combine.md)")
         self.root, self.keep = root, keep
+        self.prefetch = prefetch   # explicit forward prefetch, one group ahead (acquire)
+        # qwZ, qgZ: FSDP2's custom comms on each group's flat buffers (zero/fsdp2_quant.py)
+        if qwz:
+            self.all_gather_comm = QuantizedAllGather(quant_group_size)
+        if qgz:
+            self.reduce_scatter_comm = QuantizedReduceScatter(ctx, qgz_groups, quant_group_size,
+                                                              gpus_per_node)
         # reshard_after_forward = h; h = N is FSDP2's True, its own mesh
         # (_fsdp_init.py::_get_post_forward_mesh_info)
         self.h = hpz if 1 < hpz < ctx.n_ranks else 1
@@ -142,6 +175,8 @@ class FSDP2Parameters(Collectives, Parameters):
             full, = self._unshard([i])
             if i in self.keep and self.ctx.phase_name == "forward":
                 self._kept[i] = full
+            if self.prefetch and self.ctx.phase_name == "forward":
+                self._forward_prefetch(i + 1)
         if self.ctx.phase_name == "backward":
             # _backward_prefetch: the group before, one ahead; backward runs the groups in
             # reverse, so only a unit below every one unsharded so far is still to come (a
@@ -152,6 +187,16 @@ class FSDP2Parameters(Collectives, Parameters):
                 self._prefetched[j] = self._all_gather([j])
             self._lowest = i if self._lowest is None else min(self._lowest, i)
         return full
+
+    def _forward_prefetch(self, j: int) -> None:
+        """``set_modules_to_forward_prefetch([next block])`` on every block: after this group's
+        copy-out its pre-forward issues the next block's unshard (``_fsdp_state.py::
+        _pre_forward``, ``FSDPParamGroup._prefetch_unshard``), whose flat output is held beside
+        this group's until that block's copy-out; under CPUOffloadPolicy the shard's copy up is
+        inside it (``FSDPParam.all_gather_inputs``). The root prefetches nothing: it is
+        unsharded before the first block and after the last."""
+        if j < len(self.units) and j not in self.root and j not in self._prefetched:
+            self._prefetched[j] = self._all_gather([j])
 
     def release(self, i: int, full16: torch.Tensor) -> None:
         """A use is over. Forward: post_forward reshards (``free_storage``: the storage resized

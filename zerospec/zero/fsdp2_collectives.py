@@ -24,9 +24,15 @@ function).
   reduce-scatter stream, everything else on the default stream; the caching allocator reuses a
   block only on its own stream, so the allocator model replays each on its stream
   (``RankContext.on_stream``, spec/allocator.md).
+* **Custom comms** (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``:
+  qwZ, qgZ, zero/fsdp2_quant.py): one call per group on its flat buffers, laid out rank major as
+  FSDP2 lays them (row r: every unit's r-th chunk; ``foreach_all_gather_copy_out``'s
+  ``view(world_size, -1)``, ``foreach_reduce_scatter_copy_in``); without them each unit is
+  gathered and reduced on its own, in the same bytes (a group of one unit is the same layout).
 * **hpZ**'s post-forward shard (``_fsdp_param.py::to_sharded_post_forward``): a 1/h clone of the
   padded unit in param_dtype (``secondary16``), all-gathered over the h ranks at the unshard that
-  frees it.
+  frees it, through the group's custom comm if it has one (``FSDPParamGroup.unshard`` hands
+  ``foreach_all_gather`` its ``_all_gather_comm`` whichever mesh it gathers over).
 """
 from __future__ import annotations
 
@@ -40,6 +46,10 @@ class Collectives:
 
     # where each reduce-scatter's output lives on the device: kept as the sharded gradient
     rs_output = "shard_grad32"
+    # FSDP2's set_custom_all_gather / set_custom_reduce_scatter (zero/fsdp2_quant.py: qwZ, qgZ);
+    # None: its default collectives, booked unit by unit
+    all_gather_comm = None
+    reduce_scatter_comm = None
 
     def _all_gather(self, group: list[int]) -> torch.Tensor:
         """The group's flat all-gather output: the copy-in cast of its shards (1/N), then one
@@ -55,9 +65,12 @@ class Collectives:
                 self._copy_in(j, copy_in[a:a + u.chunk])
             a += u.chunk
         out, a, b = self._ag_buffer(sum(u.padded for u in units)), 0, 0
-        for j, u in zip(group, units):
-            self.gather_unit(j, out[b:b + u.padded], copy_in[a:a + u.chunk])
-            a, b = a + u.chunk, b + u.padded
+        if self.all_gather_comm is not None:   # set_custom_all_gather: one call on the group's
+            self.all_gather_comm(out, copy_in, self.comm, self.memory)   # flat buffers, rank major
+        else:
+            for j, u in zip(group, units):
+                self.gather_unit(j, out[b:b + u.padded], copy_in[a:a + u.chunk])
+                a, b = a + u.chunk, b + u.padded
         self.memory.free(copy_in)
         return out
 
@@ -72,7 +85,11 @@ class Collectives:
         sec = self._post_forward[i]
         copy_in = self._ag_buffer(sec.numel())
         out = self._ag_buffer(self.units[i].padded)
-        self.hpz_comm.all_gather(out, copy_in.copy_(sec))
+        copy_in.copy_(sec)
+        if self.all_gather_comm is not None:   # the group's comm, on the post-forward mesh too
+            self.all_gather_comm(out, copy_in, self.hpz_comm, self.memory)
+        else:
+            self.hpz_comm.all_gather(out, copy_in)
         self.memory.free(copy_in)
         return out
 
@@ -107,9 +124,9 @@ class Collectives:
         for j in group:
             u = self.units[j]
             full = self.memory.alloc("gathered", (u.numel,), self.dtype, zero=False)
-            full.copy_(flat[b:b + u.numel])                                  # copy-out
+            self._copy_out(full, flat, b, u, len(group) > 1)                 # copy-out
             fulls.append(full)
-            b += u.padded
+            b += u.chunk if self.all_gather_comm is not None else u.padded
             if j in self._post_forward:   # to_unsharded frees the post-forward shard
                 self.memory.free(self._post_forward.pop(j))
         if self.ctx.phase_name == "forward":
@@ -117,6 +134,19 @@ class Collectives:
         else:
             self.memory.free(flat)
         return fulls
+
+    def _copy_out(self, full: torch.Tensor, flat: torch.Tensor, b: int, u, rank_major: bool):
+        """Unit ``u``'s elements out of the flat output: from its ``u.padded`` at ``b``, or, from
+        a custom comm's rank-major output (``foreach_all_gather_copy_out``: ``view(world_size,
+        -1)``), from its chunk at column ``b`` of each rank's row (one unit: the same layout)."""
+        if not (rank_major and self.all_gather_comm is not None):
+            full.copy_(flat[b:b + u.numel])
+            return
+        row = flat.view(self.ctx.n_ranks, -1)
+        for r in range(self.ctx.n_ranks):
+            lo = r * u.chunk
+            n = max(0, min(u.chunk, u.numel - lo))
+            full[lo:lo + n].copy_(row[r, b:b + n])
 
     def _free_ag_prev(self) -> None:
         self.memory.free(self._ag_prev)
@@ -135,22 +165,23 @@ class Collectives:
         units = [self.units[j] for j in group]
         rs_in = self.memory.alloc("rs_buffer", (sum(u.padded for u in units),), torch.float32,
                                   zero=False)
-        parts, at = [], 0
-        for u, s in zip(units, slots):
-            part = rs_in[at:at + u.padded]
-            part[:u.numel].copy_(s[:u.numel])                                # param_dtype -> fp32
-            part[u.numel:].zero_()
-            parts.append(part)
-            at += u.padded
+        custom = self.reduce_scatter_comm is not None
+        parts = self._copy_in_grads(rs_in, units, slots, custom)
         for s in slots:
             self.memory.free(s)
-        done = []
-        for j, u, part in zip(group, units, parts):
+        outs = []
+        for u in units:
             # made on the reduce-scatter stream (foreach_reduce's `with
             # device_handle.stream(reduce_scatter_stream)`); the input above, on the default one
             with self.ctx.on_stream("reduce_scatter"):
-                out = self.memory.alloc(self.rs_output, (u.chunk,), rs_in.dtype, zero=False)
-            self.reduce_unit(j, out, part)
+                outs.append(self.memory.alloc(self.rs_output, (u.chunk,), rs_in.dtype,
+                                              zero=False))
+        if custom:   # set_custom_reduce_scatter: one call on the group's rank-major input
+            self.reduce_scatter_comm(outs, rs_in, self.comm, self.memory)
+        done = []
+        for j, out, part in zip(group, outs, parts):
+            if not custom:
+                self.reduce_unit(j, out, part)
             self.shard_ready(j, out, "mean")
             if not self._grad_out(j, out):
                 done.append(out)
@@ -162,6 +193,29 @@ class Collectives:
             for out in done:   # the group's reduce output goes once every view is used
                 self.memory.free(out)
         self._rs_prev = rs_in
+
+    def _copy_in_grads(self, rs_in, units, slots, rank_major: bool) -> list:
+        """The unsharded gradients cast to fp32 into the reduce-scatter input, zero padded: each
+        unit's padded part in turn, or rank major for a custom comm
+        (``foreach_reduce_scatter_copy_in``: row r holds each unit's r-th chunk)."""
+        if not rank_major:
+            parts, at = [], 0
+            for u, s in zip(units, slots):
+                part = rs_in[at:at + u.padded]
+                part[:u.numel].copy_(s[:u.numel])                            # param_dtype -> fp32
+                part[u.numel:].zero_()
+                parts.append(part)
+                at += u.padded
+            return parts
+        row, at = rs_in.view(self.ctx.n_ranks, -1), 0
+        for u, s in zip(units, slots):
+            for r in range(self.ctx.n_ranks):
+                lo = r * u.chunk
+                n = max(0, min(u.chunk, u.numel - lo))
+                row[r, at:at + n].copy_(s[lo:lo + n])                       # param_dtype -> fp32
+                row[r, at + n:at + u.chunk].zero_()
+            at += u.chunk
+        return [None] * len(units)
 
     def _grad_out(self, j: int, out: torch.Tensor) -> bool:
         """Unit j's reduce-scatter output made its fp32 sharded gradient (True: ``out`` is kept

@@ -75,6 +75,8 @@ def check(cfg) -> None:
         raise ValueError(f"{on} quantize 16-bit parameters and gradients (DeepSpeed's kernels take "
                          f"fp16/bf16), got precision={cfg.precision!r} (fp32 parameters); "
                          f"accepted: 'fp16', 'bf16'")
+    if cfg.flavour == "fsdp2":   # its custom comms quantize each group's rows: zero/fsdp2.py
+        return
     for u in cfg.units():
         if cfg.qwz or not falls_back(u, cfg.shard_size):
             group_size(u.chunk, cfg.quant_group_size, f"shard of unit {u.name!r}")
@@ -165,7 +167,15 @@ def quantized_reduce_scatter(out: torch.Tensor, x: torch.Tensor, local_comm, glo
                              n: int, g: int, memory) -> torch.Tensor:
     """qgZ: ``out`` (chunk r of N = n·G, fp16) gets the mean over every rank of its ``x``'s chunk
     r, by the two quantized all-to-alls of the module doc (groups of ``g`` in each chunk)."""
-    G, c = local_comm.n_ranks, out.numel()
+    total = quantized_mean(x, local_comm, global_comm, n, g, out.numel(), memory)
+    return out.copy_(total)                   # the mean, rounded once to the gradient's dtype
+
+
+def quantized_mean(x: torch.Tensor, local_comm, global_comm, n: int, g: int, c: int,
+                   memory) -> torch.Tensor:
+    """The fp32 mean over every rank of chunk r of ``x`` (N chunks of ``c``, rank-major), r this
+    rank's: qgZ's two all-to-alls (module doc), groups of ``g`` in each chunk."""
+    G = local_comm.n_ranks
     # step 1: piece j holds chunks {b·G + j : b < n}, the ones local rank j reduces
     pieces = x.view(n, G, c).transpose(0, 1).reshape(G, n * c)
     part = _exchange(local_comm, pieces, g, c, memory)      # (G, n·c) fp32, dequantized
@@ -173,7 +183,7 @@ def quantized_reduce_scatter(out: torch.Tensor, x: torch.Tensor, local_comm, glo
     # step 2: chunk b·G + i to node b, quantized again
     got = _exchange(global_comm, part.view(n, c), g, c, memory)   # (n, c) fp32
     total = got.sum(0) if n > 1 else got[0]
-    return out.copy_(total.div_(G * n))       # the mean, rounded once to the gradient's dtype
+    return total.div_(G * n)
 
 
 def _exchange(comm, x: torch.Tensor, g: int, c: int, memory) -> torch.Tensor:

@@ -135,3 +135,53 @@ def test_with_mics_each_all_reduced_output_stays_on_the_device_to_the_end_of_bac
     r = train(TrainConfig.of(n_d=4, model=M, steps=1, shard_group=p, **OFF))
     assert r.memory[0].peak["rs_buffer"] == 4 * max(peaks)
     assert at(r.memory[0], "backward@1") == {}
+
+
+@pytest.fixture(scope="module")
+def prefetched():
+    """The step of ``run`` with offloaded parameters and --offload-prefetch: FSDP2's explicit
+    forward prefetch, each block its next (rank 0's device ledger traced)."""
+    cluster = VirtualCluster(N)
+    cluster.memory[0].record_trace()
+    return train(TrainConfig.of(n_d=N, model=M, steps=1, offload_params="cpu",
+                                offload_prefetch=True, **OFF), cluster=cluster)
+
+
+def at_forward_reshards(ledger) -> list[tuple[int, int]]:
+    """(all-gather buffers, everything) held on rank 0's device as forward reshards each block,
+    once it has run (its trace, up to the end of forward)."""
+    live, ag, total, seen = {}, 0, 0, []
+    for e in ledger.trace:
+        if e.op == "phase" and e.label.startswith("forward"):
+            return seen
+        if e.op == "alloc":
+            live[e.key] = e
+            ag, total = ag + e.nbytes * (e.category == "ag_buffer"), total + e.nbytes
+        elif e.op == "free" and e.key in live:
+            gone = live.pop(e.key)
+            if gone.category == "gathered" and gone.nbytes == 2 * BLOCK:
+                seen.append((ag, total))
+            ag, total = ag - gone.nbytes * (gone.category == "ag_buffer"), total - gone.nbytes
+    return seen
+
+
+def test_prefetch_holds_the_next_blocks_gather_while_each_block_runs_forward(run, prefetched):
+    """set_modules_to_forward_prefetch([next block]): the next block's flat bf16 output (its
+    fp32 copy up inside it) is gathered before this block computes, so while every resharded
+    block runs forward the device holds exactly one more block output, 2·padded(BLOCK) bytes,
+    than with FSDP2's implicit prefetch (its own output, freed at the next copy-out)."""
+    plain, early = at_forward_reshards(run.memory[0]), at_forward_reshards(prefetched.memory[0])
+    assert [a for a, _ in plain] == [2 * padded(BLOCK)] * (L - 1)
+    assert [a for a, _ in early] == [4 * padded(BLOCK)] * (L - 1)
+    assert [t - s for (_, s), (_, t) in zip(plain, early)] == [2 * padded(BLOCK)] * (L - 1)
+
+
+def test_prefetch_moves_the_copies_up_and_the_gathers_earlier_never_their_bytes_or_values(
+        run, prefetched):
+    """The same copies up, gathers and reduces, in the same order, and the same step bit for
+    bit; the forward peak is at its end, after the last block, which prefetches nothing."""
+    ops = lambda r: [(x.phase, x.op, x.numel) for x in r.comm.records(0)]
+    assert ops(prefetched) == ops(run)
+    assert prefetched.memory[0].peak == run.memory[0].peak
+    assert prefetched.losses == run.losses      # one step here; two in tests/claims/test_combine
+    assert all(prefetched.master[k].equal(run.master[k]) for k in run.master)
