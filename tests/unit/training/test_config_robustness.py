@@ -32,9 +32,10 @@ from zerospec.training.run import train
     pytest.param({"n_d": 4096, "grad_accum_steps": 4},
                  r"n_d × grad_accum_steps = 16384 exceeds 8192, the most fp16 gradients fp64 sums exactly",
                  id="too-many-terms"),
-    pytest.param({"stage": 3, "qgz": True, "flavour": "fsdp2", "precision": "bf16"},
-                 r"qgZ with FSDP2 flavour of stage 3 is refused: the FSDP2 flavour is its "
-                 r"MixedPrecisionPolicy", id="refused-pair"),
+    pytest.param({"stage": 3, "dpu": 2, "offload_optimizer": "cpu", "flavour": "fsdp2",
+                  "precision": "bf16"},
+                 r"DPU with FSDP2 flavour of stage 3 is refused: under CPUOffloadPolicy",
+                 id="refused-pair"),
 ])
 def test_bad_robustness_settings_are_refused(kwargs, match):
     """Each invalid setting raises ValueError naming the value and the accepted range."""
