@@ -33,6 +33,14 @@ BASE = {"model": ODD, "global_batch": BATCH, "clip_grad_norm": 0.5,
         "loss_scale": LossScale(init_scale=2.0 ** 8, growth_interval=1)}
 # (stage, M, G): same N, another stage; N/2; 2N; a non-divisor of N; then different micro-batches
 CONTINUATIONS = [(3, 4, 6), (0, 4, 6), (1, 2, 12), (2, 8, 3), (3, 3, 8), (3, 3, 1)]
+# the default run's two: onto a non-divisor of N with the same micro-batches, and with others
+DEFAULT = {(3, 3, 8), (3, 3, 1)}
+
+
+def continuations(keep=lambda stage, m, g: True) -> list:
+    return [pytest.param(*c, id=f"stage{c[0]}/M={c[1]}/G={c[2]}",
+                         marks=[pytest.mark.slow] * (c not in DEFAULT))
+            for c in CONTINUATIONS if keep(*c)]
 
 
 def cfg(stage: int, n_d: int, g: int, steps: int = STEPS) -> TrainConfig:
@@ -86,8 +94,7 @@ def test_the_checkpoint_holds_exactly_the_state_of_a_run_stopped_there(original,
         assert all(torch.equal(a, b) for a, b in zip(ck.tensors[kind], st.tensors[kind]))
 
 
-@pytest.mark.parametrize("stage,m,g", [pytest.param(*c, id=f"stage{c[0]}/M={c[1]}/G={c[2]}")
-                                       for c in CONTINUATIONS])
+@pytest.mark.parametrize("stage,m,g", continuations())
 @pytest.mark.claim("P7")
 def test_continuing_on_m_ranks_from_the_files_equals_continuing_from_memory(original, saved, stage, m, g):
     """Load at M (any stage, any G), continue: bit-identical to the in-memory continuation at M."""
@@ -95,8 +102,7 @@ def test_continuing_on_m_ranks_from_the_files_equals_continuing_from_memory(orig
     assert a.losses == b.losses and _delta(a, b) == 0.0
 
 
-@pytest.mark.parametrize("stage,m,g", [pytest.param(*c, id=f"stage{c[0]}/M={c[1]}/G={c[2]}")
-                                       for c in CONTINUATIONS if c[1] * c[2] == N * G])
+@pytest.mark.parametrize("stage,m,g", continuations(lambda stage, m, g: m * g == N * G))
 @pytest.mark.claim("P7")
 def test_with_the_same_micro_batches_the_continuation_is_the_uninterrupted_run(original, saved, stage, m, g,
                                                                              claim_values):
@@ -129,6 +135,7 @@ def test_consolidation_gives_the_full_fp32_weights(saved, original):
     assert all(full[k].dtype == torch.float32 and torch.equal(full[k], ref[k]) for k in ref)
 
 
+@pytest.mark.slow   # every continuation, two runs each
 def test_checkpoint_continuation_table(md_table_snapshot, saved, original):
     """spec/checkpoints.md's table: each continuation against the in-memory one and the original."""
     rows = []

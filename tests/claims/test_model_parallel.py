@@ -40,9 +40,16 @@ def mp_run(stage: int, n_d: int, n_m: int, model=MP_ODD, **kw):
 GRIDS = [(2, 2), (3, 2), (2, 4)]
 
 
+def grid_cases(stages) -> list:
+    """stage × grid: every stage at (2, 2); stages 0 and 3 (the baseline and the most sharded) at
+    every grid; stages 1 and 2 at the wider grids with the slow cases."""
+    return [pytest.param(stage, n_d, n_m, id=f"{stage_id(stage)}-{(n_d, n_m)}",
+                         marks=[pytest.mark.slow] * (stage in (1, 2) and (n_d, n_m) != GRIDS[0]))
+            for stage in stages for n_d, n_m in GRIDS]
+
+
 @pytest.mark.claim("P10")
-@pytest.mark.parametrize("n_d,n_m", GRIDS, ids=lambda g: str(g))
-@pytest.mark.parametrize("stage", [1, 2, 3], ids=stage_id)
+@pytest.mark.parametrize("stage,n_d,n_m", grid_cases([1, 2, 3]))
 def test_at_a_fixed_n_m_every_zero_stage_is_bit_identical(stage, n_d, n_m):
     """The stages shard over the DP group only, with unchanged code: at any N_d × N_m they give
     the bits of stage 0 at the same grid (losses of every rank, final weights)."""
@@ -120,8 +127,7 @@ def test_psi_m_written_out_is_megatrons_slicing_of_mp_odd():
 
 
 @pytest.mark.claim("C11", status="differs", page=f"{PAGE}#the-per-gpu-reduction-with-mp-c11")
-@pytest.mark.parametrize("n_d,n_m", GRIDS, ids=lambda g: str(g))
-@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+@pytest.mark.parametrize("stage,n_d,n_m", grid_cases(range(4)))
 def test_model_states_per_gpu_are_the_stage_formula_at_psi_over_n_m(stage, n_d, n_m, claim_values):
     """Each rank holds Ψ_m = Megatron's slice of the model (psi_m, counted by hand) and its
     stage's bytes for Ψ_m over N_d ranks: ZeRO-DP and MP multiply (C11). The paper's N_d × N_m
@@ -150,7 +156,8 @@ P_A = {"plain": {}, "P_a": {"partition_activations": True},
 
 @pytest.mark.claim("P11")
 @pytest.mark.parametrize("variant", list(P_A))
-@pytest.mark.parametrize("stage", range(4), ids=stage_id)
+@pytest.mark.parametrize("stage", [pytest.param(s, id=stage_id(s), marks=[pytest.mark.slow] * (s in (1, 2)))
+                                   for s in range(4)])   # 0 and 3: the runs C33, C35 and the table read
 def test_checkpointing_p_a_and_p_a_cpu_change_no_bit(stage, variant):
     """A checkpoint per block, kept whole, split over the MP group (P_a) or moved to the host
     (P_a+cpu): the recompute runs on the same values, so every bit equals the run without."""

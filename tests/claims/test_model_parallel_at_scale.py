@@ -46,6 +46,7 @@ def test_p_a_cuts_100b_checkpoints_per_gpu_sixteen_fold_at_mp_16(claim_values):
                  "100B, batch 32, MP 16, meta")
 
 
+@pytest.mark.slow   # a third 100B step; C35's default test: tests/claims/test_model_parallel.py (N_m = 2)
 @pytest.mark.claim("C35")
 def test_p_a_cpu_leaves_no_checkpoint_on_the_100b_gpus_and_moves_twice_p_a_bytes(claim_values):
     """P_a+cpu: 0 checkpoint bytes on the device, P_a's part on the host; its host link moves each
@@ -241,6 +242,7 @@ def test_table2_measured_table(md_snapshot):
     assert md_snapshot == "\n".join(rows)
 
 
+@pytest.mark.slow   # with P_a+cpu's 100B step
 def test_p_a_at_100b_table(md_snapshot):
     """spec/model_parallel.md's 100B table: per GPU, bytes of checkpoints on the device and the
     host, the host link's bytes and the MP group's collectives in one step, the all-gathers' bytes

@@ -50,7 +50,8 @@ INJECT = {**FULL, "overflow": (2, MP_RANK)}                # MP rank 1's gradien
 
 
 # -- the overflow vote and stage equality --------------------------------------------------------
-@pytest.mark.parametrize("stage", [1, 2, 3], ids=stage_id)
+@pytest.mark.parametrize("stage", [pytest.param(s, id=stage_id(s), marks=[pytest.mark.slow] * (s != 3))
+                                   for s in (1, 2, 3)])   # the default run: the most sharded stage
 @pytest.mark.claim("P4")
 def test_with_loss_scaling_and_clipping_every_stage_is_bit_identical_at_a_fixed_n_m(stage):
     """2 × 2 grid, scale 2^10, clip 0.5, an inf on MP rank 1 at step 2: stages 1–3 give DP's bits —
@@ -62,7 +63,7 @@ def test_with_loss_scaling_and_clipping_every_stage_is_bit_identical_at_a_fixed_
     assert all(n > CLIP for n in dp.grad_norms[2:])        # clipping acted
 
 
-@pytest.mark.parametrize("stage", [0, 3], ids=stage_id)
+@pytest.mark.parametrize("stage", [pytest.param(0, id=stage_id(0), marks=pytest.mark.slow), 3], ids=stage_id)
 @pytest.mark.claim("P4")
 def test_an_inf_on_one_mp_rank_is_skipped_by_every_rank_of_the_grid(stage):
     """Rank 1 (MP index 1 of replica 0) makes an inf at step 2; after the DP reduction only MP
@@ -112,7 +113,7 @@ def fsum_norm(grads: dict[str, torch.Tensor]) -> float:
 
 
 MODELS = [pytest.param(MP_ODD, 2, id="gpt2-2"), pytest.param(MP_ODD, 4, id="gpt2-4", marks=pytest.mark.slow),
-          pytest.param(MP_LLAMA, 2, id="llama-2")]
+          pytest.param(MP_LLAMA, 2, id="llama-2", marks=pytest.mark.slow)]   # its MP slicing: test_model_parallel
 
 
 @pytest.mark.parametrize("model,n_m", MODELS)

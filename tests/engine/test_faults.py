@@ -38,7 +38,7 @@ def assert_every_rank_blames(err: RankError, bad: int, n_d: int) -> None:
             assert f"rank {bad} failed first" in fate, fate
 
 
-@pytest.mark.parametrize("stage", [0, 3])
+@pytest.mark.parametrize("stage", [pytest.param(0, marks=pytest.mark.slow), 3])   # 3: the most collectives
 def test_a_rank_that_raises_fails_every_rank_naming_it(stage):
     """Rank 1 raises after step 1; its peers, waiting in step 2's collectives, fail at once."""
     err, seconds = _fail(workers.raise_at, 4, _cfg(stage, 4), 1, 1)

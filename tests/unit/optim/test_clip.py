@@ -5,24 +5,27 @@ import math
 
 import numpy as np
 import torch
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from tests.support.examples import examples
 from zerospec.optim.clip import clip_coefficient, norm_from_bins, square_bins
 
 FP32 = arrays(np.float32, st.integers(1, 300),
               elements=st.floats(width=32, min_value=-2.0 ** 60, max_value=2.0 ** 60))
 
 
-@settings(max_examples=80, deadline=None)
-@given(x=FP32, cut=st.integers(0, 300))
-def test_the_binned_norm_is_the_correctly_rounded_exact_norm_however_split(x, cut):
+def _binned_norm_is_exact(x, cut):
     """norm_from_bins equals sqrt(math.fsum(squares)) exactly, for the whole array or any two parts."""
     t = torch.from_numpy(x)
     exact = math.sqrt(math.fsum(float(v) * float(v) for v in x))
     assert norm_from_bins(square_bins(t)) == exact
     assert norm_from_bins(square_bins(t[:cut]) + square_bins(t[cut:])) == exact
+
+
+test_the_binned_norm_is_the_correctly_rounded_exact_norm_however_split, \
+    test_the_binned_norm_is_the_correctly_rounded_exact_norm_however_split_more_examples = \
+    examples(20, 80, x=FP32, cut=st.integers(0, 300))(_binned_norm_is_exact)
 
 
 def test_subnormals_and_extremes_are_binned_exactly():

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.examples import examples
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.model.gpt import SMALL
 from zerospec.runtime.allocator import CachingAllocator, OutOfMemory, allocation_size, round_size
@@ -410,9 +410,7 @@ def traces(draw) -> list[TraceEvent]:
     return events
 
 
-@settings(max_examples=200, deadline=None)
-@given(traces(), st.integers(0, 4 * MiB))
-def test_a_capacity_the_unlimited_replay_never_reserves_past_changes_nothing(trace, spare):
+def _capacity_changes_nothing(trace, spare):
     """A device at least as large as what the replay without a limit reserved at its peak runs the
     same trace the same way, without running out (so cached.step_memory skips that replay)."""
     free = replay(trace)
@@ -420,3 +418,8 @@ def test_a_capacity_the_unlimited_replay_never_reserves_past_changes_nothing(tra
     assert capped.oom is None
     assert capped.phases == free.phases
     assert (capped.peak_allocated, capped.peak_reserved) == (free.peak_allocated, free.peak_reserved)
+
+
+test_a_capacity_the_unlimited_replay_never_reserves_past_changes_nothing, \
+    test_a_capacity_the_unlimited_replay_never_reserves_past_changes_nothing_more_examples = \
+    examples(50, 200, traces(), st.integers(0, 4 * MiB))(_capacity_changes_nothing)

@@ -7,9 +7,9 @@ import tempfile
 
 import pytest
 import torch
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.examples import examples
 from zerospec.training import checkpoint
 from zerospec.training.checkpoint import CheckpointError, TrainState
 from zerospec.runtime.errors import RankError
@@ -32,9 +32,7 @@ def _state(spec, seed: int = 0) -> TrainState:
     return TrainState(spec, tensors, dict(META))
 
 
-@settings(max_examples=40, deadline=None)
-@given(units=st.lists(SHAPES, min_size=1, max_size=4), n=st.integers(1, 9), m=st.integers(1, 9))
-def test_saving_at_n_and_loading_at_m_reshards_without_loss(units, n, m):
+def _reshards_without_loss(units, n, m):
     """Any unit sizes, any N → M: every tensor comes back bit for bit; each rank's M-shard is its
     chunk of the re-padded unit, padding zero; and M → N again gives the original files' state."""
     spec = [(f"u{i}", [(f"p{j}", shape) for j, shape in enumerate(params)]) for i, params in enumerate(units)]
@@ -53,6 +51,12 @@ def test_saving_at_n_and_loading_at_m_reshards_without_loss(units, n, m):
         checkpoint.save_state(ck, pathlib.Path(d) / "b", m)
         back = checkpoint.load(pathlib.Path(d) / "b", n_ranks=n)
         assert all(torch.equal(a, b) for k in checkpoint.KINDS for a, b in zip(back.tensors[k], st0.tensors[k]))
+
+
+test_saving_at_n_and_loading_at_m_reshards_without_loss, \
+    test_saving_at_n_and_loading_at_m_reshards_without_loss_more_examples = \
+    examples(10, 40, units=st.lists(SHAPES, min_size=1, max_size=4), n=st.integers(1, 9),
+             m=st.integers(1, 9))(_reshards_without_loss)
 
 
 @pytest.fixture

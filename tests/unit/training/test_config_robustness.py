@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.examples import examples
 from zerospec.training import checkpoint
 from zerospec.cluster.threads import VirtualCluster
 from zerospec.optim.loss_scale import LossScale
@@ -79,9 +79,7 @@ def test_loading_for_zero_ranks_is_refused(tmp_path):
 FP16 = st.floats(width=16, allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=100, deadline=None)
-@given(xs=st.lists(FP16, min_size=1, max_size=64), seed=st.integers(0, 2 ** 16))
-def test_fp16_values_sum_exactly_in_fp64_in_any_order(xs, seed):
+def _sums_in_any_order(xs, seed):
     """The accumulation design's premise: fp64 sums of fp16 numbers do not depend on the order."""
     t = torch.tensor(xs, dtype=torch.float16).double()
     perm = torch.randperm(len(xs), generator=torch.Generator().manual_seed(seed))
@@ -91,6 +89,12 @@ def test_fp16_values_sum_exactly_in_fp64_in_any_order(xs, seed):
         backward = backward + t[-1 - i]
         shuffled = shuffled + t[perm[i]]
     assert forward == backward == shuffled
+
+
+test_fp16_values_sum_exactly_in_fp64_in_any_order, \
+    test_fp16_values_sum_exactly_in_fp64_in_any_order_more_examples = \
+    examples(25, 100, xs=st.lists(FP16, min_size=1, max_size=64),
+             seed=st.integers(0, 2 ** 16))(_sums_in_any_order)
 
 
 def test_fp32_sums_of_fp16_numbers_depend_on_the_order():

@@ -67,9 +67,12 @@ def test_p_a_keeps_one_n_m_th_of_each_selective_checkpoint_on_each_rank(mode):
         assert pa.memory[rank].current["checkpoints"] == cpu.host[rank].current["checkpoints"] == 0
 
 
-@pytest.mark.parametrize("mode,slots", [("selective-op", 4), ("selective-layer:2", 2),
-                                        ("selective-layer:3", 1), ("selective-layer:1", 4)])
-@pytest.mark.parametrize("keeper,part", [("M_D", 1), ("P_a+M_D", N_M)])
+@pytest.mark.parametrize("mode,slots,keeper,part", [   # the default run: each mode once, the keepers alternating
+    pytest.param(mode, slots, keeper, part, id=f"{keeper}-{part}-{mode}-{slots}",
+                 marks=[pytest.mark.slow] * (i % 2 != j))
+    for j, (keeper, part) in enumerate([("M_D", 1), ("P_a+M_D", N_M)])
+    for i, (mode, slots) in enumerate([("selective-op", 4), ("selective-layer:2", 2),
+                                       ("selective-layer:3", 1), ("selective-layer:1", 4)])])
 def test_m_d_allocates_one_buffer_of_the_selective_modes_checkpoints(mode, slots, keeper, part):
     """The buffer is allocated once per step and holds exactly the blocks the mode checkpoints:
     every block under selective-op, blocks K, 2K, … under selective-layer:K (4 blocks: 2 for K = 2,
