@@ -11,6 +11,7 @@ import sys
 import types
 
 import pytest
+import torch
 
 from tests.support import scheduling, workcount
 from zerospec.model.family import ODD
@@ -130,3 +131,8 @@ def test_the_files_that_take_the_reports_measurement_share_one_worker():
                                   re.MULTILINE))
     assert len(readers) >= 2, readers
     assert {scheduling.UNITS.get(path) for path in readers} == {"the report's measurement"}, readers
+
+
+def test_a_process_that_runs_tests_computes_on_one_thread():
+    """In an xdist worker and in a run in one process (-n 0) alike, torch computes on one thread."""
+    assert torch.get_num_threads() == 1

@@ -20,13 +20,15 @@ GC_THRESHOLD = (20_000, 20, 20)
 
 
 def pytest_configure(config):
-    """Young garbage collections less often (GC_THRESHOLD). An xdist worker computes on one thread:
-    -n auto starts one worker per CPU already, and a worker's second OpenMP thread would only spin
-    against the other workers (as the virtual cluster does for its ranks, spec/engine.md)."""
+    """Young garbage collections less often (GC_THRESHOLD). A process that runs tests computes on
+    one thread: -n auto starts one worker per CPU already, and a worker's second OpenMP thread would
+    only spin against the other workers (as the virtual cluster does for its ranks, spec/engine.md).
+    So does a run in one process (-n 0): it then computes as the default run's workers do, and a
+    targeted run next to other work does not spin (docs/performance.md)."""
     import gc
 
     gc.set_threshold(*GC_THRESHOLD)
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         import torch    # here, not at the top: the xdist controller runs no test and needs no torch
 
         torch.set_num_threads(1)

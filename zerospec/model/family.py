@@ -4,6 +4,7 @@ the model itself)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -211,8 +212,7 @@ class GPTConfig:
         return max(sizes.values())
 
     def units(self, n_d: int, pad: bool = True, n_m: int = 1, tiles: int = 1) -> tuple[Unit, ...]:
-        from .units import make_units   # here: units.py lays tensors out, and imports torch
-        return make_units(self.unit_spec(n_m, tiles), n_d, pad)
+        return _units(self, n_d, pad, n_m, tiles)
 
     @property
     def psi(self) -> int:
@@ -279,3 +279,13 @@ def check_tiles(cfg: GPTConfig, tiles, n_m: int = 1) -> None:
 
 SMALL = GPTConfig()
 ODD = GPTConfig(vocab_size=37, block_size=12, n_layer=2, n_head=3, n_embd=15)  # units divide by no N
+
+
+@functools.lru_cache(maxsize=256)
+def _units(cfg: GPTConfig, n_d: int, pad: bool, n_m: int, tiles: int) -> tuple[Unit, ...]:
+    # a pure function of a frozen config, asked for several times a run (train, its result, each
+    # meta step of a search): once per process, with the units' cached sizes (numel, padded), which
+    # a paper-scale model's thousands of parameters sum again on every fresh tuple. Units are
+    # frozen, so the runs that share them cannot change them.
+    from .units import make_units   # here: units.py lays tensors out, and imports torch
+    return make_units(cfg.unit_spec(n_m, tiles), n_d, pad)

@@ -9,7 +9,7 @@ import time
 import torch
 
 from ..cluster.processes import launch, new_context
-from ..cluster.threads import VirtualCluster
+from ..cluster.threads import VirtualCluster, torch_threads
 from ..comm.groups import Nodes
 from ..comm.ledger import CommLedger
 from ..model import gpt, megatron
@@ -69,12 +69,17 @@ def train(cfg: TrainConfig, *, cluster: VirtualCluster | None = None, on_step=No
     combine.check(cfg, ("checkpoints",) if resume is not None or save or keep_state else ())
     if resume is not None:
         resume_check(cfg, resume)
-    init, batches = initial_weights(cfg, units), make_batches(cfg)
-    t0 = time.perf_counter()
-    outs = cluster.run(rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
-    wall = time.perf_counter() - t0
-    result = build_result(cfg, outs, cluster.memory, cluster.comm_ledger, wall,
-                          [ctx.timeline.events for ctx in cluster.contexts])
+    # the host side (initial weights, batches, the result's masters) on the ranks' thread count
+    # too: its ops are elementwise copies and draws, whose values do not depend on the thread
+    # count, and a second OpenMP thread spins against whatever else runs (10× the CPU of this
+    # setup beside another busy process: docs/performance.md)
+    with torch_threads(cluster.torch_threads):
+        init, batches = initial_weights(cfg, units), make_batches(cfg)
+        t0 = time.perf_counter()
+        outs = cluster.run(rank_main, cfg, units, init, batches, on_step, resume, save, keep_state)
+        wall = time.perf_counter() - t0
+        result = build_result(cfg, outs, cluster.memory, cluster.comm_ledger, wall,
+                              [ctx.timeline.events for ctx in cluster.contexts])
     result.host = [ctx.host for ctx in cluster.contexts]
     result.nvme = [ctx.nvme for ctx in cluster.contexts]
     return result

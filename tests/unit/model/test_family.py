@@ -14,7 +14,7 @@ from torch import nn
 from tests.support.runs import assert_same_training
 from tests.unit.model.test_layers import _meta_rope
 from zerospec.model.family import DecoderConfig, GPTConfig
-from zerospec.model.gpt import fetch_order, forward, init_params
+from zerospec.model.gpt import ODD, fetch_order, forward, init_params
 
 LLAMA = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
                   norm="rmsnorm", mlp="swiglu", d_ff=48, positions="rope", tie_embeddings=False,
@@ -206,3 +206,12 @@ def test_model_parallelism_slices_the_new_features():
     assert spec["mlp.c_gate.weight"] == spec["mlp.c_fc.weight"] == (24, 32)
     assert spec["mlp.c_proj.weight"] == (32, 24)
     assert LLAMA.unit_spec(1) == LLAMA.unit_spec()
+
+
+def test_a_shapes_units_are_made_once_and_shared_by_equal_configs():
+    """units() of equal configs at the same N_d, padding, N_m and T is one tuple; another N_d or padding is another."""
+    import dataclasses
+    twin = dataclasses.replace(ODD)          # equal, not the same object
+    assert twin is not ODD and twin.units(4) is ODD.units(4)
+    assert ODD.units(4) is not ODD.units(2) and ODD.units(4) is not ODD.units(4, pad=False)
+    assert [u.padded for u in ODD.units(4)] != [u.padded for u in ODD.units(4, pad=False)]
