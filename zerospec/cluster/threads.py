@@ -35,6 +35,7 @@ from ..comm.ledger import CommLedger
 from ..comm.ring import RingTransport, Wire
 from ..comm.sim import SimBackend
 from ..runtime.memory import MemoryLedger
+from ..runtime.metacache import MetaKernelCache, shared
 from ..runtime.observe import Observation, Observer
 
 
@@ -129,12 +130,18 @@ class VirtualCluster:
     dispatch mode, per thread), which sees every storage the rank makes and when it dies; after
     ``run``, ``observed[r]`` holds rank r's peaks per phase. What the simulator makes while one
     rank's thread moves a collective's data for every rank belongs to no rank and is not observed.
+
+    ``cache_kernels``: on meta, each rank runs under its own
+    :class:`~zerospec.runtime.metacache.MetaKernelCache` of the process's table
+    (``metacache.shared()``), as a meta step does, entered before the observer so that every mode
+    sees each op before the cache answers it. ``None`` (the default): exactly when ``device`` is
+    meta (elsewhere kernels compute values, which no key holds).
     """
 
     def __init__(self, n_ranks: int, *, device: str = "cpu", timeout: float = 120.0,
                  torch_threads: int | None = 1, jitter: int | None = None,
                  transport: str = "direct", observe: bool = False, pin: bool | None = None,
-                 gpus_per_node: int | None = None):
+                 gpus_per_node: int | None = None, cache_kernels: bool | None = None):
         if not isinstance(n_ranks, int) or n_ranks < 1:
             raise ValueError(f"n_ranks must be an integer >= 1, got {n_ranks!r}")
         if not 0 < timeout < float("inf"):   # NaN fails both comparisons
@@ -146,6 +153,11 @@ class VirtualCluster:
         if pin and torch_threads != 1:
             raise ValueError(f"pin=True runs every rank on one CPU, which needs torch_threads=1, got "
                              f"torch_threads={torch_threads!r}; pass pin=False")
+        if cache_kernels is not None and not isinstance(cache_kernels, bool):
+            raise ValueError(f"cache_kernels must be True, False or None, got {cache_kernels!r}")
+        if cache_kernels and torch.device(device).type != "meta":
+            raise ValueError(f"cache_kernels=True answers meta kernels from their arguments' "
+                             f"metadata, which holds no values: device must be meta, got {device!r}")
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; accepted: {', '.join(TRANSPORTS)}")
         self.n_ranks = n_ranks
@@ -161,6 +173,7 @@ class VirtualCluster:
         self.observe = observe
         self.observed: list[Observation] = []
         self.pin = torch_threads == 1 if pin is None else pin
+        self.cache_kernels = self.device.type == "meta" if cache_kernels is None else cache_kernels
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> list[Any]:
         baton = Baton(self.n_ranks, self.timeout,
@@ -175,6 +188,10 @@ class VirtualCluster:
                      for ctx in self.contexts]
         if self.observe:   # the completing rank's thread moves every rank's data
             backend.around_move = lambda rank: observers[rank].paused()
+        # one mode per rank thread (a dispatch mode is per thread); the table is the process's: the
+        # ranks take turns (Baton), and a dict's get and set are atomic besides
+        kernels = [MetaKernelCache(shared()) if self.cache_kernels else contextlib.nullcontext()
+                   for _ in self.contexts]
         all_done = threading.Event()
         remaining = [self.n_ranks]
         cpu = caller_cpu() if self.pin else None
@@ -186,7 +203,7 @@ class VirtualCluster:
             try:
                 baton.wait_turn(r, lambda: f"rank {r} never got its first turn")
                 ctx.timeline.restart()
-                with observers[r]:
+                with kernels[r], observers[r]:
                     results[r] = fn(ctx, *args, **kwargs)
                 backend.rank_finished(r)
             except ClusterAborted:
