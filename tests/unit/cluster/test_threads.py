@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from zerospec import ClusterAborted, CollectiveError, CollectiveTimeout, RankError, VirtualCluster
+from tests.support.timeouts import ARRIVAL_SECONDS
 
 
 def test_run_returns_each_ranks_result_in_rank_order():
@@ -76,8 +77,9 @@ def test_a_rank_that_never_arrives_times_out_naming_it():
     # timer that can fire names the same rank. (Stuck in the middle, it would keep the baton from
     # the ranks after it, whose wait for a first turn would race the barrier's timer.) The timeout
     # must exceed what a rank needs to reach the barrier and pass the baton (microseconds; a
-    # loaded machine may not schedule it for tens of ms) and stay far below the stuck rank's 30 s.
-    c = VirtualCluster(3, timeout=1.0)
+    # loaded machine may not schedule it for tens of ms: tests/support/timeouts.py) and stay far
+    # below the stuck rank's 30 s.
+    c = VirtualCluster(3, timeout=ARRIVAL_SECONDS)
     stop = threading.Event()
 
     def fn(ctx):
@@ -88,7 +90,7 @@ def test_a_rank_that_never_arrives_times_out_naming_it():
     with pytest.raises(CollectiveTimeout, match=r"rank\(s\) \[2\] never arrived"):
         c.run(fn)
     stop.set()
-    assert time.perf_counter() - t0 < 10   # the 1 s timeout fired; the stuck rank did not hold us
+    assert time.perf_counter() - t0 < 10   # the timeout fired; the stuck rank did not hold us
 
 
 def test_a_rank_returning_while_others_wait_fails_instead_of_hanging():

@@ -11,6 +11,7 @@ import torch
 from zerospec import CollectiveError, CollectiveTimeout, VirtualCluster
 from zerospec.training.config import TrainConfig
 from zerospec.training.run import train
+from tests.support.timeouts import ARRIVAL_SECONDS
 
 N, CALLS = 4, 3
 
@@ -148,11 +149,12 @@ def test_a_rank_returning_without_wait_fails_naming_it():
 def test_a_rank_resuming_after_an_abort_stops_at_its_next_post():
     """A rank that was busy when the cluster aborted (here: stuck past the timeout) stops at its
     first post, as it would at a blocking call, instead of running on as a stray thread."""
-    c = VirtualCluster(3, timeout=1.0)
-    stop, posts = threading.Event(), []
+    c = VirtualCluster(3, timeout=ARRIVAL_SECONDS)
+    stop, posts, stuck = threading.Event(), [], []
 
     def fn(ctx):
         if ctx.rank == 2:
+            stuck.append(threading.current_thread())
             stop.wait(30)           # busy outside any collective while the others time out
         for k in range(CALLS):
             ctx.comm.reduce_scatter(torch.empty(1), torch.ones(3), post=True)
@@ -161,13 +163,13 @@ def test_a_rank_resuming_after_an_abort_stops_at_its_next_post():
     with pytest.raises(CollectiveTimeout):
         c.run(fn)
     stop.set()
-    time.sleep(0.3)                 # rank 2 resumes now: any post it made would show
-    assert [p for p in posts if p[0] == 2] == []
+    stuck[0].join(30)               # rank 2 resumes, stops at its first post, and its thread ends
+    assert not stuck[0].is_alive() and [p for p in posts if p[0] == 2] == []
 
 
 def test_a_rank_that_never_posts_times_out_naming_it():
     """A wait longer than the timeout raises, naming the rank that never posted."""
-    c = VirtualCluster(3, timeout=1.0)
+    c = VirtualCluster(3, timeout=ARRIVAL_SECONDS)
     stop = threading.Event()
 
     def fn(ctx):
