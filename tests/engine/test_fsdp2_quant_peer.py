@@ -1,7 +1,8 @@
-"""qwZ and qgZ under the FSDP2 flavour against ``fully_shard`` with custom collectives written
-here from the owner's protocol (torch 2.13 ``_fsdp_api.py``: ``AllGather``, ``ReduceScatter``;
-``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``), on gloo, with a quantizer
-written here too (DeepSpeed's block-symmetric rule, ``csrc/includes/quantization_utils.h``).
+"""qwZ and qgZ under the FSDP2 flavour against ``fully_shard`` with custom collectives
+(tests/engine/fsdp2_quant_comms.py) written from the owner's protocol (torch 2.13
+``_fsdp_api.py``: ``AllGather``, ``ReduceScatter``; ``FSDPModule.set_custom_all_gather`` /
+``set_custom_reduce_scatter``), on gloo, with a quantizer written there too (DeepSpeed's
+block-symmetric rule, ``csrc/includes/quantization_utils.h``).
 
 Why groups of one element (``quant_group_size`` 1): FSDP2 shards each parameter on dim 0, so a
 rank's flat copy-in holds each parameter's rows r·⌈d/N⌉…; zerospec shards each unit's flat vector
@@ -22,9 +23,6 @@ processes.
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.distributed as dist
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from tests.engine.test_peers import assert_equal_every_step
 from zerospec.model.gpt import ODD
@@ -38,62 +36,17 @@ CFG = TrainConfig.of(stage=3, n_d=2, model=ODD, steps=3, timeout=120, precision=
                      flavour="fsdp2", quant_group_size=1)
 
 
-def quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each element its own group: (codes as int8, 1/s in fp32)."""
-    x = x.float()
-    m = x.abs()
-    s = torch.where(m == 0, torch.tensor(1.0), torch.tensor(2.0 ** bits) / (2 * m))
-    half = 2 ** (bits - 1)
-    return torch.clamp(torch.round(x * s), -half, half - 1).to(torch.int8), 1 / s
-
-
-class Int8AllGather(AllGather):
-    """qwZ: each rank's flat copy-in as int8 codes and fp32 scales, all gathered, every row
-    (this rank's too) dequantized into the output in its dtype."""
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        codes, inv = quantize(input_tensor, 8)
-        all_codes = torch.empty(output_tensor.numel(), dtype=torch.int8)
-        all_inv = torch.empty(output_tensor.numel(), dtype=torch.float32)
-        dist.all_gather_into_tensor(all_codes, codes, group=group)
-        dist.all_gather_into_tensor(all_inv, inv, group=group)
-        output_tensor.copy_((all_codes.float() * all_inv).to(output_tensor.dtype))
-        return None
-
-
-class Int4ReduceScatter(ReduceScatter):
-    """qgZ on one node: row j of each rank's input, as int4 codes (unpacked here: the values
-    are the codes') and fp32 scales, to rank j; the rows received dequantized, summed in rank
-    order in fp32, divided by N (the op, AVG, taken as the mean)."""
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        codes, inv = quantize(input_tensor, 4)
-        got_codes, got_inv = torch.empty_like(codes), torch.empty_like(inv)
-        dist.all_to_all_single(got_codes, codes, group=group)
-        dist.all_to_all_single(got_inv, inv, group=group)
-        rows = (got_codes.float() * got_inv).view(group.size(), -1)
-        total = rows[0]
-        for row in rows[1:]:
-            total = total + row
-        output_tensor.copy_(total / group.size())
-        return None
-
-
 @pytest.mark.parametrize("kw, comms", [
-    ({"qwz": True}, (Int8AllGather(), None)),
-    ({"qgz": True}, (None, Int4ReduceScatter())),
-    ({"qwz": True, "qgz": True}, (Int8AllGather(), Int4ReduceScatter())),
-    ({"qwz": True, "n_d": 4, "gpus_per_node": 4, "hpz": 2}, (Int8AllGather(), None)),
+    ({"qwz": True}, ("Int8AllGather", None)),
+    ({"qgz": True}, (None, "Int4ReduceScatter")),
+    ({"qwz": True, "qgz": True}, ("Int8AllGather", "Int4ReduceScatter")),
+    ({"qwz": True, "n_d": 4, "gpus_per_node": 4, "hpz": 2}, ("Int8AllGather", None)),
 ], ids=["qwZ", "qgZ", "qwZ+qgZ", "qwZ+hpZ"])
 def test_quantized_flavour_trains_as_fully_shard_with_custom_quantized_comms_bit_for_bit(kw, comms):
     """Losses and every fp32 weight after every step equal FSDP2's with the custom comms
     (module docstring), and the quantization moved them off the unquantized run's."""
+    from tests.engine import fsdp2_quant_comms   # here: collecting would import FSDP2 (its doc)
+    comms = tuple(getattr(fsdp2_quant_comms, name)() if name else None for name in comms)
     row = compare(CFG.replace(**kw), comms)
     assert_equal_every_step(row["zerospec"], row["peer"])
     assert row["zerospec"]["losses"][-1] != train(CFG).losses[-1]
