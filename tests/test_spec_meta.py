@@ -365,12 +365,14 @@ def reads_the_time_model(item, by_name: bool = True) -> str | None:
     fixtures = getattr(item, "_fixtureinfo", None)
     start = [item.obj] + [defs[-1].func for defs in (fixtures.name2fixturedefs.values() if fixtures
                                                     else ()) if defs]
-    todo, seen = list(start), set()
+    clean = _CLEAN[by_name]
+    todo, seen, walked = list(start), set(), []
     while todo:
         obj = todo.pop()
-        if id(obj) in seen:
+        if id(obj) in seen or id(obj) in clean:
             continue
         seen.add(id(obj))
+        walked.append(obj)
         obj = inspect.unwrap(obj) if inspect.isfunction(obj) or hasattr(obj, "cache_info") else obj
         module = getattr(obj, "__module__", None)
         module = module if isinstance(module, str) else ""
@@ -382,7 +384,15 @@ def reads_the_time_model(item, by_name: bool = True) -> str | None:
         if by_name and module.startswith("tests") and names & TIMED_NAMES:
             return f"{obj.__qualname__} reads {', '.join(sorted(names & TIMED_NAMES))}"
         todo += objects
+    clean.update(id(o) for o in walked)   # a walk that found nothing saw all each of them reaches
+    _HELD.extend(walked)                  # (their ids stay theirs while they are held)
     return None
+
+
+# What earlier walks of reads_the_time_model showed reach nothing of the time model, per by_name:
+# every object a walk visited is clean when the walk ends with None, since the walk saw all it reaches
+_CLEAN: dict[bool, set[int]] = {True: set(), False: set()}
+_HELD: list = []
 
 
 def test_a_test_that_reads_the_time_model_is_not_marked_measured(request):
