@@ -32,6 +32,23 @@ def pytest_configure(config):
         import torch    # here, not at the top: the xdist controller runs no test and needs no torch
 
         torch.set_num_threads(1)
+    if hasattr(config, "workerinput"):
+        _own_cpu(int(config.workerinput["workerid"].removeprefix("gw")))
+
+
+def _own_cpu(worker: int) -> None:
+    """Worker k's thread clusters run their ranks on allowed CPU k (cyclically), never on another
+    worker's: pinned where their caller happened to be, two workers' ranks shared one CPU for most
+    of the time both ran clusters while the other CPU idled (zerospec/cluster/threads.py,
+    home_cpu). Only the ranks: the worker's own thread, its subprocesses and rank processes still
+    run where the OS puts them."""
+    import os
+
+    from zerospec.cluster import threads
+
+    if hasattr(os, "sched_getaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        threads.home_cpu(allowed[worker % len(allowed)])
 
 
 @pytest.hookimpl(trylast=True)

@@ -112,8 +112,9 @@ class VirtualCluster:
     default: ranks take turns and their ops are small, so a second OpenMP thread mostly contends
     (spec/engine.md, "Why one rank at a time"). ``None`` leaves torch's setting alone.
 
-    ``pin``: run every rank's thread on one CPU, the one the caller is on when ``run`` starts
-    (Linux; elsewhere, or where the OS refuses, the ranks run where the OS puts them). Only with
+    ``pin``: run every rank's thread on one CPU, the one the caller is on when ``run`` starts, or
+    the process's own (:func:`home_cpu`) where one is set (Linux; elsewhere, or where the OS
+    refuses, the ranks run where the OS puts them). Only with
     ``torch_threads=1``: a rank's OpenMP team would be confined to that CPU too; ``None`` (the
     default) pins exactly then, ``True`` with another thread count is refused. Only one rank runs
     at a time, so one CPU loses nothing, and it keeps each hand-off from waking the next rank on
@@ -194,7 +195,7 @@ class VirtualCluster:
                    for _ in self.contexts]
         all_done = threading.Event()
         remaining = [self.n_ranks]
-        cpu = caller_cpu() if self.pin else None
+        cpu = ranks_cpu() if self.pin else None
 
         def body(ctx: RankContext) -> None:
             r = ctx.rank
@@ -242,6 +243,29 @@ class VirtualCluster:
                 t.join()
         self.observed = [o.observation for o in observers] if self.observe else []
         return results
+
+
+_HOME: list = [None]     # the process's own CPU for its clusters' ranks (home_cpu)
+
+
+def home_cpu(cpu: int | None) -> None:
+    """Run the ranks of every pinned cluster of this process on ``cpu`` (None: on the caller's CPU
+    at each ``run``). For processes that run clusters side by side, each on a CPU of its own (the
+    test suite's xdist workers: tests/support/scheduling.py): pinned where their callers happened
+    to be, two processes' ranks shared one CPU for most of the time both ran clusters, while
+    another CPU idled."""
+    if cpu is not None and (not isinstance(cpu, int) or isinstance(cpu, bool) or cpu < 0):
+        raise ValueError(f"cpu must be a CPU number >= 0 or None, got {cpu!r}")
+    _HOME[0] = cpu
+
+
+def ranks_cpu() -> int | None:
+    """The CPU a pinned cluster's ranks run on: the process's own (:func:`home_cpu`) if it is
+    one this process may use, else the caller's (:func:`caller_cpu`)."""
+    home = _HOME[0]
+    if home is not None and hasattr(os, "sched_getaffinity") and home in os.sched_getaffinity(0):
+        return home
+    return caller_cpu()
 
 
 def caller_cpu() -> int | None:

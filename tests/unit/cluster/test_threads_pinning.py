@@ -1,4 +1,5 @@
-"""VirtualCluster pins by default: every rank's thread on the caller's CPU, as the OS reports it."""
+"""VirtualCluster pins by default: every rank's thread on one CPU, the caller's or the process's own
+(home_cpu), as the OS reports it."""
 from __future__ import annotations
 
 import ctypes
@@ -54,3 +55,41 @@ def test_more_torch_threads_run_unpinned(pin):
     before = os.sched_getaffinity(0)
     seen = VirtualCluster(2, torch_threads=2, pin=pin).run(lambda ctx: os.sched_getaffinity(0))
     assert seen == [before, before]
+
+
+def test_a_home_cpu_takes_the_ranks_there_wherever_the_caller_runs(monkeypatch):
+    """``home_cpu(c)``: every pinned cluster of the process runs its ranks on CPU c, not on the
+    caller's; one this process may not use, or None, gives the caller's back."""
+    from zerospec.cluster import threads
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: the home and the caller's are the same")
+    monkeypatch.setattr(threads, "_HOME", [None])
+    monkeypatch.setattr(threads, "caller_cpu", lambda: allowed[0])   # the caller on the first CPU
+    threads.home_cpu(allowed[-1])
+    assert {c for _, c in VirtualCluster(3).run(_where)} == {allowed[-1]}
+    threads.home_cpu(max(allowed) + 1)
+    assert {c for _, c in VirtualCluster(3).run(_where)} == {allowed[0]}
+    threads.home_cpu(None)
+    assert {c for _, c in VirtualCluster(3).run(_where)} == {allowed[0]}
+
+
+@pytest.mark.parametrize("cpu", [-1, 1.0, True, "0"])
+def test_a_home_cpu_must_be_a_cpu_number(cpu):
+    from zerospec.cluster import threads
+    with pytest.raises(ValueError, match=f"cpu must be a CPU number >= 0 or None, got {cpu!r}"):
+        threads.home_cpu(cpu)
+
+
+def test_each_xdist_worker_runs_its_ranks_on_a_cpu_of_its_own(monkeypatch):
+    """tests/support/scheduling.py: worker k's clusters pin to allowed CPU k (cyclically), so two
+    workers' ranks never share a CPU while another idles."""
+    from tests.support import scheduling
+    from zerospec.cluster import threads
+    monkeypatch.setattr(threads, "_HOME", [None])
+    allowed = sorted(os.sched_getaffinity(0))
+    homes = []
+    for worker in range(len(allowed) + 1):
+        scheduling._own_cpu(worker)
+        homes.append(threads.ranks_cpu())
+    assert homes == allowed + allowed[:1]
