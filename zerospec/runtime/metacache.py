@@ -104,7 +104,12 @@ class MetaKernelCache(DispatchMode):
         self.hits = self.misses = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        return self.call(func, args, kwargs or {})
+
+    def call(self, func, args: tuple, kwargs: dict):
+        """Run ``func`` on its arguments, or answer it from the table: the mode's work, for a
+        mode above that calls it in place of the op (:class:`~zerospec.runtime.trace.StorageTrace`
+        in a traced step) with this one not entered, which saves each op a second Python mode."""
         kind = _KIND.get(func)
         if kind is None:
             kind = _KIND[func] = _kind(func)

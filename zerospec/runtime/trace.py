@@ -116,6 +116,10 @@ def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
     return Replay(phases, None, alloc, series)
 
 
+def _plain(func, args, kwargs):
+    return func(*args, **kwargs)
+
+
 class StorageTrace(Observer):
     """Every storage one rank's code makes and lets go, as a trace: ``with StorageTrace(ctx) as
     t: ...`` then ``t.trace``. The ledger's trace has only what it counts, and a saved activation
@@ -126,13 +130,17 @@ class StorageTrace(Observer):
     order, with the ledger's phase markers where its snapshots fall, and each storage under the
     ledger's category once the ledger counts it (``""``: a temporary the ledger never counts)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, kernels=None):
         super().__init__(ctx, record_peaks=False)   # the trace is the record; peaks go unread
+        # a MetaKernelCache not entered as a mode: each op is run through it from here
+        self._run = kernels.call if kernels is not None else _plain
         self.trace: list[TraceEvent] = []
         self._alloc_at: dict[int, int] = {}      # live storage key -> its alloc event's index
         self._unnamed: set[int] = set()          # live keys the ledger has not counted (yet)
         self._marked = len(ctx.memory.snapshots)
         self._changes = -1                       # the ledger's count at the last look
+        log = ctx.memory.trace                   # the ledger's own trace, if it keeps one: what
+        self._read = None if log is None else len(log)   # it counted since the last look
 
     def __exit__(self, *exc):
         self._settle()
@@ -144,9 +152,9 @@ class StorageTrace(Observer):
         events in the same order: inputs resized in place first, then the storages born."""
         kwargs = kwargs or {}
         if self._paused or getattr(_host, "depth", 0) > 0:
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs)
         self._settle()
-        out = func(*args, **kwargs)
+        out = self._run(func, args, kwargs)
         live, seen = self._live, set()
         for t in tensors_in(args, kwargs):
             st = t.untyped_storage()
@@ -171,11 +179,23 @@ class StorageTrace(Observer):
         ledger = self.ctx.memory
         if ledger.changes == self._changes:      # nothing counted since the last look (most ops)
             return
+        log, unnamed = ledger.trace, self._unnamed
+        # after a look no unnamed storage is counted, so only what the ledger counted since can
+        # be (its trace says which); a look over every unnamed storage where the ledger keeps no
+        # trace, or one of them was counted before its birth here (_alloc)
+        if self._changes == -1 or self._read is None or log is None:
+            keys = list(unnamed)
+        else:
+            keys = [e.key for e in log[self._read:] if e.op == "alloc" and e.key in unnamed]
+        if self._read is not None and log is not None:
+            self._read = len(log)
         self._changes, counted = ledger.changes, ledger.counted
-        for key in [k for k in self._unnamed if counted(k) is not None]:
-            at = self._alloc_at[key]
-            self.trace[at] = self.trace[at]._replace(category=counted(key)[0])
-            self._unnamed.discard(key)
+        for key in keys:
+            entry = counted(key)
+            if entry is not None and key in unnamed:
+                at = self._alloc_at[key]
+                self.trace[at] = self.trace[at]._replace(category=entry[0])
+                unnamed.discard(key)
 
     def _mark(self) -> None:
         snapshots = self.ctx.memory.snapshots
