@@ -102,6 +102,9 @@ class MetaKernelCache(DispatchMode):
         super().__init__()
         self.cache: dict = {} if cache is None else cache
         self.hits = self.misses = 0
+        self.answered = None     # how the last call was answered from the table: "made" (its
+        #                          outputs new storages; it writes no argument), "written" (the
+        #                          argument it writes, returned: nothing changed); None: it ran
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.call(func, args, kwargs or {})
@@ -110,6 +113,7 @@ class MetaKernelCache(DispatchMode):
         """Run ``func`` on its arguments, or answer it from the table: the mode's work, for a
         mode above that calls it in place of the op (:class:`~zerospec.runtime.trace.StorageTrace`
         in a traced step) with this one not entered, which saves each op a second Python mode."""
+        self.answered = None
         kind = _KIND.get(func)
         if kind is None:
             kind = _KIND[func] = _kind(func)
@@ -128,11 +132,13 @@ class MetaKernelCache(DispatchMode):
         if hit is not None:
             self.hits += 1
             if kind != "fresh":                # the argument it writes, as the kernel returns it
+                self.answered = "written"
                 position, name = kind
                 return kwargs[name] if name in kwargs else args[position]
             metas, spec = hit
             outs = [torch.empty_strided(*m[1:3], dtype=m[3], device="meta") if m[0] == "T"
                     else m[1] for m in metas]
+            self.answered = "made"
             # a plain tensor or a tuple of them (most ops) without pytree's generic walk
             return outs[0] if spec is None else spec(outs) if isinstance(spec, type) \
                 else tree_unflatten(outs, spec)
