@@ -132,16 +132,16 @@ def c30_trace(micro_batch: int = C30_BATCH, md: bool = False) -> list:
 
 
 @memoised
-def figure7(size: str, capacity: int | None = DGX2.memory_bytes,
-            samples: bool = False) -> dict[str, StepMemory]:
+def figure7(size: str, capacity: int | None = DGX2.memory_bytes) -> dict[str, StepMemory]:
     """Figure 7's run ``size`` ("40B": 50 × 8192 at 16 sequences per GPU; "100B": 125 × 8192 at
-    32; 400 GPUs, MP 16, [SC] appendix Table 5) under each configuration C1–C5."""
+    32; 400 GPUs, MP 16, [SC] appendix Table 5) under each configuration C1–C5, with rank class
+    0's (allocated, reserved) series: the table and the curves read the same steps."""
     run = next((r for r in ev.FIGURE7 if r.size == size), None)
     if run is None:
         raise ValueError(f"Figure 7 has runs {[r.size for r in ev.FIGURE7]}, not {size!r}")
     return {n: step_memory(c, run.layers, capacity, gpus=run.gpus, n_m=run.mp,
                            micro_batch=run.batch_per_gpu, d=run.hd, heads=run.heads,
-                           samples=samples)
+                           samples=True)
             for n, c in CONFIGS.items()}
 
 

@@ -40,6 +40,7 @@ from torch.utils.flop_counter import flop_registry
 
 from .dispatch import DispatchMode
 from .memory import storage_key
+from .metacache import _key
 from .observe import tensors_in, written_arguments
 
 
@@ -139,6 +140,30 @@ def _record(f: _Facts, args: tuple, kwargs: dict, out) -> Op:
     return Op(f.name, flops, _nbytes((args, kwargs)), _nbytes(out))
 
 
+_OPS: dict = {}     # (op, its arguments' and outputs' metadata, whether a view) -> its Op
+LIMIT = 1 << 14     # keys kept at most: past it the table starts again empty
+
+
+def _op(f: _Facts, args: tuple, kwargs: dict, out) -> Op:
+    """:func:`_record`'s Op of an op with a FLOP formula, remembered per key: an Op is a
+    function of the op, the shapes, strides, dtypes and non-tensor values of its arguments and
+    outputs (what torch's FLOP formulas and the byte counts read: zerospec/runtime/metacache.py's
+    key), and, for an op whose schema leaves it open, whether its outputs live in its inputs'
+    storages. torch's formulas walk their arguments with pytree at each call (a third of a
+    counted meta step's time); a step repeats the same few matmul shapes per layer."""
+    try:
+        key = (id(f.func), _key(args), tuple([(k, _key(v)) for k, v in kwargs.items()]),
+               _key(out), _is_view(f, args, kwargs, out) if f.moves == "maybe" else None)
+        op = _OPS.get(key)
+    except TypeError:                        # an unhashable argument: count it afresh
+        return _record(f, args, kwargs, out)
+    if op is None:
+        if len(_OPS) >= LIMIT:
+            _OPS.clear()
+        op = _OPS[key] = _record(f, args, kwargs, out)
+    return op
+
+
 class OpCounter(DispatchMode):
     """``with OpCounter() as c: ...`` then ``c.ops``: a Counter of :class:`Op` tuples."""
 
@@ -157,7 +182,8 @@ class OpCounter(DispatchMode):
             if r is not NotImplemented:
                 return r
         out = func(*args, **kwargs)
-        self.ops[_record(f, args, kwargs, out)] += 1
+        self.ops[_op(f, args, kwargs, out) if f.formula is not None
+                 else _record(f, args, kwargs, out)] += 1
         return out
 
     @property

@@ -48,7 +48,7 @@ def test_the_cached_memory_figure_draws_one_panel_per_configuration(monkeypatch,
     from zerospec.evaluation import plots
     series = [(0, 0), (5 * 10**9, 6 * 10**9), (10**9, 6 * 10**9)]
     fake = {n: StepMemory(1, 5 * 10**9, 6 * 10**9, None, series) for n in CONFIGS}
-    monkeypatch.setattr(plots, "figure7", lambda size, samples=False: fake)   # the name it calls
+    monkeypatch.setattr(plots, "figure7", lambda size: fake)   # the name it calls
     paths = plots.fragmentation_by_config(tmp_path, "40B")
     assert [p.name for p in paths] == ["fragmentation_by_config_40B.png",
                                        "fragmentation_by_config_40B.svg"]
