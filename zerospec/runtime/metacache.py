@@ -105,6 +105,7 @@ class MetaKernelCache(DispatchMode):
         self.answered = None     # how the last call was answered from the table: "made" (its
         #                          outputs new storages; it writes no argument), "written" (the
         #                          argument it writes, returned: nothing changed); None: it ran
+        self.key = None          # the last answered call's key: its outputs are the key's
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.call(func, args, kwargs or {})
@@ -131,6 +132,7 @@ class MetaKernelCache(DispatchMode):
             return func(*args, **kwargs)
         if hit is not None:
             self.hits += 1
+            self.key = key
             if kind != "fresh":                # the argument it writes, as the kernel returns it
                 self.answered = "written"
                 position, name = kind

@@ -200,16 +200,18 @@ def test_a_step_is_a_few_dozen_distinct_ops_however_many_calls():
 
 
 def test_ops_remembered_per_argument_metadata_are_the_ops_counted_afresh(monkeypatch):
-    """An op with a FLOP formula is counted once per key of its arguments' and outputs'
-    metadata and remembered (opcount._op): a meta step counted from a warm table holds, per
-    rank class, step and phase, the Counter of Ops counted afresh at every call."""
+    """An op the kernel cache answers is counted once per cache key, and an op with a FLOP
+    formula once per key of its arguments' and outputs' metadata (opcount._op): a meta step
+    counted from warm tables holds, per rank class, step and phase, the Counter of Ops counted
+    afresh at every call with every kernel run."""
     from zerospec.runtime import opcount
     cfg = TrainConfig(stage=3, n_d=2, model=gpt(2, 64, 4), count_flops=True,
                       zero_r=ZeroROptions(checkpoint_activations=1))
     monkeypatch.setattr(opcount, "_OPS", {})
-    measure(cfg)                             # the table holds every key of the step after this
+    monkeypatch.setattr(opcount, "_ANSWERED", {})
+    measure(cfg)                             # the tables hold every key of the step after this
     warm = [c.output.ops for c in measure(cfg).classes]
-    assert len(opcount._OPS) > 0
+    assert len(opcount._OPS) > 0 and len(opcount._ANSWERED) > 0
     monkeypatch.setattr(opcount, "_op", lambda f, args, kwargs, out: opcount._record(
         f, args, kwargs, out))
-    assert warm == [c.output.ops for c in measure(cfg).classes]
+    assert warm == [c.output.ops for c in measure(cfg, cache_kernels=False).classes]

@@ -173,8 +173,8 @@ def test_a_step_answered_from_earlier_steps_kernels_equals_one_from_an_empty_tab
 
 
 def test_a_traced_step_answered_from_the_kernel_table_has_the_trace_of_one_that_runs_every_kernel():
-    """The trace runs each op through the kernel cache itself (one dispatch mode, answers from
-    the table made without looking at their inputs): a stage's storage trace and ledger
+    """The trace runs each op through the kernel cache itself (one dispatch mode) and skips its
+    look at the inputs of an op answered from the table: a stage's storage trace and ledger
     trace, event for event, as with every kernel run (stage 3: resizes, gathers, frees)."""
     for stage in (1, 3):
         cfg = TrainConfig(stage=stage, n_d=8, model=ODD)
