@@ -183,8 +183,8 @@ def on_device(m: StepMemory) -> str:
 def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
     """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
     model at 400 GPUs, MP 16, 16 per GPU; L_a, the most whose allocated peak is within 32 GB;
-    every step measured, by L: the evidence). Some 70 paper-scale steps with traces: ~3 min on
-    2 cores."""
+    every step measured, by L: the evidence). Some 60 paper-scale steps with traces, those that
+    run out on their first GPU alone: ~1.5 min of one core."""
     out = {}
     for name, c in CONFIGS.items():
         seen: dict[int, StepMemory] = {}
