@@ -29,6 +29,9 @@ the op), never a tensor; past :data:`LIMIT` keys it starts again empty. :func:`f
 It is exact by construction and checked case by case (tests/unit/runtime/test_metacache.py) and against
 an uncached run (tests/unit/training/test_scale.py). Everything else that watches the ops (the memory
 observers, the op counter, FlopCounterMode) is entered after it, so sees every op before it answers.
+A traced step does not enter it: the storage trace runs each op through :meth:`MetaKernelCache.call`
+itself (one Python mode an op, not two), and reads ``answered`` to skip its look at an op whose
+outputs the table made; the op counter reads ``answered`` and ``key`` to count such an op by its key.
 """
 from __future__ import annotations
 
