@@ -72,6 +72,7 @@ def onlys(monkeypatch):
     return asked
 
 
+@pytest.mark.slow   # four meta steps of GPT-2's vocabulary with cold kernels: ~1 s
 def test_a_step_that_runs_out_on_its_first_gpu_steps_no_other_class(onlys):
     """until="oom": the first rank class runs out on a device of its own allocated peak, so the
     step stops there and says so (1 of 2 classes); going on from it steps the second class
@@ -91,7 +92,7 @@ def test_a_step_that_runs_out_on_its_first_gpu_steps_no_other_class(onlys):
     assert both.oom.event == first.oom.event and both.oom.phase == first.oom.phase
 
 
-@pytest.mark.slow   # its own cold meta kernels: ~1 s; the test above checks the same stepping
+@pytest.mark.slow   # its own cold meta kernels: ~1 s
 def test_a_step_over_the_capacity_on_its_first_gpu_stops_there_and_one_that_fits_steps_all(onlys):
     """until="over": a class whose allocated peak exceeds the device settles it; where none
     does, every class is stepped (fitting is every GPU's)."""
