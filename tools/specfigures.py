@@ -133,7 +133,7 @@ def figure7_curves_data(size: str = "100B") -> str:
     from zerospec.evaluation.cached_memory import figure7
     rows = ["| config | samples | allocated peak (B) | max cached (B) | samples sha256 |",
             "|---|---|---|---|---|"]
-    for name, mem in figure7(size, samples=True).items():
+    for name, mem in figure7(size).items():
         rows.append(f"| {name} | {len(mem.samples):,} | {max(a for a, _ in mem.samples):,} "
                     f"| {mem.reserved:,} | {sha(mem.samples)} |")
     return "\n".join(rows)

@@ -16,7 +16,11 @@ criterion. Fitting is not monotone in L under fragmentation (a step may run out 
 layer fits), so the search does not bisect: it finds L_a, the most layers whose allocated peak
 (what the step holds, no fragmentation) is within the capacity — L_a + 1 cannot fit whatever the
 allocator does — and walks down from L_a replaying each L at the capacity; the answer is the
-first that fits, every L above it up to L_a measured to run out.
+first that fits, every L above it up to L_a measured to run out. A step's rank classes (at 400
+GPUs and MP 16: ranks 0–23 and the padded last) are stepped one at a time where one settles the
+verdict: a layer count runs out once one GPU does, and holds more than the device once one GPU
+does; "fits" (the answer, L_a, and the two probes whose line is the first guess) steps them all.
+``StepMemory.classes`` says how many a step saw.
 """
 from __future__ import annotations
 
@@ -36,32 +40,77 @@ from .runs import memoised
 
 @dataclasses.dataclass(frozen=True)
 class StepMemory:
-    """One meta step's memory, the highest of any rank class (bytes)."""
+    """One meta step's memory, the highest of the rank classes stepped (bytes): every class of
+    the step unless a search stopped at the first that settled its question (``complete``)."""
 
     ledger: int              # the ledger's peak: what the stage code counts
     allocated: int           # the allocator's allocated peak: every storage, rounded to 512 B
     reserved: int            # its reserved peak without a limit: PyTorch's "max cached memory"
     oom: OOMPoint | None     # the first rank class's OutOfMemory on a device of the capacity
     samples: list[tuple[int, int]] | None = None   # rank class 0's (allocated, reserved) series
+    classes: int = 1         # rank classes stepped, the first ones in rank order ...
+    of: int = 1              # ... of the step's
+
+    @property
+    def complete(self) -> bool:
+        return self.classes == self.of
+
+
+UNTIL = ("oom", "over")      # step_memory's verdicts that one rank class settles
+
+
+def settled(m: StepMemory, until: str | None, capacity: int | None) -> bool:
+    """Whether ``m`` answers ``until``: every class stepped; or one of them ran out ("oom"), or
+    held more than ``capacity`` at its allocated peak ("over"). What "fits" needs is every
+    class; that one GPU runs out, or holds more than the device, needs that GPU alone."""
+    return m.complete or (until == "oom" and m.oom is not None) or (
+        until == "over" and capacity is not None and m.allocated > capacity)
 
 
 def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *, gpus: int,
-                n_m: int, micro_batch: int, d: int, heads: int,
-                samples: bool = False) -> StepMemory:
+                n_m: int, micro_batch: int, d: int, heads: int, samples: bool = False,
+                until: str | None = None, start: StepMemory | None = None) -> StepMemory:
     """One meta step of ``config`` for ``layers`` blocks of width ``d``, each rank class's storage
-    trace replayed twice: without a limit (the peaks) and on ``capacity`` bytes (the OOM)."""
-    r = measure(TrainConfig.of(model=gpt(layers, d, heads), stage=config.stage, n_d=gpus // n_m,
-                               **config.kwargs(n_m)), micro_batch=micro_batch, trace=True)
-    free = [replay(c.allocations, samples=samples and i == 0) for i, c in enumerate(r.classes)]
+    trace replayed twice: without a limit (the peaks) and on ``capacity`` bytes (the OOM).
+    ``until`` ("oom" or "over", :func:`settled`): step the classes one at a time, in rank order,
+    and stop at the first that settles it; ``start``: such a partial StepMemory of the same step,
+    to go on from."""
+    if until not in (None, *UNTIL):
+        raise ValueError(f"until must be one of {UNTIL} or None, got {until!r}")
+    cfg = TrainConfig.of(model=gpt(layers, d, heads), stage=config.stage, n_d=gpus // n_m,
+                         **config.kwargs(n_m))
+    if until is None and start is None:
+        r = measure(cfg, micro_batch=micro_batch, trace=True)
+        return _combine([_one(c, capacity, samples and i == 0)
+                         for i, c in enumerate(r.classes)], len(r.classes))
+    m = start
+    while m is None or not settled(m, until, capacity):
+        i = 0 if m is None else m.classes
+        r = measure(cfg, micro_batch=micro_batch, trace=True, only=i)
+        m = _combine(([m] if m else []) + [_one(r.classes[0], capacity, samples and i == 0)],
+                     r.class_count)
+    return m
+
+
+def _one(c, capacity: int | None, samples: bool) -> StepMemory:
+    """One rank class's trace replayed: free (its peaks), and on ``capacity`` (its OOM)."""
+    free = replay(c.allocations, samples=samples)
     # a device refuses a segment only past its capacity: where the free replay never reserved that
     # much, the capped one is the same replay and cannot run out (tests/unit/runtime/test_allocator.py)
-    capped = [replay(c.allocations, capacity).oom if f.peak_reserved > capacity else None
-              for c, f in zip(r.classes, free)] if capacity else []
-    return StepMemory(ledger=max(c.memory.peak_total for c in r.classes),
-                      allocated=max(f.peak_allocated for f in free),
-                      reserved=max(f.peak_reserved for f in free),
-                      oom=next((o for o in capped if o is not None), None),
-                      samples=free[0].samples if samples else None)
+    oom = replay(c.allocations, capacity).oom if capacity and free.peak_reserved > capacity \
+        else None
+    return StepMemory(c.memory.peak_total, free.peak_allocated, free.peak_reserved, oom,
+                      free.samples if samples else None)
+
+
+def _combine(parts: list[StepMemory], of: int) -> StepMemory:
+    """Rank classes stepped in rank order (a partial StepMemory's first): their highest peaks,
+    the first OOM, the first class's samples."""
+    return StepMemory(ledger=max(p.ledger for p in parts),
+                      allocated=max(p.allocated for p in parts),
+                      reserved=max(p.reserved for p in parts),
+                      oom=next((p.oom for p in parts if p.oom is not None), None),
+                      samples=parts[0].samples, classes=sum(p.classes for p in parts), of=of)
 
 
 # C30's micro-batch: the most sequences per GPU whose step needs less than the 32 GB V100 yet runs
@@ -83,16 +132,16 @@ def c30_trace(micro_batch: int = C30_BATCH, md: bool = False) -> list:
 
 
 @memoised
-def figure7(size: str, capacity: int | None = DGX2.memory_bytes,
-            samples: bool = False) -> dict[str, StepMemory]:
+def figure7(size: str, capacity: int | None = DGX2.memory_bytes) -> dict[str, StepMemory]:
     """Figure 7's run ``size`` ("40B": 50 × 8192 at 16 sequences per GPU; "100B": 125 × 8192 at
-    32; 400 GPUs, MP 16, [SC] appendix Table 5) under each configuration C1–C5."""
+    32; 400 GPUs, MP 16, [SC] appendix Table 5) under each configuration C1–C5, with rank class
+    0's (allocated, reserved) series: the table and the curves read the same steps."""
     run = next((r for r in ev.FIGURE7 if r.size == size), None)
     if run is None:
         raise ValueError(f"Figure 7 has runs {[r.size for r in ev.FIGURE7]}, not {size!r}")
     return {n: step_memory(c, run.layers, capacity, gpus=run.gpus, n_m=run.mp,
                            micro_batch=run.batch_per_gpu, d=run.hd, heads=run.heads,
-                           samples=samples)
+                           samples=True)
             for n, c in CONFIGS.items()}
 
 
@@ -103,15 +152,18 @@ def max_layers_replayed(config: ZeroConfig, capacity: int, probes=(8, 16),
     shape = {**FIG6, **shape}
     seen = {} if seen is None else seen
 
-    def at(L: int) -> StepMemory:
-        if L not in seen:
-            seen[L] = step_memory(config, L, capacity, **shape)
-        return seen[L]
+    def at(L: int, until: str | None = None) -> StepMemory:
+        m = seen.get(L)
+        if m is None or not settled(m, until, capacity):
+            m = seen[L] = step_memory(config, L, capacity, until=until, start=m, **shape)
+        return m
 
-    L = largest(lambda L: at(L).allocated, capacity, probes=probes).value or 0   # L_a: held
+    for L in probes:                         # the line through them is the first guess: exact
+        at(L)
+    L = largest(lambda L: at(L, "over").allocated, capacity, probes=probes).value or 0   # L_a
     if L == 0:
         return 0
-    while at(L).oom is not None:             # down past every L that fragmentation stops
+    while at(L, "oom").oom is not None:      # down past every L that fragmentation stops
         if L == 1:
             return 0
         L -= 1
@@ -131,11 +183,12 @@ def on_device(m: StepMemory) -> str:
 def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
     """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
     model at 400 GPUs, MP 16, 16 per GPU; L_a, the most whose allocated peak is within 32 GB;
-    every step measured, by L: the evidence). Some 70 paper-scale steps with traces: ~3 min on
-    2 cores."""
+    every step measured, by L: the evidence). Some 60 paper-scale steps with traces, those that
+    run out on their first GPU alone: ~1.5 min of one core."""
     out = {}
     for name, c in CONFIGS.items():
         seen: dict[int, StepMemory] = {}
         L = max_layers_replayed(c, DGX2.memory_bytes, seen=seen)
-        out[name] = (L, max(k for k, m in seen.items() if m.allocated <= DGX2.memory_bytes), seen)
+        out[name] = (L, max(k for k, m in seen.items()
+                            if m.complete and m.allocated <= DGX2.memory_bytes), seen)
     return out

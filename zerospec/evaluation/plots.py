@@ -120,7 +120,7 @@ def fragmentation_by_config(out, size: str = "100B") -> list[Path]:
     plt = pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = figure7(size, samples=True)
+    runs = figure7(size)
     # y axes of their own: C1 and C3 reach 100 GB at 100B, and C4/C5's cache would be a sliver
     fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 4))
     for ax, (name, mem) in zip(axes, runs.items()):

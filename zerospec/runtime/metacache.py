@@ -29,6 +29,9 @@ the op), never a tensor; past :data:`LIMIT` keys it starts again empty. :func:`f
 It is exact by construction and checked case by case (tests/unit/runtime/test_metacache.py) and against
 an uncached run (tests/unit/training/test_scale.py). Everything else that watches the ops (the memory
 observers, the op counter, FlopCounterMode) is entered after it, so sees every op before it answers.
+A traced step does not enter it: the storage trace runs each op through :meth:`MetaKernelCache.call`
+itself (one Python mode an op, not two), and reads ``answered`` to skip its look at an op whose
+outputs the table made; the op counter reads ``answered`` and ``key`` to count such an op by its key.
 """
 from __future__ import annotations
 
@@ -102,9 +105,19 @@ class MetaKernelCache(DispatchMode):
         super().__init__()
         self.cache: dict = {} if cache is None else cache
         self.hits = self.misses = 0
+        self.answered = None     # how the last call was answered from the table: "made" (its
+        #                          outputs new storages; it writes no argument), "written" (the
+        #                          argument it writes, returned: nothing changed); None: it ran
+        self.key = None          # the last answered call's key: its outputs are the key's
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        return self.call(func, args, kwargs or {})
+
+    def call(self, func, args: tuple, kwargs: dict):
+        """Run ``func`` on its arguments, or answer it from the table: the mode's work, for a
+        mode above that calls it in place of the op (:class:`~zerospec.runtime.trace.StorageTrace`
+        in a traced step) with this one not entered, which saves each op a second Python mode."""
+        self.answered = None
         kind = _KIND.get(func)
         if kind is None:
             kind = _KIND[func] = _kind(func)
@@ -122,12 +135,15 @@ class MetaKernelCache(DispatchMode):
             return func(*args, **kwargs)
         if hit is not None:
             self.hits += 1
+            self.key = key
             if kind != "fresh":                # the argument it writes, as the kernel returns it
+                self.answered = "written"
                 position, name = kind
                 return kwargs[name] if name in kwargs else args[position]
             metas, spec = hit
             outs = [torch.empty_strided(*m[1:3], dtype=m[3], device="meta") if m[0] == "T"
                     else m[1] for m in metas]
+            self.answered = "made"
             # a plain tensor or a tuple of them (most ops) without pytree's generic walk
             return outs[0] if spec is None else spec(outs) if isinstance(spec, type) \
                 else tree_unflatten(outs, spec)

@@ -36,10 +36,12 @@ from collections import Counter
 from typing import NamedTuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import flop_registry
 
 from .dispatch import DispatchMode
 from .memory import storage_key
+from .metacache import MetaKernelCache, _key
 from .observe import tensors_in, written_arguments
 
 
@@ -139,12 +141,45 @@ def _record(f: _Facts, args: tuple, kwargs: dict, out) -> Op:
     return Op(f.name, flops, _nbytes((args, kwargs)), _nbytes(out))
 
 
+_OPS: dict = {}     # (op, its arguments' and outputs' metadata, whether a view) -> its Op
+_ANSWERED: dict = {}   # a MetaKernelCache key -> the Op of a call the cache answered
+LIMIT = 1 << 14     # keys kept at most: past it the table starts again empty
+
+
+def _op(f: _Facts, args: tuple, kwargs: dict, out) -> Op:
+    """:func:`_record`'s Op of an op with a FLOP formula, remembered per key: an Op is a
+    function of the op, the shapes, strides, dtypes and non-tensor values of its arguments and
+    outputs (what torch's FLOP formulas and the byte counts read: zerospec/runtime/metacache.py's
+    key), and, for an op whose schema leaves it open, whether its outputs live in its inputs'
+    storages. torch's formulas walk their arguments with pytree at each call (a third of a
+    counted meta step's time); a step repeats the same few matmul shapes per layer."""
+    try:
+        key = (id(f.func), _key(args), tuple([(k, _key(v)) for k, v in kwargs.items()]),
+               _key(out), _is_view(f, args, kwargs, out) if f.moves == "maybe" else None)
+        op = _OPS.get(key)
+    except TypeError:                        # an unhashable argument: count it afresh
+        return _record(f, args, kwargs, out)
+    if op is None:
+        if len(_OPS) >= LIMIT:
+            _OPS.clear()
+        op = _OPS[key] = _record(f, args, kwargs, out)
+    return op
+
+
 class OpCounter(DispatchMode):
     """``with OpCounter() as c: ...`` then ``c.ops``: a Counter of :class:`Op` tuples."""
 
     def __init__(self):
         super().__init__()
         self.ops: Counter[Op] = Counter()
+        self._kernels = None
+
+    def __enter__(self):
+        # the mode it sits on, if a MetaKernelCache: an op the cache answers from its table is
+        # counted by the answer's key (a meta step under measure; nothing between the two)
+        below = _get_current_dispatch_mode()
+        self._kernels = below if isinstance(below, MetaKernelCache) else None
+        return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -157,7 +192,17 @@ class OpCounter(DispatchMode):
             if r is not NotImplemented:
                 return r
         out = func(*args, **kwargs)
-        self.ops[_record(f, args, kwargs, out)] += 1
+        kernels = self._kernels
+        if kernels is not None and kernels.answered is not None and kernels.key[0] == id(func):
+            # answered from the table: the outputs, and so the Op, are a function of the key
+            op = _ANSWERED.get(kernels.key)
+            if op is None:
+                if len(_ANSWERED) >= LIMIT:
+                    _ANSWERED.clear()
+                op = _ANSWERED[kernels.key] = _record(f, args, kwargs, out)
+        else:
+            op = _op(f, args, kwargs, out) if f.formula is not None else _record(f, args, kwargs, out)
+        self.ops[op] += 1
         return out
 
     @property

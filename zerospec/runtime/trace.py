@@ -20,7 +20,7 @@ import torch
 
 from .allocator import DEFAULT_STREAM, CachingAllocator, OutOfMemory
 from .memory import TraceEvent
-from .observe import Observer, _host, tensors_in
+from .observe import Observer, _host, tensors_in, written_arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +116,23 @@ def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
     return Replay(phases, None, alloc, series)
 
 
+def _plain(func, args, kwargs):
+    return func(*args, **kwargs)
+
+
+_VIEWS: dict = {}   # aten op -> whether its schema makes it a view: every return an alias of an
+#                     argument it does not write, and no argument written (``t``, ``expand``)
+
+
+def _is_view(func) -> bool:
+    v = _VIEWS.get(func)
+    if v is None:
+        rets = func._schema.returns
+        v = _VIEWS[func] = bool(rets) and not written_arguments(func) and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in rets)
+    return v
+
+
 class StorageTrace(Observer):
     """Every storage one rank's code makes and lets go, as a trace: ``with StorageTrace(ctx) as
     t: ...`` then ``t.trace``. The ledger's trace has only what it counts, and a saved activation
@@ -126,13 +143,19 @@ class StorageTrace(Observer):
     order, with the ledger's phase markers where its snapshots fall, and each storage under the
     ledger's category once the ledger counts it (``""``: a temporary the ledger never counts)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, kernels=None):
         super().__init__(ctx, record_peaks=False)   # the trace is the record; peaks go unread
+        # a MetaKernelCache not entered as a mode: each op is run through it from here
+        self._kernels = kernels
+        self._run = kernels.call if kernels is not None else _plain
+        self._stale: set[int] = set()   # live keys resized by an op run paused, not yet seen
         self.trace: list[TraceEvent] = []
         self._alloc_at: dict[int, int] = {}      # live storage key -> its alloc event's index
         self._unnamed: set[int] = set()          # live keys the ledger has not counted (yet)
         self._marked = len(ctx.memory.snapshots)
         self._changes = -1                       # the ledger's count at the last look
+        log = ctx.memory.trace                   # the ledger's own trace, if it keeps one: what
+        self._read = None if log is None else len(log)   # it counted since the last look
 
     def __exit__(self, *exc):
         self._settle()
@@ -144,9 +167,20 @@ class StorageTrace(Observer):
         events in the same order: inputs resized in place first, then the storages born."""
         kwargs = kwargs or {}
         if self._paused or getattr(_host, "depth", 0) > 0:
-            return func(*args, **kwargs)
+            out = self._run(func, args, kwargs)
+            if written_arguments(func):          # it may have resized one of ours: the next op
+                self._note_resized(args, kwargs)   # that reads it says so, as without the cache
+            return out
         self._settle()
-        out = func(*args, **kwargs)
+        out = self._run(func, args, kwargs)
+        if not self._stale:   # no input may have been resized before: only this op could
+            how = self._kernels.answered if self._kernels is not None else None
+            if how == "made":      # from the kernel table: new storages; it writes no argument
+                for t in (out,) if isinstance(out, torch.Tensor) else tensors_in(out):
+                    self._born(t.untyped_storage(), func, t, None)
+                return out
+            if how == "written" or _is_view(func):   # nothing ran, or no write and no new storage
+                return out
         live, seen = self._live, set()
         for t in tensors_in(args, kwargs):
             st = t.untyped_storage()
@@ -162,6 +196,13 @@ class StorageTrace(Observer):
                 self._born(st, func, t, None)
         return out
 
+    def _note_resized(self, args, kwargs) -> None:
+        for t in tensors_in(args, kwargs):
+            st = t.untyped_storage()
+            rec = self._live.get(st._cdata)
+            if rec is not None and rec.nbytes != st.nbytes():
+                self._stale.add(st._cdata)
+
     def _settle(self) -> None:
         """Before each op: the ledger's snapshots since the last event become phase markers, and
         storages it has counted since get its category (autograd saves a tensor after the op that
@@ -171,11 +212,23 @@ class StorageTrace(Observer):
         ledger = self.ctx.memory
         if ledger.changes == self._changes:      # nothing counted since the last look (most ops)
             return
+        log, unnamed = ledger.trace, self._unnamed
+        # after a look no unnamed storage is counted, so only what the ledger counted since can
+        # be (its trace says which); a look over every unnamed storage where the ledger keeps no
+        # trace, or one of them was counted before its birth here (_alloc)
+        if self._changes == -1 or self._read is None or log is None:
+            keys = list(unnamed)
+        else:
+            keys = [e.key for e in log[self._read:] if e.op == "alloc" and e.key in unnamed]
+        if self._read is not None and log is not None:
+            self._read = len(log)
         self._changes, counted = ledger.changes, ledger.counted
-        for key in [k for k in self._unnamed if counted(k) is not None]:
-            at = self._alloc_at[key]
-            self.trace[at] = self.trace[at]._replace(category=counted(key)[0])
-            self._unnamed.discard(key)
+        for key in keys:
+            entry = counted(key)
+            if entry is not None and key in unnamed:
+                at = self._alloc_at[key]
+                self.trace[at] = self.trace[at]._replace(category=entry[0])
+                unnamed.discard(key)
 
     def _mark(self) -> None:
         snapshots = self.ctx.memory.snapshots
@@ -200,6 +253,7 @@ class StorageTrace(Observer):
 
     def _died(self, key: int) -> None:
         super()._died(key)
+        self._stale.discard(key)
         if key in self._alloc_at:         # not if a resize_(0) let it go already
             self._free(key)
 
@@ -216,6 +270,7 @@ class StorageTrace(Observer):
         rec = self._live.get(key)
         if rec is None or rec.nbytes == st.nbytes():   # not one of ours, or not resized: most calls
             return
+        self._stale.discard(key)
         super()._refresh(st)
         if key in self._alloc_at:
             self._free(key)

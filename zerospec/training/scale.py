@@ -92,6 +92,13 @@ class ScaleResult(Sized):
     classes: list[RankClass]
     seconds: float
     _comm: CommLedger | None = None
+    class_count: int = 0   # rank classes the step has; ``classes`` holds them all but after
+    #                        measure(only=i), which steps the i-th alone
+
+    @property
+    def complete(self) -> bool:
+        """Every rank class of the step was stepped (not ``measure(only=...)``)."""
+        return len(self.classes) == self.class_count
 
     @property
     def grid(self) -> Grid:
@@ -103,7 +110,12 @@ class ScaleResult(Sized):
         if not 0 <= rank < self.config.n_ranks:
             raise ValueError(f"rank must be in 0..{self.config.n_ranks - 1}, got {rank}")
         d = self.grid.dp_index(rank) % self.config.shard_size   # MiCS: its place in its group
-        return next(c for c in self.classes if d in c.ranks)
+        found = next((c for c in self.classes if d in c.ranks), None)
+        if found is None:
+            raise ValueError(f"rank {rank}'s class was not stepped: this result holds "
+                             f"{len(self.classes)} of the step's {self.class_count} rank classes "
+                             f"(ranks {[c.ranks for c in self.classes]}; measure(only=...))")
+        return found
 
     def model_states(self, rank: int = 0) -> int:
         return self.rank_class(rank).model_states
@@ -159,7 +171,7 @@ class _SetupOnlyContext(RankContext):
 
 # -- running ----------------------------------------------------------------------------------------
 def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = False,
-            cache_kernels: bool = True, trace: bool = False) -> ScaleResult:
+            cache_kernels: bool = True, trace: bool = False, only: int | None = None) -> ScaleResult:
     """One step of ``config`` on its N meta GPUs (see the module doc): ``config`` runs with
     ``device="meta"`` and one step, each rank on ``micro_batch`` sequences per micro-step.
 
@@ -174,6 +186,10 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     ``trace``: record each class's allocation trace for the caching allocator model
     (zerospec/runtime/trace.py; fragmentation, C30, C37): ``RankClass.allocations``, every
     storage (:class:`~zerospec.runtime.trace.StorageTrace`), and ``memory.trace``, the ledger's.
+    ``only``: step the rank class of this index alone (0: the first, in rank order), for a caller
+    that stops once one class settles what it asks (zerospec/evaluation/cached_memory.py); the
+    result's ``class_count`` says how many the step has (``complete`` is then False unless it has
+    one). A rank of another class is refused by ``rank_class`` and what reads it.
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
@@ -184,15 +200,21 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     units = cfg.units()
     init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(cfg.n_ranks, cfg.gpus_per_node), MetaBackend(cfg.n_ranks)
+    every = rank_classes(units, cfg.shard_size, partitioned=units[0].pad)
+    if only is not None and not (isinstance(only, int) and 0 <= only < len(every)):
+        raise ValueError(f"only (a rank class's index) must be in 0..{len(every) - 1}: the step "
+                         f"has {len(every)} rank classes ({every}), got {only!r}")
     t0 = time.perf_counter()
     classes = []
-    with MetaKernelCache(shared()) if cache_kernels else contextlib.nullcontext():
-        for ranks in rank_classes(units, cfg.shard_size, partitioned=units[0].pad):
+    kernels = MetaKernelCache(shared()) if cache_kernels else None
+    # traced: the trace runs each op through the cache itself (one Python mode an op, not two)
+    with kernels if kernels is not None and not trace else contextlib.nullcontext():
+        for ranks in every if only is None else every[only:only + 1]:
             r = ranks[0] * n_m                 # the DP index's MP rank 0
             make = _SetupOnlyContext if setup_only else RankContext
             ctx = make(r, cfg.n_ranks, MemoryLedger("meta", trace=trace), None)
             ctx.comm = Interconnect(ctx, backend, ledger)
-            with StorageTrace(ctx) if trace else contextlib.nullcontext() as seen:
+            with StorageTrace(ctx, kernels) if trace else contextlib.nullcontext() as seen:
                 out = _run_rank(ctx, cfg, units, init, batches)
             recs = ledger.records(r)
             srcs = iter(backend.srcs[r])       # the backend saw every collective, not host copies
@@ -201,7 +223,7 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
             states = out.model_states if out is not None else ctx.memory.model_states()
             classes.append(RankClass(ranks, ctx.memory, states, out, ctx.host, colls,
                                      seen.trace if seen is not None else None, ctx.nvme))
-    return ScaleResult(cfg, units, classes, time.perf_counter() - t0)
+    return ScaleResult(cfg, units, classes, time.perf_counter() - t0, class_count=len(every))
 
 
 def _run_rank(ctx, cfg, units, init, batches) -> RankOutput | None:

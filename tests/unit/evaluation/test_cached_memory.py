@@ -48,8 +48,62 @@ def test_the_cached_memory_figure_draws_one_panel_per_configuration(monkeypatch,
     from zerospec.evaluation import plots
     series = [(0, 0), (5 * 10**9, 6 * 10**9), (10**9, 6 * 10**9)]
     fake = {n: StepMemory(1, 5 * 10**9, 6 * 10**9, None, series) for n in CONFIGS}
-    monkeypatch.setattr(plots, "figure7", lambda size, samples=False: fake)   # the name it calls
+    monkeypatch.setattr(plots, "figure7", lambda size: fake)   # the name it calls
     paths = plots.fragmentation_by_config(tmp_path, "40B")
     assert [p.name for p in paths] == ["fragmentation_by_config_40B.png",
                                        "fragmentation_by_config_40B.svg"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+# -- a step's rank classes, one at a time --------------------------------------------------------
+SMALL = dict(gpus=14, n_m=2, micro_batch=1, d=64, heads=4)   # N_d = 7: ranks 0–5 and 6 (padded)
+
+
+@pytest.fixture
+def onlys(monkeypatch):
+    """The rank class each of step_memory's meta steps was asked to step (None: all)."""
+    asked = []
+    measure = cached.measure
+
+    def spy(config, **how):
+        asked.append(how.get("only"))
+        return measure(config, **how)
+    monkeypatch.setattr(cached, "measure", spy)
+    return asked
+
+
+@pytest.mark.slow   # four meta steps of GPT-2's vocabulary with cold kernels: ~1 s
+def test_a_step_that_runs_out_on_its_first_gpu_steps_no_other_class(onlys):
+    """until="oom": the first rank class runs out on a device of its own allocated peak, so the
+    step stops there and says so (1 of 2 classes); going on from it steps the second class
+    alone, and the two together are the whole step's peaks and its first class's OOM."""
+    whole = cached.step_memory(CONFIGS["C5"], 1, None, **SMALL)
+    cap = whole.allocated                  # its reserved peak is above: the capped replay runs out
+    assert onlys == [None] and whole.complete and whole.of == 2 and whole.reserved > cap
+    first = cached.step_memory(CONFIGS["C5"], 1, cap, until="oom", **SMALL)
+    assert onlys[1:] == [0] and (first.classes, first.of) == (1, 2) and not first.complete
+    assert first.oom is not None and first.allocated <= cap
+    rest = cached.step_memory(CONFIGS["C5"], 1, cap, until="oom", start=first, **SMALL)
+    assert rest is first and onlys[2:] == []           # settled already: nothing stepped
+    both = cached.step_memory(CONFIGS["C5"], 1, cap, start=first, **SMALL)
+    assert onlys[2:] == [1] and both.complete
+    assert (both.ledger, both.allocated, both.reserved) == (whole.ledger, whole.allocated,
+                                                            whole.reserved)
+    assert both.oom.event == first.oom.event and both.oom.phase == first.oom.phase
+
+
+@pytest.mark.slow   # its own cold meta kernels: ~1 s
+def test_a_step_over_the_capacity_on_its_first_gpu_stops_there_and_one_that_fits_steps_all(onlys):
+    """until="over": a class whose allocated peak exceeds the device settles it; where none
+    does, every class is stepped (fitting is every GPU's)."""
+    whole = cached.step_memory(CONFIGS["C1"], 1, None, **SMALL)
+    over = cached.step_memory(CONFIGS["C1"], 1, whole.allocated - 1, until="over", **SMALL)
+    fits = cached.step_memory(CONFIGS["C1"], 1, whole.allocated, until="over", **SMALL)
+    assert onlys == [None, 0, 0, 1]
+    assert (over.classes, over.of, over.allocated) == (1, 2, whole.allocated)
+    assert fits.complete and fits.allocated == whole.allocated
+
+
+def test_step_memory_names_a_bad_until():
+    with pytest.raises(ValueError, match="until must be one of .* got 'fits'"):
+        cached.step_memory(CONFIGS["C1"], 1, 10, until="fits", **SMALL)

@@ -280,8 +280,8 @@ class _Ctx:
     """What StorageTrace reads of a rank: its ledger, phase and step."""
     phase_name, step = "run", 0
 
-    def __init__(self):
-        self.memory = MemoryLedger()
+    def __init__(self, trace: bool = False):
+        self.memory = MemoryLedger(trace=trace)
 
 
 def test_a_storage_resized_in_place_is_a_free_then_an_alloc():
@@ -313,12 +313,14 @@ def test_an_aten_resize_and_an_out_of_another_size_are_each_a_free_then_an_alloc
         ("alloc", 800), ("free", 800), ("free", 800)]
 
 
-def test_a_counted_storage_resized_back_up_keeps_its_category():
+@pytest.mark.parametrize("ledger_trace", [False, True], ids=["ledger", "ledger with its trace"])
+def test_a_counted_storage_resized_back_up_keeps_its_category(ledger_trace):
     """The ledger counts a buffer as "gathered"; resized to 0 and back with no other count or
     free in between, its new block is still named "gathered" (the trace skips its rescan of
     unnamed storages only while the ledger is unchanged, and a block born already counted is a
-    change of its own)."""
-    ctx = _Ctx()
+    change of its own). A ledger that keeps its own trace tells the trace what it counted since
+    its last look; the block born counted is not among that, and is named all the same."""
+    ctx = _Ctx(ledger_trace)
     with StorageTrace(ctx) as t:
         x = ctx.memory.alloc("gathered", (100,), torch.float32)
         x.add_(1)                                  # an op: the trace names the first block

@@ -197,3 +197,23 @@ def test_a_step_is_a_few_dozen_distinct_ops_however_many_calls():
     """Identical ops aggregate: the meta step makes hundreds of calls but few distinct tuples."""
     ops = meta_step()[0][0].ops[0]["backward"]
     assert sum(ops.values()) > 10 * len(ops) // 2 and len(ops) < 100
+
+
+def test_ops_remembered_per_argument_metadata_are_the_ops_counted_afresh(monkeypatch):
+    """An op the kernel cache answers is counted once per cache key, and an op with a FLOP
+    formula once per key of its arguments' and outputs' metadata (opcount._op): a meta step
+    counted from warm tables holds, per rank class, step and phase, the Counter of Ops counted
+    afresh at every call with every kernel run."""
+    from zerospec.runtime import opcount
+    cfg = TrainConfig(stage=3, n_d=2, model=gpt(2, 64, 4), count_flops=True,
+                      zero_r=ZeroROptions(checkpoint_activations=1))
+    monkeypatch.setattr(opcount, "_OPS", {})
+    monkeypatch.setattr(opcount, "_ANSWERED", {})
+    for cache_kernels in (True, False):      # the tables hold every key of the step after this
+        measure(cfg, cache_kernels=cache_kernels)
+    warm = [[c.output.ops for c in measure(cfg, cache_kernels=k).classes] for k in (True, False)]
+    assert len(opcount._OPS) > 0 and len(opcount._ANSWERED) > 0
+    monkeypatch.setattr(opcount, "_op", lambda f, args, kwargs, out: opcount._record(
+        f, args, kwargs, out))
+    fresh = [c.output.ops for c in measure(cfg, cache_kernels=False).classes]
+    assert warm == [fresh, fresh]

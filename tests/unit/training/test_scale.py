@@ -172,6 +172,38 @@ def test_a_step_answered_from_earlier_steps_kernels_equals_one_from_an_empty_tab
         assert _events(a.allocations) == _events(b.allocations)
 
 
+def test_a_traced_step_answered_from_the_kernel_table_has_the_trace_of_one_that_runs_every_kernel():
+    """The trace runs each op through the kernel cache itself (one dispatch mode) and skips its
+    look at the inputs of an op answered from the table: a stage's storage trace and ledger
+    trace, event for event, as with every kernel run (stage 3: resizes, gathers, frees)."""
+    for stage in (1, 3):
+        cfg = TrainConfig(stage=stage, n_d=8, model=ODD)
+        measure(cfg, trace=True)             # the table holds every key of the step after this
+        warm, plain = measure(cfg, trace=True), measure(cfg, trace=True, cache_kernels=False)
+        for a, b in zip(warm.classes, plain.classes, strict=True):
+            assert _events(a.allocations) == _events(b.allocations)
+            assert _events(a.memory.trace) == _events(b.memory.trace)
+
+
+def test_one_rank_class_stepped_alone_is_that_class_of_the_whole_step():
+    """measure(only=i) steps the i-th rank class alone, as the whole step steps it, and says
+    how many the step has; a rank of a class it did not step is refused with its reason."""
+    cfg = TrainConfig(stage=3, n_d=8, model=ODD)
+    whole = measure(cfg, trace=True)
+    assert whole.complete and whole.class_count == len(whole.classes) > 1
+    for i, c in enumerate(whole.classes):
+        one = measure(cfg, trace=True, only=i)
+        assert (len(one.classes), one.class_count, one.complete) == (1, whole.class_count, False)
+        assert one.classes[0].ranks == c.ranks and one.classes[0].trace == c.trace
+        assert one.classes[0].memory.snapshots == c.memory.snapshots
+        assert _events(one.classes[0].allocations) == _events(c.allocations)
+    with pytest.raises(ValueError, match=r"rank 0's class was not stepped: this result holds 1 "
+                                         r"of the step's \d rank classes"):
+        one.model_states(0)
+    with pytest.raises(ValueError, match=r"only .* must be in 0\.\.\d: .* got 9"):
+        measure(cfg, only=9)
+
+
 def test_setup_only_holds_the_same_model_states_as_the_full_step():
     for stage in range(4):
         cfg = TrainConfig(stage=stage, n_d=8, model=ODD)
