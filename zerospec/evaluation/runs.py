@@ -1,8 +1,9 @@
 """The paper's evaluation runs (§10, the appendix's rows), measured on meta and timed on a machine.
 
 Each appendix row (zerospec/paper/evaluation.py, C52) is run as one meta step at its exact shape,
-GPU count, MP degree and batch (:func:`zerospec.training.scale.measure`, FLOPs counted), and
-timed by :mod:`zerospec.evaluation.timing` on a spec-sheet :class:`~zerospec.paper.hardware.Machine`.
+GPU count, MP degree and batch (:func:`zerospec.training.scale.measure`, FLOPs counted in rank
+0's class, the one timed; every class stepped, for the highest peak), and timed by
+:mod:`zerospec.evaluation.timing` on a spec-sheet :class:`~zerospec.paper.hardware.Machine`.
 Two ways to run a row:
 
 * **ZeRO** (the paper's ZeRO-100B): Table 3's C4, P_os+g with C_B, M_D and P_a; C3 at MP 1,
@@ -67,12 +68,13 @@ def _step(run: ev.Run, how: str = "zero", config: str | None = None) -> ScaleRes
     model = gpt(run.layers, run.hd, run.heads)
     if how == "baseline":
         return measure(TrainConfig.of(model=model, stage=0, n_d=run.n_d, n_m=run.mp,
-                                      count_flops=True, **BASELINE_KW), micro_batch=run.batch_per_gpu)
+                                      count_flops=True, **BASELINE_KW), micro_batch=run.batch_per_gpu,
+                       count_in=0)
     if how != "zero":
         raise ValueError(f"how must be 'zero' or 'baseline', got {how!r}")
     c = CONFIGS[config] if config else zero_config(run)
     return measure(TrainConfig.of(model=model, stage=c.stage, n_d=run.n_d, count_flops=True,
-                                  **c.kwargs(run.mp)), micro_batch=run.batch_per_gpu)
+                                  **c.kwargs(run.mp)), micro_batch=run.batch_per_gpu, count_in=0)
 
 
 step.cache_clear, step.cache_info = _step.cache_clear, _step.cache_info
