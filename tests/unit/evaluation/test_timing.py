@@ -127,7 +127,7 @@ def test_counting_flops_changes_no_byte_of_the_step():
     """The op counter only watches: a step measured with count_flops holds, per rank class, the
     same memory, host and collective ledgers as without it, so one counted step answers for its
     bytes too (C49's 170B peaks read Figure 2's counted C5 step)."""
-    counted, plain = small_step(flops=True), small_step(flops=False)
+    counted, plain = small_step(), small_step(flops=False)
     assert counted.classes[0].output.flops[0]["forward"] > 0 == plain.classes[0].output.flops[0][
         "forward"]
     assert counted.classes[0].memory.snapshots and counted.classes[0].trace
