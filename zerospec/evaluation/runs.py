@@ -57,26 +57,30 @@ def zero_config(run: ev.Run) -> ZeroConfig:
 
 
 def step(run: ev.Run, how: str = "zero", config: str | None = None) -> ScaleResult:
-    """One meta step of ``run`` with FLOPs: ``how`` "zero" (``config``, else :func:`zero_config`)
-    or "baseline" (stage 0 over the row's N_d × MP grid, module doc). Memoised on what the step
-    is, not on the table that prints the row: Figure 8's 170B row and Figure 2's are one step."""
+    """One meta step of ``run`` with FLOPs (:func:`measured`), memoised on what the step is, not
+    on the table that prints the row: Figure 8's 170B row and Figure 2's are one step."""
     return _step(dataclasses.replace(run, source=""), how, config)
 
 
-@memoised
-def _step(run: ev.Run, how: str = "zero", config: str | None = None) -> ScaleResult:
+def measured(run: ev.Run, how: str = "zero", config: str | None = None,
+             count_in: int | None = 0) -> ScaleResult:
+    """One meta step of ``run``, measured afresh: ``how`` "zero" (``config``, else
+    :func:`zero_config`) or "baseline" (stage 0 over the row's N_d × MP grid, module doc); FLOPs
+    counted in the rank class ``count_in`` (rank 0's, the one timed; None: every class)."""
     model = gpt(run.layers, run.hd, run.heads)
     if how == "baseline":
         return measure(TrainConfig.of(model=model, stage=0, n_d=run.n_d, n_m=run.mp,
                                       count_flops=True, **BASELINE_KW), micro_batch=run.batch_per_gpu,
-                       count_in=0)
+                       count_in=count_in)
     if how != "zero":
         raise ValueError(f"how must be 'zero' or 'baseline', got {how!r}")
     c = CONFIGS[config] if config else zero_config(run)
     return measure(TrainConfig.of(model=model, stage=c.stage, n_d=run.n_d, count_flops=True,
-                                  **c.kwargs(run.mp)), micro_batch=run.batch_per_gpu, count_in=0)
+                                  **c.kwargs(run.mp)), micro_batch=run.batch_per_gpu,
+                   count_in=count_in)
 
 
+_step = memoised(measured)
 step.cache_clear, step.cache_info = _step.cache_clear, _step.cache_info
 
 
