@@ -31,7 +31,7 @@ zerospec/testing/flops.py). Entered right on a :class:`MetaKernelCache` (a meta 
 ``measure``), it takes the cache's place on the mode stack until it exits and runs each op through
 :meth:`MetaKernelCache.call` itself: the same answers, one Python mode an op rather than two.
 Training counts its FLOPs with this mode alone: a 100B meta step
-took 0.65–0.70× as long with it as with FlopCounterMode in its place (benchmarks/).
+took 0.42× as long with it as with FlopCounterMode in its place (benchmarks/, one reading).
 """
 from __future__ import annotations
 
