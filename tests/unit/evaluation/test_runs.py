@@ -36,3 +36,28 @@ def test_the_same_step_printed_in_two_tables_is_measured_once(monkeypatch):
         assert pr.step(ev.FIGURE8[0], config="C5") == 2 and len(calls) == 2
     finally:
         pr.step.cache_clear()
+
+
+def test_a_rows_peak_steps_the_classes_past_rank_0s_uncounted_once_and_only_when_read(monkeypatch):
+    """Timing a row steps rank 0's class alone, FLOPs counted; its peak, when first read, steps
+    each other class alone without counting (the class counted is 0, not it) and is the highest
+    of all classes' peaks, here the second class's; read again, nothing is stepped."""
+    from types import SimpleNamespace as NS
+    calls, peaks = [], [5, 9, 7]
+
+    def stub(cfg, *, micro_batch, count_in, only):
+        calls.append((cfg.count_flops, count_in, only))
+        return NS(class_count=3, classes=[NS(memory=NS(peak_total=peaks[only]))])
+    monkeypatch.setattr(pr, "measure", stub)
+    monkeypatch.setattr(pr, "step_time", lambda r, machine, *a, **kw: r)
+    run = ev.FIGURE3[0]
+    for memo in (pr.step, pr.timed, pr._peak):
+        memo.cache_clear()
+    try:
+        t = pr.timed(run, config="C4")
+        assert calls == [(True, 0, 0)]
+        assert (t.peak, t.peak, t.fits) == (9, 9, True)
+        assert calls == [(True, 0, 0), (True, 0, 1), (True, 0, 2)]
+    finally:
+        for memo in (pr.step, pr.timed, pr._peak):
+            memo.cache_clear()
