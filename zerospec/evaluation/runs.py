@@ -1,8 +1,9 @@
 """The paper's evaluation runs (§10, the appendix's rows), measured on meta and timed on a machine.
 
 Each appendix row (zerospec/paper/evaluation.py, C52) is run as one meta step at its exact shape,
-GPU count, MP degree and batch (:func:`zerospec.training.scale.measure`, FLOPs counted), and
-timed by :mod:`zerospec.evaluation.timing` on a spec-sheet :class:`~zerospec.paper.hardware.Machine`.
+GPU count, MP degree and batch (:func:`zerospec.training.scale.measure`, FLOPs counted in rank
+0's class, the one timed; every class stepped, for the highest peak), and timed by
+:mod:`zerospec.evaluation.timing` on a spec-sheet :class:`~zerospec.paper.hardware.Machine`.
 Two ways to run a row:
 
 * **ZeRO** (the paper's ZeRO-100B): Table 3's C4, P_os+g with C_B, M_D and P_a; C3 at MP 1,
@@ -55,19 +56,37 @@ def zero_config(run: ev.Run) -> ZeroConfig:
     return CONFIGS["C4" if run.mp > 1 else "C3"]
 
 
-@memoised
 def step(run: ev.Run, how: str = "zero", config: str | None = None) -> ScaleResult:
-    """One meta step of ``run`` with FLOPs: ``how`` "zero" (``config``, else :func:`zero_config`)
-    or "baseline" (stage 0 over the row's N_d × MP grid, module doc)."""
+    """One meta step of ``run`` with FLOPs, rank 0's class alone (the one timed; :func:`peak`
+    steps the others): :func:`measured`. Memoised on what the step is, not on the table that
+    prints the row: Figure 8's 170B row and Figure 2's are one step."""
+    return _step(dataclasses.replace(run, source=""), how, config)
+
+
+def measured(run: ev.Run, how: str = "zero", config: str | None = None,
+             count_in: int | None = 0, only: int | None = None) -> ScaleResult:
+    """One meta step of ``run``, measured afresh: ``how`` "zero" (``config``, else
+    :func:`zero_config`) or "baseline" (stage 0 over the row's N_d × MP grid, module doc); FLOPs
+    counted in the rank class ``count_in`` (None: every class); ``only``: that class alone
+    (:func:`zerospec.training.scale.measure`'s)."""
     model = gpt(run.layers, run.hd, run.heads)
+    how_ = dict(micro_batch=run.batch_per_gpu, count_in=count_in, only=only)
     if how == "baseline":
         return measure(TrainConfig.of(model=model, stage=0, n_d=run.n_d, n_m=run.mp,
-                                      count_flops=True, **BASELINE_KW), micro_batch=run.batch_per_gpu)
+                                      count_flops=True, **BASELINE_KW), **how_)
     if how != "zero":
         raise ValueError(f"how must be 'zero' or 'baseline', got {how!r}")
     c = CONFIGS[config] if config else zero_config(run)
     return measure(TrainConfig.of(model=model, stage=c.stage, n_d=run.n_d, count_flops=True,
-                                  **c.kwargs(run.mp)), micro_batch=run.batch_per_gpu)
+                                  **c.kwargs(run.mp)), **how_)
+
+
+@memoised
+def _step(run: ev.Run, how: str = "zero", config: str | None = None) -> ScaleResult:
+    return measured(run, how, config, only=0)
+
+
+step.cache_clear, step.cache_info = _step.cache_clear, _step.cache_info
 
 
 def highest_peak(r: ScaleResult) -> int:
@@ -75,17 +94,36 @@ def highest_peak(r: ScaleResult) -> int:
     return max(c.memory.peak_total for c in r.classes)
 
 
+def peak(run: ev.Run, how: str = "zero", config: str | None = None) -> int:
+    """The highest measured peak of any rank class of ``run``'s step (bytes): rank 0's class
+    from :func:`step`, each other stepped alone when first asked for, without the op counter
+    (which changes no byte: tests/unit/evaluation/test_timing.py). Figure 2 reads no peak, so
+    its ZeRO rows step rank 0's class only."""
+    return _peak(dataclasses.replace(run, source=""), how, config)
+
+
+@memoised
+def _peak(run: ev.Run, how: str = "zero", config: str | None = None) -> int:
+    r = step(run, how, config)
+    return max([highest_peak(r)] + [highest_peak(measured(run, how, config, only=i))
+                                    for i in range(1, r.class_count)])
+
+
 @dataclasses.dataclass(frozen=True)
 class Timed:
-    """One row, measured and timed: its peak, and its step without overlap, with backward
-    overlap, and with a ring leaving the node paced by one InfiniBand link (timing.py)."""
+    """One row, measured and timed: its step without overlap, with backward overlap, and with a
+    ring leaving the node paced by one InfiniBand link (timing.py); its peak when asked for."""
 
     run: ev.Run
     how: str
-    peak: int
+    config: str | None
     none: StepTime
     overlap: StepTime
     link: StepTime
+
+    @property
+    def peak(self) -> int:
+        return peak(self.run, self.how, self.config)
 
     @property
     def fits(self) -> bool:
@@ -96,7 +134,7 @@ class Timed:
 def timed(run: ev.Run, how: str = "zero", config: str | None = None,
           machine: Machine = DGX2) -> Timed:
     r = step(run, how, config)
-    return Timed(run, how, highest_peak(r), step_time(r, machine), step_time(r, machine, "backward"),
+    return Timed(run, how, config, step_time(r, machine), step_time(r, machine, "backward"),
                  step_time(r, machine, inter="link"))
 
 

@@ -27,8 +27,11 @@ The mode keeps no state but its Counter and a cache of each aten op's schema fac
 every call on unchanged, so it nests with ``FlopCounterMode`` and with the memory observers
 (:mod:`.observe`, :mod:`.trace`) in any order without changing what they see or return
 (the tests enter FlopCounterMode beneath it, which then sees the ops the counter passes on:
-zerospec/testing/flops.py). Training counts its FLOPs with this mode alone: a 100B meta step
-took 0.65–0.70× as long with it as with FlopCounterMode in its place (benchmarks/).
+zerospec/testing/flops.py). Entered right on a :class:`MetaKernelCache` (a meta step under
+``measure``), it takes the cache's place on the mode stack until it exits and runs each op through
+:meth:`MetaKernelCache.call` itself: the same answers, one Python mode an op rather than two.
+Training counts its FLOPs with this mode alone: a 100B meta step
+took 0.42× as long with it as with FlopCounterMode in its place (benchmarks/, one reading).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from collections import Counter
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
 from torch.utils.flop_counter import flop_registry
 
 from .dispatch import DispatchMode
@@ -78,6 +81,8 @@ class _Facts(NamedTuple):
     params: tuple              # argument names, in order
     formula: object            # flop_registry's formula for its overload packet, or None
     decomposes: bool           # FlopCounterMode would decompose it (module doc)
+    free: Op | None            # its Op whatever the arguments, when it moves nothing and has
+    #                            no FLOP formula (a view by its schema, an allocation); else None
 
 
 _FACTS: dict[int, _Facts] = {}   # id(aten op) -> its facts: a cache, not state
@@ -95,10 +100,11 @@ def _facts(func) -> _Facts:
         decomposes = (func not in flop_registry and func is not torch.ops.prim.device.default
                       and (key in func.py_kernels
                            or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)))
+        moves = "none" if view or name in ALLOCATES else "writes" if writes else "maybe"
+        formula = flop_registry.get(func._overloadpacket)
         f = _FACTS[id(func)] = _Facts(
-            func, name, "none" if view or name in ALLOCATES else "writes" if writes else "maybe",
-            frozenset(unread), tuple(a.name for a in params),
-            flop_registry.get(func._overloadpacket), decomposes)
+            func, name, moves, frozenset(unread), tuple(a.name for a in params), formula,
+            decomposes, Op(name, 0, 0, 0) if moves == "none" and formula is None else None)
     return f
 
 
@@ -173,17 +179,32 @@ class OpCounter(DispatchMode):
         super().__init__()
         self.ops: Counter[Op] = Counter()
         self._kernels = None
+        self._depth = 0          # how many times entered (the decomposition re-enters it)
 
     def __enter__(self):
-        # the mode it sits on, if a MetaKernelCache: an op the cache answers from its table is
-        # counted by the answer's key (a meta step under measure; nothing between the two)
-        below = _get_current_dispatch_mode()
-        self._kernels = below if isinstance(below, MetaKernelCache) else None
+        if self._depth == 0:
+            # the mode it sits on, if a MetaKernelCache (a meta step under measure): the counter
+            # takes its place on the mode stack until it exits and runs each op through it
+            # itself (MetaKernelCache.call), one Python mode an op, not two; an op the cache
+            # answers from its table is counted by the answer's key
+            below = _get_current_dispatch_mode()
+            self._kernels = below if isinstance(below, MetaKernelCache) else None
+            if self._kernels is not None:
+                _pop_mode()
+        self._depth += 1
         return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        try:
+            return super().__exit__(*exc)
+        finally:
+            if self._depth == 0 and self._kernels is not None:
+                _push_mode(self._kernels)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        f = _facts(func)
+        f = _FACTS.get(id(func)) or _facts(func)
         # FlopCounterMode's rule: an op its table lacks is decomposed if it can be, and its parts
         # are what get counted (torch/utils/flop_counter.py, _FlopCounterMode.__torch_dispatch__)
         if f.decomposes:
@@ -191,9 +212,12 @@ class OpCounter(DispatchMode):
                 r = func.decompose(*args, **kwargs)
             if r is not NotImplemented:
                 return r
-        out = func(*args, **kwargs)
         kernels = self._kernels
-        if kernels is not None and kernels.answered is not None and kernels.key[0] == id(func):
+        out = func(*args, **kwargs) if kernels is None else kernels.call(func, args, kwargs)
+        if f.free is not None:                 # a view or an allocation without FLOPs
+            self.ops[f.free] += 1
+            return out
+        if kernels is not None and kernels.answered is not None:
             # answered from the table: the outputs, and so the Op, are a function of the key
             op = _ANSWERED.get(kernels.key)
             if op is None:

@@ -171,7 +171,8 @@ class _SetupOnlyContext(RankContext):
 
 # -- running ----------------------------------------------------------------------------------------
 def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = False,
-            cache_kernels: bool = True, trace: bool = False, only: int | None = None) -> ScaleResult:
+            cache_kernels: bool = True, trace: bool = False, only: int | None = None,
+            count_in: int | None = None) -> ScaleResult:
     """One step of ``config`` on its N meta GPUs (see the module doc): ``config`` runs with
     ``device="meta"`` and one step, each rank on ``micro_batch`` sequences per micro-step.
 
@@ -190,6 +191,9 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     that stops once one class settles what it asks (zerospec/evaluation/cached_memory.py); the
     result's ``class_count`` says how many the step has (``complete`` is then False unless it has
     one). A rank of another class is refused by ``rank_class`` and what reads it.
+    ``count_in``: with ``count_flops``, count the ops of this rank class's step alone (its index,
+    as ``only``); the others step without the op counter, which changes no byte of a ledger
+    (tests/unit/evaluation/test_timing.py), for a caller that times one rank (evaluation/runs.py).
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
@@ -204,18 +208,23 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     if only is not None and not (isinstance(only, int) and 0 <= only < len(every)):
         raise ValueError(f"only (a rank class's index) must be in 0..{len(every) - 1}: the step "
                          f"has {len(every)} rank classes ({every}), got {only!r}")
+    if count_in is not None and not (isinstance(count_in, int) and 0 <= count_in < len(every)):
+        raise ValueError(f"count_in (a rank class's index) must be in 0..{len(every) - 1}: the "
+                         f"step has {len(every)} rank classes ({every}), got {count_in!r}")
+    uncounted = cfg.replace(count_flops=False) if count_in is not None else cfg
     t0 = time.perf_counter()
     classes = []
     kernels = MetaKernelCache(shared()) if cache_kernels else None
     # traced: the trace runs each op through the cache itself (one Python mode an op, not two)
     with kernels if kernels is not None and not trace else contextlib.nullcontext():
-        for ranks in every if only is None else every[only:only + 1]:
-            r = ranks[0] * n_m                 # the DP index's MP rank 0
+        for i in range(len(every)) if only is None else (only,):
+            ranks, r = every[i], every[i][0] * n_m      # r: the DP index's MP rank 0
             make = _SetupOnlyContext if setup_only else RankContext
             ctx = make(r, cfg.n_ranks, MemoryLedger("meta", trace=trace), None)
             ctx.comm = Interconnect(ctx, backend, ledger)
             with StorageTrace(ctx, kernels) if trace else contextlib.nullcontext() as seen:
-                out = _run_rank(ctx, cfg, units, init, batches)
+                out = _run_rank(ctx, cfg if count_in in (None, i) else uncounted, units, init,
+                                batches)
             recs = ledger.records(r)
             srcs = iter(backend.srcs[r])       # the backend saw every collective, not host copies
             colls = [(c.op, c.dtype, c.numel, c.phase, c.step,

@@ -116,6 +116,24 @@ def small_step(stage: int = 2, n_m: int = 2, flops: bool = True):
                                mesh=MeshOptions(n_m=n_m)), micro_batch=2)
 
 
+def ledgers(r) -> list[tuple]:
+    """Per rank class: its ranks, model states, device and host peaks and snapshots, and its
+    collective trace."""
+    return [(c.ranks, c.model_states, c.memory.peak, c.memory.peak_total, c.memory.snapshots,
+             c.host.peak, c.host.snapshots, c.trace) for c in r.classes]
+
+
+def test_counting_flops_changes_no_byte_of_the_step():
+    """The op counter only watches: a step measured with count_flops holds, per rank class, the
+    same memory, host and collective ledgers as without it, so one counted step answers for its
+    bytes too (C49's 170B peaks read Figure 2's counted C5 step)."""
+    counted, plain = small_step(), small_step(flops=False)
+    assert counted.classes[0].output.flops[0]["forward"] > 0 == plain.classes[0].output.flops[0][
+        "forward"]
+    assert counted.classes[0].memory.snapshots and counted.classes[0].trace
+    assert ledgers(counted) == ledgers(plain)
+
+
 GEMM_RATE = 83e12                                   # DGX-2: 125 TFLOPS · 83/125
 
 

@@ -217,3 +217,22 @@ def test_ops_remembered_per_argument_metadata_are_the_ops_counted_afresh(monkeyp
         f, args, kwargs, out))
     fresh = [c.output.ops for c in measure(cfg, cache_kernels=False).classes]
     assert warm == [fresh, fresh]
+
+
+def test_on_a_kernel_cache_the_counter_runs_each_op_through_it_in_its_place_and_gives_it_back():
+    """Entered right on a MetaKernelCache, the counter is the one Python mode each op passes
+    (the cache off the stack while it is entered), runs the op through the cache, which answers
+    the repeat, and counts both calls: 2·4·8·3 FLOPs, (4·8 + 8·3)·4 bytes read, 4·3·4 written;
+    on exit the cache is the current mode again, and an op after it is the cache's alone."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _len_torch_dispatch_stack
+    from zerospec.runtime.metacache import MetaKernelCache
+    x, w = torch.empty(4, 8, device="meta"), torch.empty(8, 3, device="meta")
+    with MetaKernelCache() as cache:
+        with OpCounter() as c:
+            assert _len_torch_dispatch_stack() == 1 and _get_current_dispatch_mode() is c
+            torch.mm(x, w)
+            torch.mm(x, w)
+        assert _get_current_dispatch_mode() is cache
+        torch.mm(x, w)
+    assert (cache.misses, cache.hits) == (1, 2)
+    assert c.ops == Counter({Op("aten.mm.default", 2 * 4 * 8 * 3, (4 * 8 + 8 * 3) * 4, 4 * 3 * 4): 2})

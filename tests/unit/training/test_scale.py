@@ -204,6 +204,23 @@ def test_one_rank_class_stepped_alone_is_that_class_of_the_whole_step():
         measure(cfg, only=9)
 
 
+def test_count_in_counts_one_rank_classs_ops_and_steps_every_class_as_the_counted_step():
+    """measure(count_in=i) with count_flops: the i-th rank class's ops and FLOPs are those of
+    the step counted in every class, no other class's are counted, and every class's ledgers
+    and collectives are the counted step's."""
+    cfg = TrainConfig(stage=3, n_d=8, model=ODD, count_flops=True)
+    whole, one = measure(cfg), measure(cfg, count_in=1)
+    plain = measure(cfg.replace(count_flops=False)).classes[0].output
+    assert len(whole.classes) >= 2 and whole.classes[1].output.flops[0]["forward"] > 0
+    for i, (a, b) in enumerate(zip(whole.classes, one.classes, strict=True)):
+        assert a.ranks == b.ranks and a.trace == b.trace
+        assert a.memory.snapshots == b.memory.snapshots and a.memory.peak == b.memory.peak
+        want = a.output if i == 1 else plain
+        assert (b.output.ops, b.output.flops) == (want.ops, want.flops), i
+    with pytest.raises(ValueError, match=r"count_in .* must be in 0\.\.\d: .* got 9"):
+        measure(cfg, count_in=9)
+
+
 def test_setup_only_holds_the_same_model_states_as_the_full_step():
     for stage in range(4):
         cfg = TrainConfig(stage=stage, n_d=8, model=ODD)
