@@ -75,18 +75,19 @@ def onlys(monkeypatch):
 @pytest.mark.slow   # four meta steps of GPT-2's vocabulary with cold kernels: ~1 s
 def test_a_step_that_runs_out_on_its_first_gpu_steps_no_other_class(onlys):
     """until="oom": the first rank class runs out on a device of its own allocated peak, so the
-    step stops there and says so (1 of 2 classes); going on from it steps the second class
-    alone, and the two together are the whole step's peaks and its first class's OOM."""
+    step stops there, at its OOM, and says so (1 of 2 classes, stopped); going on from it for
+    the whole step's peaks steps both classes to their ends, and they are the whole step's peaks
+    and the same OOM, found by replaying the first class's whole trace."""
     whole = cached.step_memory(CONFIGS["C5"], 1, None, **SMALL)
     cap = whole.allocated                  # its reserved peak is above: the capped replay runs out
     assert onlys == [None] and whole.complete and whole.of == 2 and whole.reserved > cap
     first = cached.step_memory(CONFIGS["C5"], 1, cap, until="oom", **SMALL)
     assert onlys[1:] == [0] and (first.classes, first.of) == (1, 2) and not first.complete
-    assert first.oom is not None and first.allocated <= cap
+    assert first.oom is not None and first.stopped and first.allocated <= cap
     rest = cached.step_memory(CONFIGS["C5"], 1, cap, until="oom", start=first, **SMALL)
     assert rest is first and onlys[2:] == []           # settled already: nothing stepped
     both = cached.step_memory(CONFIGS["C5"], 1, cap, start=first, **SMALL)
-    assert onlys[2:] == [1] and both.complete
+    assert onlys[2:] == [0, 1] and both.complete and not both.stopped
     assert (both.ledger, both.allocated, both.reserved) == (whole.ledger, whole.allocated,
                                                             whole.reserved)
     assert both.oom.event == first.oom.event and both.oom.phase == first.oom.phase
