@@ -137,14 +137,18 @@ def _combine(parts: list[StepMemory], of: int) -> StepMemory:
 C30_BATCH = 44
 
 
+def c30_config(md: bool = False) -> TrainConfig:
+    """C30's case: GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2
+    blocks, with or without M_D."""
+    return TrainConfig(stage=3, n_d=400, model=preset("1.5B").model,
+                       zero_r=ZeroROptions(checkpoint_activations=2, contiguous_checkpoints=md))
+
+
 @memoised
 def c30_trace(micro_batch: int = C30_BATCH, md: bool = False) -> list:
-    """C30's case: GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2
-    blocks, ``micro_batch`` sequences per GPU, with or without M_D: rank 0's storage trace of one
-    step. The report's fragmentation figure and the claim tests read this one trace."""
-    r = measure(TrainConfig(stage=3, n_d=400, model=preset("1.5B").model,
-                            zero_r=ZeroROptions(checkpoint_activations=2, contiguous_checkpoints=md)),
-                micro_batch=micro_batch, trace=True)
+    """C30's case (:func:`c30_config`) at ``micro_batch`` sequences per GPU: rank 0's storage
+    trace of one step. The report's fragmentation figure and the claim tests read this one trace."""
+    r = measure(c30_config(md), micro_batch=micro_batch, trace=True)
     if len(r.classes) != 1:
         raise AssertionError(f"C30's case has one rank class at N_d = 400, got {len(r.classes)}")
     return r.classes[0].allocations

@@ -57,6 +57,21 @@ def test_a_step_that_fits_its_capacity_runs_to_its_end(whole):
     assert events(c.allocations) == events(whole.allocations)
 
 
+@pytest.mark.slow   # C30's paper-scale traced step, whole (shared with its claim tests) and to its OOM
+def test_c30s_step_on_a_32gb_v100_ends_at_the_oom_its_whole_traces_replay_finds():
+    """C30's case (GPT-2 1.5B, P_os+g+p, N_d = 400, 44 sequences) replayed on 32 GB as it runs
+    ends at the request its whole trace's replay runs out at, with the same trace up to there."""
+    from zerospec.evaluation.cached_memory import C30_BATCH, c30_config, c30_trace
+    from zerospec.paper.hardware import DGX2
+    trace = c30_trace(C30_BATCH)
+    want = replay(trace, DGX2.memory_bytes).oom
+    got = measure(c30_config(), micro_batch=C30_BATCH, trace=True,
+                  capacity=DGX2.memory_bytes).classes[0]
+    assert want is not None and report(got.oom) == report(want) and got.output is None
+    assert events(got.allocations, want.event + 1) == events(trace, want.event + 1)
+    assert len(got.allocations) < len(trace)
+
+
 def test_a_live_replay_fed_event_by_event_is_the_replay_and_stops_at_its_oom():
     """The fragmenting trace on 200 MiB (tests/unit/runtime/test_allocator.py): fed one event at
     a time, event 8 answers the OutOfMemory and the result is replay's; nothing is fed after."""
