@@ -95,12 +95,12 @@ def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *,
     while m is None or not settled(m, until, capacity):
         i = 0 if m is None else m.classes
         r = measure(cfg, micro_batch=micro_batch, trace=True, only=i, capacity=live)
-        c = r.classes[0]
+        c, replayed = r.classes[0], live
         if c.oom is not None and c.oom.phase is None:
             # it ran out outside every phase, so no marker followed to name the phase the whole
-            # step's replay names (the next one's): that step, whole
-            c = measure(cfg, micro_batch=micro_batch, trace=True, only=i).classes[0]
-        m = _combine(([m] if m else []) + [_one(c, capacity, samples and i == 0, live)],
+            # step's replay names (the next one's): that step, whole, replayed after
+            c, replayed = measure(cfg, micro_batch=micro_batch, trace=True, only=i).classes[0], None
+        m = _combine(([m] if m else []) + [_one(c, capacity, samples and i == 0, replayed)],
                      r.class_count)
     return m
 

@@ -2,6 +2,8 @@
 slow claim tests C47/C48 in tests/claims/test_evaluation.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from zerospec.evaluation import cached_memory as cached
@@ -108,3 +110,24 @@ def test_a_step_over_the_capacity_on_its_first_gpu_stops_there_and_one_that_fits
 def test_step_memory_names_a_bad_until():
     with pytest.raises(ValueError, match="until must be one of .* got 'fits'"):
         cached.step_memory(CONFIGS["C1"], 1, 10, until="fits", **SMALL)
+
+
+@pytest.mark.slow   # its own cold meta kernels: ~1 s
+def test_a_step_that_ran_out_outside_every_phase_is_stepped_whole_to_name_the_phase(monkeypatch):
+    """A step ended at an OOM no phase marker followed (made so here: the live replay's phase
+    dropped) cannot name the phase the whole step's replay names: it is stepped again whole,
+    and its OOM is the whole trace's."""
+    whole = cached.step_memory(CONFIGS["C5"], 1, None, **SMALL)
+    calls, measure = [], cached.measure
+
+    def no_marker(config, **how):
+        r = measure(config, **how)
+        calls.append(how.get("capacity"))
+        c = r.classes[0]
+        if c.oom is not None:
+            r.classes[0] = dataclasses.replace(c, oom=dataclasses.replace(c.oom, phase=None))
+        return r
+    monkeypatch.setattr(cached, "measure", no_marker)
+    m = cached.step_memory(CONFIGS["C5"], 1, whole.allocated, until="oom", **SMALL)
+    assert calls == [whole.allocated, None] and not m.stopped
+    assert m.oom.phase is not None and m.allocated == whole.allocated
