@@ -3,8 +3,8 @@ fragmentation, the caching allocator model's OutOfMemory as the fit.
 
 Its own file, apart from test_evaluation.py, so that pytest-xdist's ``--dist loadfile`` runs it on
 one worker while the rest of the evaluation runs on the other: the allocator's search replays some
-60 paper-scale meta steps with their storage traces (a minute and a half), about half of the slow
-step's evaluation time, and reads the ledger's search (``runs.figure6``), so both searches' tests
+55 paper-scale meta steps with their storage traces (32 ended at their OOM; ~45 s of one core),
+and reads the ledger's search (``runs.figure6``), so both searches' tests
 are here and that search runs in one process. spec/evaluation.md has the tables and says where
 they part from the paper.
 """
@@ -29,7 +29,7 @@ def figure6() -> dict[str, int]:
     return {n: L for n, (L, _, _) in pr.figure6().items()}
 
 
-@pytest.mark.slow   # 20 meta steps of 8–222 layers: ~15 s
+@pytest.mark.slow   # 20 meta steps of 16–229 layers: ~10 s
 @pytest.mark.claim("C47", status="differs", page=f"{PAGE}#the-largest-model-per-configuration-c47")
 def test_largest_model_per_configuration_keeps_the_papers_order_and_exceeds_its_sizes(
         claim_values):
@@ -54,7 +54,7 @@ def test_figure6_table(md_snapshot):
 
 
 # -- C47 with fragmentation: the allocator's OutOfMemory as the fit ---------------------------------------
-@pytest.mark.slow   # ~60 meta steps of 8–222 layers with storage traces, a GPU that runs out alone
+@pytest.mark.slow   # ~55 meta steps of 16–222 layers with storage traces, 32 ended at an OOM
 @pytest.mark.claim("C47", status="differs",
                    page=f"{PAGE}#with-fragmentation-the-allocators-oom-as-the-fit")
 def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(claim_values):

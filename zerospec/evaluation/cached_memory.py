@@ -37,7 +37,7 @@ from ..training.config import TrainConfig
 from ..training.scale import measure
 from ..training.sections import ZeroROptions
 from ..training.fit import largest
-from .configs import CONFIGS, FIG6, ZeroConfig
+from .configs import CONFIGS, FIG6, FIG6_PROBES, ZeroConfig
 from .runs import memoised
 
 
@@ -206,12 +206,12 @@ def on_device(m: StepMemory) -> str:
 def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
     """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
     model at 400 GPUs, MP 16, 16 per GPU; L_a, the most whose allocated peak is within 32 GB;
-    every step measured, by L: the evidence). Some 60 paper-scale steps with traces, those that
-    run out on their first GPU alone: ~1.5 min of one core."""
+    every step measured, by L: the evidence). Some 55 paper-scale steps with traces, 32 of them
+    ended at their first GPU's OOM: ~45 s of one core."""
     out = {}
     for name, c in CONFIGS.items():
         seen: dict[int, StepMemory] = {}
-        L = max_layers_replayed(c, DGX2.memory_bytes, seen=seen)
+        L = max_layers_replayed(c, DGX2.memory_bytes, FIG6_PROBES, seen=seen)
         out[name] = (L, max(k for k, m in seen.items()
                             if m.complete and m.allocated <= DGX2.memory_bytes), seen)
     return out

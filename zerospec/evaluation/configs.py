@@ -68,6 +68,11 @@ CONFIGS = {c.name: c for c in (
 
 # Figure 6's runs (C52, [SC] appendix Table 4): 400 GPUs, MP 16, 16 sequences per GPU.
 FIG6 = dict(gpus=400, n_m=16, micro_batch=16, d=8192, heads=64)
+# Its searches' probes, whose line is the first guess: past where P_os+g's C_B bucket of 500M
+# elements fills with a layer's 12·d²/N_m = 50.3M fp16 gradient elements per MP rank (at 10
+# layers), so their bytes per layer are a large model's (below it each layer adds 2 B × 50.3M
+# of bucket too); 8 and 16 straddle it, and their line guessed P_os+g's fits one step low
+FIG6_PROBES = (16, 32)
 
 
 def peak_bytes(config: ZeroConfig, layers: int, *, gpus: int, n_m: int, micro_batch: int,
