@@ -199,6 +199,9 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
                          f"got {micro_batch!r}")
+    if capacity is not None and not trace:
+        raise ValueError(f"capacity ({capacity!r}) replays the storage trace live: it needs "
+                         f"trace=True")
     n_d, n_m = config.n_d, config.n_m
     cfg = config.replace(device="meta", steps=1,
                          global_batch=micro_batch * n_d * config.grad_accum_steps)
@@ -206,9 +209,6 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     init, batches = initial_weights(cfg, units), make_batches(cfg)
     ledger, backend = CommLedger(cfg.n_ranks, cfg.gpus_per_node), MetaBackend(cfg.n_ranks)
     every = rank_classes(units, cfg.shard_size, partitioned=units[0].pad)
-    if capacity is not None and not trace:
-        raise ValueError(f"capacity ({capacity!r}) replays the storage trace live: it needs "
-                         f"trace=True")
     if only is not None and not (isinstance(only, int) and 0 <= only < len(every)):
         raise ValueError(f"only (a rank class's index) must be in 0..{len(every) - 1}: the step "
                          f"has {len(every)} rank classes ({every}), got {only!r}")
