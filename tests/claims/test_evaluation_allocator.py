@@ -62,7 +62,7 @@ def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(
     smaller than by the ledger's peak (fragmentation only takes memory away), still in the
     paper's order C1 < C3 < C2 < C4 < C5. The evidence: L runs on every GPU; L_a + 1 holds more
     than 32 GB at its peak on some GPU, L_a on none; and every L above the answer up to L_a runs
-    out on a GPU where the request that failed was no larger than the bytes free then
+    out on a 32 GB GPU where the request that failed was no larger than the bytes free then
     (capacity − allocated) — fragmentation (C47). Those steps end at their OOM: their peaks
     are up to it, and no whole-step peak is read from them."""
     from zerospec.evaluation.cached_memory import figure6_replayed
@@ -70,8 +70,9 @@ def test_with_fragmentation_the_largest_models_shrink_and_keep_the_papers_order(
     for n, (L, L_a, seen) in fit.items():
         assert L <= L_a < pr.figure6()[n][0] and seen[L].complete and seen[L_a].complete
         assert seen[L].oom is None and seen[L_a + 1].allocated > cap >= seen[L_a].allocated
-        assert all(seen[k].oom is not None and seen[k].oom.error.size <= seen[k].oom.free
-                   for k in range(L + 1, L_a + 1))
+        ran_out = [seen[k].oom for k in range(L + 1, L_a + 1)]
+        assert all(o is not None and o.error.capacity == cap and o.error.size <= o.free
+                   for o in ran_out)
     assert sorted(fit, key=lambda n: fit[n][0]) == ["C1", "C3", "C2", "C4", "C5"]
     claim_values(", ".join(f"{n} {pr.figure6_psi(L) / 1e9:.0f}B" for n, (L, _, _) in fit.items())
                  + " by the allocator model",
