@@ -3,7 +3,7 @@ fragmentation, the caching allocator model's OutOfMemory as the fit.
 
 Its own file, apart from test_evaluation.py, so that pytest-xdist's ``--dist loadfile`` runs it on
 one worker while the rest of the evaluation runs on the other: the allocator's search replays some
-55 paper-scale meta steps with their storage traces (32 ended at their OOM; ~45 s of one core),
+55 paper-scale meta steps with their storage traces (32 ended at their OOM; ~30 s of one core),
 and reads the ledger's search (``runs.figure6``), so both searches' tests
 are here and that search runs in one process. spec/evaluation.md has the tables and says where
 they part from the paper.

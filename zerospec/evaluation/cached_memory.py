@@ -207,7 +207,7 @@ def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
     """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
     model at 400 GPUs, MP 16, 16 per GPU; L_a, the most whose allocated peak is within 32 GB;
     every step measured, by L: the evidence). Some 55 paper-scale steps with traces, 32 of them
-    ended at their first GPU's OOM: ~45 s of one core."""
+    ended at their first GPU's OOM: ~30 s of one core."""
     out = {}
     for name, c in CONFIGS.items():
         seen: dict[int, StepMemory] = {}
