@@ -131,3 +131,21 @@ def test_a_step_that_ran_out_outside_every_phase_is_stepped_whole_to_name_the_ph
     m = cached.step_memory(CONFIGS["C5"], 1, whole.allocated, until="oom", **SMALL)
     assert calls == [whole.allocated, None] and not m.stopped
     assert m.oom.phase is not None and m.allocated == whole.allocated
+
+
+@pytest.mark.slow   # its own cold meta kernels: ~1 s
+def test_the_ledger_search_steps_a_layer_count_to_its_first_gpu_over_and_one_that_fits_on_all(
+        monkeypatch):
+    """configs.peak_bytes with ``over``: a step whose first class peaks above ``over`` stops
+    there (that GPU's peak); one within it steps every class, the whole step's highest."""
+    from zerospec.evaluation import configs
+    asked, measure = [], configs.measure
+
+    def spy(config, **how):
+        asked.append(how.get("only"))
+        return measure(config, **how)
+    monkeypatch.setattr(configs, "measure", spy)
+    whole = configs.peak_bytes(CONFIGS["C1"], 1, **SMALL)
+    over = configs.peak_bytes(CONFIGS["C1"], 1, over=whole - 1, **SMALL)
+    fits = configs.peak_bytes(CONFIGS["C1"], 1, over=whole, **SMALL)
+    assert asked == [None, 0, 0, 1] and over == fits == whole
