@@ -20,7 +20,10 @@ first that fits, every L above it up to L_a measured to run out. A step's rank c
 GPUs and MP 16: ranks 0–23 and the padded last) are stepped one at a time where one settles the
 verdict: a layer count runs out once one GPU does, and holds more than the device once one GPU
 does; "fits" (the answer, L_a, and the two probes whose line is the first guess) steps them all.
-``StepMemory.classes`` says how many a step saw.
+``StepMemory.classes`` says how many a step saw. A step asked whether it runs out is replayed on
+the capacity while it runs (``measure(..., capacity=)``, zerospec/runtime/replay.py's
+LiveReplay) and ends at its first OutOfMemory: the same OOMPoint as the whole trace's replay, its
+peaks only up to there (``StepMemory.stopped``).
 """
 from __future__ import annotations
 
@@ -34,14 +37,15 @@ from ..training.config import TrainConfig
 from ..training.scale import measure
 from ..training.sections import ZeroROptions
 from ..training.fit import largest
-from .configs import CONFIGS, FIG6, ZeroConfig
+from .configs import CONFIGS, FIG6, FIG6_PROBES, ZeroConfig
 from .runs import memoised
 
 
 @dataclasses.dataclass(frozen=True)
 class StepMemory:
     """One meta step's memory, the highest of the rank classes stepped (bytes): every class of
-    the step unless a search stopped at the first that settled its question (``complete``)."""
+    the step unless a search stopped at the first that settled its question, each to its end
+    unless it ran out (``stopped``: its peaks are up to the OOM); ``complete``: both."""
 
     ledger: int              # the ledger's peak: what the stage code counts
     allocated: int           # the allocator's allocated peak: every storage, rounded to 512 B
@@ -50,10 +54,12 @@ class StepMemory:
     samples: list[tuple[int, int]] | None = None   # rank class 0's (allocated, reserved) series
     classes: int = 1         # rank classes stepped, the first ones in rank order ...
     of: int = 1              # ... of the step's
+    stopped: bool = False    # a class's step ended at its OOM: the peaks are up to there
 
     @property
     def complete(self) -> bool:
-        return self.classes == self.of
+        """Every rank class stepped, each to the end of its step: whole-step peaks."""
+        return self.classes == self.of and not self.stopped
 
 
 UNTIL = ("oom", "over")      # step_memory's verdicts that one rank class settles
@@ -73,8 +79,9 @@ def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *,
     """One meta step of ``config`` for ``layers`` blocks of width ``d``, each rank class's storage
     trace replayed twice: without a limit (the peaks) and on ``capacity`` bytes (the OOM).
     ``until`` ("oom" or "over", :func:`settled`): step the classes one at a time, in rank order,
-    and stop at the first that settles it; ``start``: such a partial StepMemory of the same step,
-    to go on from."""
+    and stop at the first that settles it, each replayed on ``capacity`` as it runs for "oom"
+    and ended at its OOM (``stopped``); ``start``: such a partial StepMemory of the same step,
+    to go on from (one that stopped is stepped again, but for "oom": its peaks are partial)."""
     if until not in (None, *UNTIL):
         raise ValueError(f"until must be one of {UNTIL} or None, got {until!r}")
     cfg = TrainConfig.of(model=gpt(layers, d, heads), stage=config.stage, n_d=gpus // n_m,
@@ -83,22 +90,33 @@ def step_memory(config: ZeroConfig, layers: int, capacity: int | None = None, *,
         r = measure(cfg, micro_batch=micro_batch, trace=True)
         return _combine([_one(c, capacity, samples and i == 0)
                          for i, c in enumerate(r.classes)], len(r.classes))
-    m = start
+    m = None if start is not None and start.stopped and until != "oom" else start
+    live = capacity if until == "oom" and capacity else None
     while m is None or not settled(m, until, capacity):
         i = 0 if m is None else m.classes
-        r = measure(cfg, micro_batch=micro_batch, trace=True, only=i)
-        m = _combine(([m] if m else []) + [_one(r.classes[0], capacity, samples and i == 0)],
+        r = measure(cfg, micro_batch=micro_batch, trace=True, only=i, capacity=live)
+        c, replayed = r.classes[0], live
+        if c.oom is not None and c.oom.phase is None:
+            # it ran out outside every phase, so no marker followed to name the phase the whole
+            # step's replay names (the next one's): that step, whole, replayed after
+            c, replayed = measure(cfg, micro_batch=micro_batch, trace=True, only=i).classes[0], None
+        m = _combine(([m] if m else []) + [_one(c, capacity, samples and i == 0, replayed)],
                      r.class_count)
     return m
 
 
-def _one(c, capacity: int | None, samples: bool) -> StepMemory:
-    """One rank class's trace replayed: free (its peaks), and on ``capacity`` (its OOM)."""
+def _one(c, capacity: int | None, samples: bool, live: int | None = None) -> StepMemory:
+    """One rank class's trace replayed: free (its peaks), and on ``capacity`` (its OOM); ``live``:
+    it was replayed on that capacity as it ran, and ended at ``c.oom`` if it ran out."""
+    if c.oom is not None:        # stopped at its OOM: the free replay's peaks up to the request
+        free = replay(c.allocations[:c.oom.event], samples=samples)
+        return StepMemory(c.memory.peak_total, free.peak_allocated, free.peak_reserved, c.oom,
+                          free.samples if samples else None, stopped=True)
     free = replay(c.allocations, samples=samples)
     # a device refuses a segment only past its capacity: where the free replay never reserved that
     # much, the capped one is the same replay and cannot run out (tests/unit/runtime/test_allocator.py)
-    oom = replay(c.allocations, capacity).oom if capacity and free.peak_reserved > capacity \
-        else None
+    oom = replay(c.allocations, capacity).oom \
+        if capacity and not live and free.peak_reserved > capacity else None
     return StepMemory(c.memory.peak_total, free.peak_allocated, free.peak_reserved, oom,
                       free.samples if samples else None)
 
@@ -110,7 +128,8 @@ def _combine(parts: list[StepMemory], of: int) -> StepMemory:
                       allocated=max(p.allocated for p in parts),
                       reserved=max(p.reserved for p in parts),
                       oom=next((p.oom for p in parts if p.oom is not None), None),
-                      samples=parts[0].samples, classes=sum(p.classes for p in parts), of=of)
+                      samples=parts[0].samples, classes=sum(p.classes for p in parts), of=of,
+                      stopped=any(p.stopped for p in parts))
 
 
 # C30's micro-batch: the most sequences per GPU whose step needs less than the 32 GB V100 yet runs
@@ -118,14 +137,18 @@ def _combine(parts: list[StepMemory], of: int) -> StepMemory:
 C30_BATCH = 44
 
 
+def c30_config(md: bool = False) -> TrainConfig:
+    """C30's case: GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2
+    blocks, with or without M_D."""
+    return TrainConfig(stage=3, n_d=400, model=preset("1.5B").model,
+                       zero_r=ZeroROptions(checkpoint_activations=2, contiguous_checkpoints=md))
+
+
 @memoised
 def c30_trace(micro_batch: int = C30_BATCH, md: bool = False) -> list:
-    """C30's case: GPT-2 1.5B, P_os+g+p at N_d = 400 (one rank class), a checkpoint every 2
-    blocks, ``micro_batch`` sequences per GPU, with or without M_D: rank 0's storage trace of one
-    step. The report's fragmentation figure and the claim tests read this one trace."""
-    r = measure(TrainConfig(stage=3, n_d=400, model=preset("1.5B").model,
-                            zero_r=ZeroROptions(checkpoint_activations=2, contiguous_checkpoints=md)),
-                micro_batch=micro_batch, trace=True)
+    """C30's case (:func:`c30_config`) at ``micro_batch`` sequences per GPU: rank 0's storage
+    trace of one step. The report's fragmentation figure and the claim tests read this one trace."""
+    r = measure(c30_config(md), micro_batch=micro_batch, trace=True)
     if len(r.classes) != 1:
         raise AssertionError(f"C30's case has one rank class at N_d = 400, got {len(r.classes)}")
     return r.classes[0].allocations
@@ -183,12 +206,12 @@ def on_device(m: StepMemory) -> str:
 def figure6_replayed() -> dict[str, tuple[int, int, dict[int, StepMemory]]]:
     """Per configuration: (the most layers at hidden 8192 that run on 32 GB through the allocator
     model at 400 GPUs, MP 16, 16 per GPU; L_a, the most whose allocated peak is within 32 GB;
-    every step measured, by L: the evidence). Some 60 paper-scale steps with traces, those that
-    run out on their first GPU alone: ~1.5 min of one core."""
+    every step measured, by L: the evidence). Some 55 paper-scale steps with traces, 32 of them
+    ended at their first GPU's OOM: ~30 s of one core."""
     out = {}
     for name, c in CONFIGS.items():
         seen: dict[int, StepMemory] = {}
-        L = max_layers_replayed(c, DGX2.memory_bytes, seen=seen)
+        L = max_layers_replayed(c, DGX2.memory_bytes, FIG6_PROBES, seen=seen)
         out[name] = (L, max(k for k, m in seen.items()
                             if m.complete and m.allocated <= DGX2.memory_bytes), seen)
     return out

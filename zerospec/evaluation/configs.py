@@ -68,15 +68,29 @@ CONFIGS = {c.name: c for c in (
 
 # Figure 6's runs (C52, [SC] appendix Table 4): 400 GPUs, MP 16, 16 sequences per GPU.
 FIG6 = dict(gpus=400, n_m=16, micro_batch=16, d=8192, heads=64)
+# Its searches' probes, whose line is the first guess: past where P_os+g's C_B bucket of 500M
+# elements fills with a layer's 12·d²/N_m = 50.3M fp16 gradient elements per MP rank (at 10
+# layers), so their bytes per layer are a large model's (below it each layer adds 2 B × 50.3M
+# of bucket too); 8 and 16 straddle it, and their line guessed P_os+g's fits one step low
+FIG6_PROBES = (16, 32)
 
 
 def peak_bytes(config: ZeroConfig, layers: int, *, gpus: int, n_m: int, micro_batch: int,
-               d: int, heads: int) -> int:
+               d: int, heads: int, over: int | None = None) -> int:
     """The highest measured peak of any rank of one meta step (model states, activations,
-    checkpoints, buckets; the caching allocator's fragmentation is not included)."""
-    r = measure(TrainConfig.of(model=gpt(layers, d, heads), stage=config.stage, n_d=gpus // n_m,
-                               **config.kwargs(n_m)), micro_batch=micro_batch)
-    return max(c.memory.peak_total for c in r.classes)
+    checkpoints, buckets; the caching allocator's fragmentation is not included). ``over``: step
+    the rank classes one at a time, in rank order, and stop at the first whose peak exceeds
+    ``over`` bytes — the step does not fit whatever the others hold — answering the highest so
+    far (what "does not fit" needs is that GPU alone; "fits" needs every one)."""
+    cfg = TrainConfig.of(model=gpt(layers, d, heads), stage=config.stage, n_d=gpus // n_m,
+                         **config.kwargs(n_m))
+    if over is None:
+        return max(c.memory.peak_total for c in measure(cfg, micro_batch=micro_batch).classes)
+    peak, i, count = 0, 0, 1
+    while i < count and peak <= over:
+        r = measure(cfg, micro_batch=micro_batch, only=i)
+        peak, i, count = max(peak, r.classes[0].memory.peak_total), i + 1, r.class_count
+    return peak
 
 
 def max_layers(config: ZeroConfig, capacity: int, probes=(8, 16), seen: dict | None = None,
@@ -84,13 +98,14 @@ def max_layers(config: ZeroConfig, capacity: int, probes=(8, 16), seen: dict | N
     """(the most layers whose step peaks within ``capacity`` bytes, meta steps measured), by the
     one fit search (zerospec/training/fit.py), its first guess the line through ``probes``.
     ``seen``, if given, receives every measured peak by L (the evidence, without measuring it
-    again)."""
+    again): every GPU's highest where L fits; where it does not, that of the GPUs stepped up to
+    the first over ``capacity`` (:func:`peak_bytes`'s ``over``)."""
     shape = {**FIG6, **shape}
     seen = {} if seen is None else seen
 
     def peak(L: int) -> int:
         if L not in seen:
-            seen[L] = peak_bytes(config, L, **shape)
+            seen[L] = peak_bytes(config, L, over=capacity, **shape)
         return seen[L]
 
     return largest(peak, capacity, probes=probes).value or 0, len(seen)

@@ -28,7 +28,7 @@ from ..paper.hardware import DGX2, Machine
 from ..training.fit import largest, max_micro_batch
 from ..training.config import TrainConfig
 from ..training.scale import ScaleResult, measure
-from .configs import CONFIGS, FIG6, ZeroConfig, max_layers
+from .configs import CONFIGS, FIG6, FIG6_PROBES, ZeroConfig, max_layers
 from .timing import StepTime, step_time
 
 BASELINE_KW = dict(checkpoint_activations=1)      # Megatron-LM: checkpoints, no ZeRO-R
@@ -216,7 +216,7 @@ def figure6() -> dict[str, tuple[int, int, int]]:
     out = {}
     for name, c in CONFIGS.items():
         seen: dict[int, int] = {}
-        L, _ = max_layers(c, DGX2.memory_bytes, seen=seen)
+        L, _ = max_layers(c, DGX2.memory_bytes, probes=FIG6_PROBES, seen=seen)
         out[name] = (L, seen[L], seen[L + 1])
     return out
 

@@ -5,7 +5,7 @@ phase by phase, beside the closed forms that count model states only.
 rank class with the highest peak, and replays that rank's ledger trace (alloc/free/phase events,
 :class:`~zerospec.runtime.memory.TraceEvent`) to find, per phase, the moment the ledger's total is
 highest and the bytes each category holds then: :func:`phase_peaks`. The rank's storage trace
-goes through the caching allocator model (zerospec/runtime/trace.py) for the reserved peak, which
+goes through the caching allocator model (zerospec/runtime/replay.py) for the reserved peak, which
 is what a GPU runs out on. :func:`tables` renders the phases, the buffers at each phase's peak and
 the estimators of zerospec/paper/estimators.py, each with the bytes it leaves out.
 """

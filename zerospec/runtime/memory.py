@@ -46,7 +46,7 @@ class TraceEvent(NamedTuple):
     """One entry of a ledger's allocation trace (``MemoryLedger(trace=True)``), in program order:
     ``op`` is "alloc" or "free" (of storage ``key``, ``nbytes`` bytes, under ``category``) or
     "phase" (a :meth:`MemoryLedger.snapshot`: the phase ``label`` ends here). The allocator model
-    replays it (zerospec/runtime/trace.py); an alloc's ``stream`` is the stream the owner makes
+    replays it (zerospec/runtime/replay.py); an alloc's ``stream`` is the stream the owner makes
     it on (``RankContext.on_stream``), which decides which cached blocks it may reuse."""
 
     op: str

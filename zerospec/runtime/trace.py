@@ -1,119 +1,23 @@
-"""Replay a memory ledger's allocation trace through the caching allocator model.
+"""Record a rank's complete storage trace for the caching allocator model.
 
-A trace is a list of :class:`~zerospec.runtime.memory.TraceEvent` (``MemoryLedger(trace=True)``
-or ``ledger.record_trace()``): every storage the ledger counted, alloc and free in program
-order, with a "phase" marker at each snapshot (the end of that phase). :func:`replay` feeds it to
-a :class:`~zerospec.runtime.allocator.CachingAllocator` (each alloc on its event's stream) and reports, per phase, what the program
-held (``requested``: the ledger's bytes; ``allocated``: after rounding), what the allocator held
-(``reserved``) and its largest free block, with the peaks inside the phase; and, on a device of
-``capacity`` bytes, the first request that does not fit.
-
-:class:`StorageTrace` records a complete trace instead: every storage a rank's code makes and
-lets go, the temporaries the ledger does not count included (``measure(..., trace=True)``).
+:class:`StorageTrace` records every storage a rank's code makes and lets go, the temporaries the
+ledger does not count included (``measure(..., trace=True)``), as a trace for
+:func:`~zerospec.runtime.replay.replay` (zerospec/runtime/replay.py: a trace through the
+allocator model, by phase, and the first request that does not fit on a device of a capacity).
+Given a :class:`~zerospec.runtime.replay.LiveReplay` (``live``), it feeds each event to it as
+it is recorded and ends the step at the first OutOfMemory by raising
+:class:`~zerospec.runtime.replay.RanOut` (``measure(..., capacity=)``).
 """
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable
-
 import torch
 
-from .allocator import DEFAULT_STREAM, CachingAllocator, OutOfMemory
+from .allocator import DEFAULT_STREAM
 from .memory import TraceEvent
 from .observe import Observer, _host, tensors_in, written_arguments
+from .replay import LiveReplay, OOMPoint, PhaseMemory, RanOut, Replay, replay
 
-
-@dataclasses.dataclass(frozen=True)
-class PhaseMemory:
-    """The allocator at the end of phase ``label``, and its peaks since the previous marker."""
-
-    label: str
-    requested: int          # bytes the program holds: the ledger's total
-    allocated: int          # the same blocks after rounding: torch.cuda.memory_allocated()
-    reserved: int           # segments: torch.cuda.memory_reserved()
-    largest_free: int       # the largest free cached block
-    peak_allocated: int
-    peak_reserved: int
-
-
-@dataclasses.dataclass(frozen=True)
-class OOMPoint:
-    """Where a replay ran out of memory: trace index ``event``, inside phase ``phase`` (the label
-    of the next marker; None past the last one), and the allocator's report then."""
-
-    event: int
-    phase: str | None
-    error: OutOfMemory
-
-    @property
-    def free(self) -> int:
-        """Bytes the program did not hold when it ran out (capacity − allocated)."""
-        return self.error.free
-
-    @property
-    def free_fraction(self) -> float:
-        """The "free at OOM" of C30, as a fraction of the device."""
-        return self.error.free / self.error.capacity
-
-
-@dataclasses.dataclass(frozen=True)
-class Replay:
-    phases: list[PhaseMemory]
-    oom: OOMPoint | None
-    allocator: CachingAllocator   # its state at the end (or at the OOM)
-    samples: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    #        replay(samples=True): (allocated, reserved) after each alloc and free, for a figure
-
-    @property
-    def peak_allocated(self) -> int:
-        """The most bytes allocated at any point of the replay (the allocator's peaks restart at
-        each phase marker: the phases' peaks and its own since the last marker)."""
-        return max([p.peak_allocated for p in self.phases] + [self.allocator.peak_allocated])
-
-    @property
-    def peak_reserved(self) -> int:
-        """The most bytes reserved at any point of the replay: PyTorch's max cached memory. Not
-        the allocator's own peak, which restarts at each marker and may follow a release of
-        cached segments (an OOM's retry)."""
-        return max([p.peak_reserved for p in self.phases] + [self.allocator.peak_reserved])
-
-
-def replay(trace: Iterable[TraceEvent], capacity: int | None = None, *,
-           max_split_size: int | None = None, expandable_segments: bool = False,
-           samples: bool = False) -> Replay:
-    """Run ``trace`` through a fresh allocator; stop at the first OutOfMemory (``Replay.oom``).
-
-    A storage key may be reused once its storage is freed (the ledger keys storages by address);
-    freeing a key that is not live, or allocating one that is, is an error naming the event."""
-    events = list(trace)
-    alloc = CachingAllocator(capacity, max_split_size=max_split_size,
-                             expandable_segments=expandable_segments)
-    live: dict[int, int] = {}     # storage key -> block id
-    phases: list[PhaseMemory] = []
-    series: list[tuple[int, int]] = []
-    for i, ev in enumerate(events):
-        if ev.op == "alloc":
-            if ev.key in live:
-                raise ValueError(f"trace event {i}: alloc of storage {ev.key}, which is live")
-            try:
-                live[ev.key] = alloc.malloc(ev.nbytes, ev.stream)
-            except OutOfMemory as e:
-                phase = next((x.label for x in events[i + 1:] if x.op == "phase"), None)
-                return Replay(phases, OOMPoint(i, phase, e), alloc, series)
-        elif ev.op == "free":
-            if ev.key not in live:
-                raise ValueError(f"trace event {i}: free of storage {ev.key}, which is not live")
-            alloc.free(live.pop(ev.key))
-        elif ev.op == "phase":
-            phases.append(PhaseMemory(ev.label, alloc.requested, alloc.allocated, alloc.reserved,
-                                      alloc.largest_free, alloc.peak_allocated,
-                                      alloc.peak_reserved))
-            alloc.reset_peaks()
-        else:
-            raise ValueError(f"trace event {i}: unknown op {ev.op!r}; accepted: alloc, free, phase")
-        if samples and ev.op != "phase":
-            series.append((alloc.allocated, alloc.reserved))
-    return Replay(phases, None, alloc, series)
+__all__ = ["LiveReplay", "OOMPoint", "PhaseMemory", "RanOut", "Replay", "StorageTrace", "replay"]
 
 
 def _plain(func, args, kwargs):
@@ -143,8 +47,10 @@ class StorageTrace(Observer):
     order, with the ledger's phase markers where its snapshots fall, and each storage under the
     ledger's category once the ledger counts it (``""``: a temporary the ledger never counts)."""
 
-    def __init__(self, ctx, kernels=None):
+    def __init__(self, ctx, kernels=None, live: LiveReplay | None = None):
         super().__init__(ctx, record_peaks=False)   # the trace is the record; peaks go unread
+        self.live = live             # fed each event as recorded, until its OutOfMemory
+        self._feed = live.feed if live is not None else None
         # a MetaKernelCache not entered as a mode: each op is run through it from here
         self._kernels = kernels
         self._run = kernels.call if kernels is not None else _plain
@@ -160,6 +66,19 @@ class StorageTrace(Observer):
     def __exit__(self, *exc):
         self._settle()
         return super().__exit__(*exc)
+
+    @property
+    def oom(self) -> OOMPoint | None:
+        """The live replay's OutOfMemory (None: none, or no live replay), its phase the next
+        marker the trace recorded after it: read it once the step has ended."""
+        return self.live.result(self.trace).oom if self.live is not None else None
+
+    def _record(self, ev: TraceEvent) -> None:
+        self.trace.append(ev)
+        if self._feed is not None and self._feed(ev) is not None:
+            self._feed = None       # what the step frees as it unwinds is recorded, not replayed
+            raise RanOut(f"the step ran out of memory at trace event {len(self.trace) - 1} of "
+                         f"its live replay on {self.live.allocator.capacity} B")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         """The observer's dispatch less what a trace never reads (peaks, phase labels, written
@@ -235,7 +154,7 @@ class StorageTrace(Observer):
         if len(snapshots) == self._marked:       # no snapshot since the last event (most calls)
             return
         for snap in snapshots[self._marked:]:
-            self.trace.append(TraceEvent("phase", label=snap.label))
+            self._record(TraceEvent("phase", label=snap.label))
         self._marked = len(snapshots)
 
     def _born(self, st: torch.UntypedStorage, func, t: torch.Tensor, label: str | None) -> None:
@@ -248,8 +167,8 @@ class StorageTrace(Observer):
         if self.ctx.memory.counted(key) is not None:   # counted already (a storage resized
             self._changes = -1                         # back up): name it at the next settle
         # the rank's current stream (RankContext.on_stream); a context without streams has one
-        self.trace.append(TraceEvent("alloc", key, nbytes,
-                                     stream=getattr(self.ctx, "stream", DEFAULT_STREAM)))
+        self._record(TraceEvent("alloc", key, nbytes,
+                                stream=getattr(self.ctx, "stream", DEFAULT_STREAM)))
 
     def _died(self, key: int) -> None:
         super()._died(key)
@@ -261,7 +180,7 @@ class StorageTrace(Observer):
         self._mark()
         at = self._alloc_at.pop(key)
         self._unnamed.discard(key)
-        self.trace.append(TraceEvent("free", key, self.trace[at].nbytes, self.trace[at].category))
+        self._record(TraceEvent("free", key, self.trace[at].nbytes, self.trace[at].category))
 
     def _refresh(self, st: torch.UntypedStorage) -> None:
         """A storage resized in place (stage 3 lets a gathered unit go with ``resize_(0)``):

@@ -44,7 +44,7 @@ from ..comm.meta import MetaBackend
 from ..runtime.errors import RankError
 from ..runtime.memory import MemoryLedger
 from ..runtime.metacache import MetaKernelCache, shared
-from ..runtime.trace import StorageTrace
+from ..runtime.trace import LiveReplay, OOMPoint, RanOut, StorageTrace
 from ..model.gpt import GPTConfig
 from ..model.units import Sized, Unit
 from .step import RankOutput, rank_main
@@ -79,6 +79,7 @@ class RankClass:
     trace: list[tuple]   # per collective: (op, dtype, numel, phase, step, src, group, group size)
     allocations: list | None = None   # measure(trace=True): every storage made and let go, in order
     nvme: MemoryLedger | None = None           # the NVMe tier's swap files (ZeRO-Offload/Infinity)
+    oom: OOMPoint | None = None   # measure(capacity=): where its step ran out, and ended
 
     @property
     def rep(self) -> int:
@@ -172,7 +173,7 @@ class _SetupOnlyContext(RankContext):
 # -- running ----------------------------------------------------------------------------------------
 def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = False,
             cache_kernels: bool = True, trace: bool = False, only: int | None = None,
-            count_in: int | None = None) -> ScaleResult:
+            count_in: int | None = None, capacity: int | None = None) -> ScaleResult:
     """One step of ``config`` on its N meta GPUs (see the module doc): ``config`` runs with
     ``device="meta"`` and one step, each rank on ``micro_batch`` sequences per micro-step.
 
@@ -194,10 +195,16 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     ``count_in``: with ``count_flops``, count the ops of this rank class's step alone (its index,
     as ``only``); the others step without the op counter, which changes no byte of a ledger
     (tests/unit/evaluation/test_timing.py), for a caller that times one rank (evaluation/runs.py).
+    ``capacity`` (with ``trace``): replay each class's trace live on a device of this many bytes
+    (:class:`~zerospec.runtime.replay.LiveReplay`) and end its step at the first OutOfMemory:
+    ``RankClass.oom``, with its ledger, trace and collectives up to there and no ``output``.
     """
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch (sequences per rank) must be an integer >= 1, "
                          f"got {micro_batch!r}")
+    if capacity is not None and not trace:
+        raise ValueError(f"capacity ({capacity!r}) replays the storage trace live: it needs "
+                         f"trace=True")
     n_d, n_m = config.n_d, config.n_m
     cfg = config.replace(device="meta", steps=1,
                          global_batch=micro_batch * n_d * config.grad_accum_steps)
@@ -222,7 +229,8 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
             make = _SetupOnlyContext if setup_only else RankContext
             ctx = make(r, cfg.n_ranks, MemoryLedger("meta", trace=trace), None)
             ctx.comm = Interconnect(ctx, backend, ledger)
-            with StorageTrace(ctx, kernels) if trace else contextlib.nullcontext() as seen:
+            live = LiveReplay(capacity) if capacity is not None else None
+            with StorageTrace(ctx, kernels, live) if trace else contextlib.nullcontext() as seen:
                 out = _run_rank(ctx, cfg if count_in in (None, i) else uncounted, units, init,
                                 batches)
             recs = ledger.records(r)
@@ -231,14 +239,15 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
                       0 if c.group in LINK_GROUPS else next(srcs), c.group, c.group_size) for c in recs]
             states = out.model_states if out is not None else ctx.memory.model_states()
             classes.append(RankClass(ranks, ctx.memory, states, out, ctx.host, colls,
-                                     seen.trace if seen is not None else None, ctx.nvme))
+                                     seen.trace if seen is not None else None, ctx.nvme,
+                                     seen.oom if seen is not None else None))
     return ScaleResult(cfg, units, classes, time.perf_counter() - t0, class_count=len(every))
 
 
 def _run_rank(ctx, cfg, units, init, batches) -> RankOutput | None:
     try:
         return rank_main(ctx, cfg, units, init, batches)
-    except _SetupDone:
+    except (_SetupDone, RanOut):    # the step ends there by design: setup_only, capacity
         return None
     except Exception as exc:
         last = ctx.comm.last_op or "no collective yet"

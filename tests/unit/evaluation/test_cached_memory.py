@@ -2,6 +2,8 @@
 slow claim tests C47/C48 in tests/claims/test_evaluation.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from zerospec.evaluation import cached_memory as cached
@@ -75,18 +77,19 @@ def onlys(monkeypatch):
 @pytest.mark.slow   # four meta steps of GPT-2's vocabulary with cold kernels: ~1 s
 def test_a_step_that_runs_out_on_its_first_gpu_steps_no_other_class(onlys):
     """until="oom": the first rank class runs out on a device of its own allocated peak, so the
-    step stops there and says so (1 of 2 classes); going on from it steps the second class
-    alone, and the two together are the whole step's peaks and its first class's OOM."""
+    step stops there, at its OOM, and says so (1 of 2 classes, stopped); going on from it for
+    the whole step's peaks steps both classes to their ends, and they are the whole step's peaks
+    and the same OOM, found by replaying the first class's whole trace."""
     whole = cached.step_memory(CONFIGS["C5"], 1, None, **SMALL)
     cap = whole.allocated                  # its reserved peak is above: the capped replay runs out
     assert onlys == [None] and whole.complete and whole.of == 2 and whole.reserved > cap
     first = cached.step_memory(CONFIGS["C5"], 1, cap, until="oom", **SMALL)
     assert onlys[1:] == [0] and (first.classes, first.of) == (1, 2) and not first.complete
-    assert first.oom is not None and first.allocated <= cap
+    assert first.oom is not None and first.stopped and first.allocated <= cap
     rest = cached.step_memory(CONFIGS["C5"], 1, cap, until="oom", start=first, **SMALL)
     assert rest is first and onlys[2:] == []           # settled already: nothing stepped
     both = cached.step_memory(CONFIGS["C5"], 1, cap, start=first, **SMALL)
-    assert onlys[2:] == [1] and both.complete
+    assert onlys[2:] == [0, 1] and both.complete and not both.stopped
     assert (both.ledger, both.allocated, both.reserved) == (whole.ledger, whole.allocated,
                                                             whole.reserved)
     assert both.oom.event == first.oom.event and both.oom.phase == first.oom.phase
@@ -107,3 +110,42 @@ def test_a_step_over_the_capacity_on_its_first_gpu_stops_there_and_one_that_fits
 def test_step_memory_names_a_bad_until():
     with pytest.raises(ValueError, match="until must be one of .* got 'fits'"):
         cached.step_memory(CONFIGS["C1"], 1, 10, until="fits", **SMALL)
+
+
+@pytest.mark.slow   # its own cold meta kernels: ~1 s
+def test_a_step_that_ran_out_outside_every_phase_is_stepped_whole_to_name_the_phase(monkeypatch):
+    """A step ended at an OOM no phase marker followed (made so here: the live replay's phase
+    dropped) cannot name the phase the whole step's replay names: it is stepped again whole,
+    and its OOM is the whole trace's."""
+    whole = cached.step_memory(CONFIGS["C5"], 1, None, **SMALL)
+    calls, measure = [], cached.measure
+
+    def no_marker(config, **how):
+        r = measure(config, **how)
+        calls.append(how.get("capacity"))
+        c = r.classes[0]
+        if c.oom is not None:
+            r.classes[0] = dataclasses.replace(c, oom=dataclasses.replace(c.oom, phase=None))
+        return r
+    monkeypatch.setattr(cached, "measure", no_marker)
+    m = cached.step_memory(CONFIGS["C5"], 1, whole.allocated, until="oom", **SMALL)
+    assert calls == [whole.allocated, None] and not m.stopped
+    assert m.oom.phase is not None and m.allocated == whole.allocated
+
+
+@pytest.mark.slow   # its own cold meta kernels: ~1 s
+def test_the_ledger_search_steps_a_layer_count_to_its_first_gpu_over_and_one_that_fits_on_all(
+        monkeypatch):
+    """configs.peak_bytes with ``over``: a step whose first class peaks above ``over`` stops
+    there (that GPU's peak); one within it steps every class, the whole step's highest."""
+    from zerospec.evaluation import configs
+    asked, measure = [], configs.measure
+
+    def spy(config, **how):
+        asked.append(how.get("only"))
+        return measure(config, **how)
+    monkeypatch.setattr(configs, "measure", spy)
+    whole = configs.peak_bytes(CONFIGS["C1"], 1, **SMALL)
+    over = configs.peak_bytes(CONFIGS["C1"], 1, over=whole - 1, **SMALL)
+    fits = configs.peak_bytes(CONFIGS["C1"], 1, over=whole, **SMALL)
+    assert asked == [None, 0, 0, 1] and over == fits == whole
