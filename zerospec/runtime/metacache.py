@@ -97,12 +97,26 @@ def forget() -> None:
     KERNELS.clear()
 
 
+def import_lazy_modules() -> None:
+    """Import what PyTorch's Python meta kernels import on their first call, before a step runs:
+    ``torch._check`` imports ``torch.fx.experimental.symbolic_shapes`` (and sympy), a kernel
+    wrapped by ``torch._disable_dynamo`` imports ``torch._dynamo``. An import inside a step keeps
+    the step's frames, and the tensors in their locals, in reference cycles that only the
+    garbage collector frees, so storages would die when it runs, not where the code lets them
+    go: the first meta step of a process would then trace other events than the next
+    (tests/unit/runtime/test_metacache_imports.py). Once per process, ~1.4 s of CPU, which that
+    first step would pay anyway."""
+    import torch._dynamo  # noqa: F401
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
+
 class MetaKernelCache(DispatchMode):
     """Answer repeated meta ops from what the first call of the same key did (module doc).
     ``cache``: the table to read and fill (:func:`shared`); a fresh one by default."""
 
     def __init__(self, cache: dict | None = None):
         super().__init__()
+        import_lazy_modules()     # before any step runs under it
         self.cache: dict = {} if cache is None else cache
         self.hits = self.misses = 0
         self.answered = None     # how the last call was answered from the table: "made" (its

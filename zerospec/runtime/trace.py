@@ -62,9 +62,13 @@ class StorageTrace(Observer):
         self._changes = -1                       # the ledger's count at the last look
         log = ctx.memory.trace                   # the ledger's own trace, if it keeps one: what
         self._read = None if log is None else len(log)   # it counted since the last look
+        self._ended = False
 
     def __exit__(self, *exc):
         self._settle()
+        # the trace is the step's: a storage still alive at its end (the output's weights) dies
+        # when the caller lets the result go, or a collection frees it; not an event of the step
+        self._ended = True
         return super().__exit__(*exc)
 
     @property
@@ -172,6 +176,8 @@ class StorageTrace(Observer):
 
     def _died(self, key: int) -> None:
         super()._died(key)
+        if self._ended:
+            return
         self._stale.discard(key)
         if key in self._alloc_at:         # not if a resize_(0) let it go already
             self._free(key)

@@ -43,7 +43,7 @@ from ..comm.ledger import CommLedger
 from ..comm.meta import MetaBackend
 from ..runtime.errors import RankError
 from ..runtime.memory import MemoryLedger
-from ..runtime.metacache import MetaKernelCache, shared
+from ..runtime.metacache import MetaKernelCache, import_lazy_modules, shared
 from ..runtime.trace import LiveReplay, OOMPoint, RanOut, StorageTrace
 from ..model.gpt import GPTConfig
 from ..model.units import Sized, Unit
@@ -205,6 +205,7 @@ def measure(config: TrainConfig, *, micro_batch: int = 1, setup_only: bool = Fal
     if capacity is not None and not trace:
         raise ValueError(f"capacity ({capacity!r}) replays the storage trace live: it needs "
                          f"trace=True")
+    import_lazy_modules()      # cached or not: no import inside the step (metacache.py)
     n_d, n_m = config.n_d, config.n_m
     cfg = config.replace(device="meta", steps=1,
                          global_batch=micro_batch * n_d * config.grad_accum_steps)
