@@ -197,15 +197,19 @@ def test_bad_options_and_frees_are_refused_with_what_is_accepted():
         CachingAllocator().free(7)
 
 
+# two 100 MiB blocks freed, then 60 + 60 MiB taken from their segments: 80 MiB free in two pieces
+# of 40, and a 50 MiB request (event 8) that runs out on 200 MiB
+FRAGMENTING = [TraceEvent("alloc", 1, 100 * MiB), TraceEvent("alloc", 2, 100 * MiB),
+               TraceEvent("phase", label="setup"),
+               TraceEvent("free", 1, 100 * MiB), TraceEvent("free", 2, 100 * MiB),
+               TraceEvent("alloc", 1, 60 * MiB), TraceEvent("alloc", 3, 60 * MiB),
+               TraceEvent("phase", label="forward"),
+               TraceEvent("alloc", 4, 50 * MiB), TraceEvent("phase", label="backward")]
+
 def test_replay_names_the_event_and_phase_that_run_out_and_what_was_free():
     """The fragmenting trace with phase markers on a 200 MiB device: the 50 MiB alloc (event 8)
     runs out inside phase "backward" with 80 MiB of 200 free; phases before it are reported."""
-    trace = [TraceEvent("alloc", 1, 100 * MiB), TraceEvent("alloc", 2, 100 * MiB),
-             TraceEvent("phase", label="setup"),
-             TraceEvent("free", 1, 100 * MiB), TraceEvent("free", 2, 100 * MiB),
-             TraceEvent("alloc", 1, 60 * MiB), TraceEvent("alloc", 3, 60 * MiB),
-             TraceEvent("phase", label="forward"),
-             TraceEvent("alloc", 4, 50 * MiB), TraceEvent("phase", label="backward")]
+    trace = FRAGMENTING
     r = replay(trace, 200 * MiB)
     assert (r.oom.event, r.oom.phase, r.oom.free, r.oom.free_fraction) == (8, "backward",
                                                                            80 * MiB, 0.4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.runtime.test_allocator import FRAGMENTING
 from zerospec.evaluation.configs import CONFIGS
 from zerospec.model.presets import gpt
 from zerospec.runtime.memory import TraceEvent
@@ -75,12 +76,7 @@ def test_c30s_step_on_a_32gb_v100_ends_at_the_oom_its_whole_traces_replay_finds(
 def test_a_live_replay_fed_event_by_event_is_the_replay_and_stops_at_its_oom():
     """The fragmenting trace on 200 MiB (tests/unit/runtime/test_allocator.py): fed one event at
     a time, event 8 answers the OutOfMemory and the result is replay's; nothing is fed after."""
-    trace = [TraceEvent("alloc", 1, 100 * MiB), TraceEvent("alloc", 2, 100 * MiB),
-             TraceEvent("phase", label="setup"),
-             TraceEvent("free", 1, 100 * MiB), TraceEvent("free", 2, 100 * MiB),
-             TraceEvent("alloc", 1, 60 * MiB), TraceEvent("alloc", 3, 60 * MiB),
-             TraceEvent("phase", label="forward"),
-             TraceEvent("alloc", 4, 50 * MiB), TraceEvent("phase", label="backward")]
+    trace = FRAGMENTING
     live = LiveReplay(200 * MiB)
     answers = [live.feed(e) for e in trace[:9]]
     assert [a is not None for a in answers] == [False] * 8 + [True]
